@@ -1,0 +1,107 @@
+# bfshard — build. `make` builds build/bfshard and build/libbfshard.a.
+# `make test` runs the test suite, `make demo` converts a bundled fixture.
+# Missing Debian packages are installed by scripts/install-deps.sh.
+
+CC      ?= gcc
+BUILD   ?= build
+# No fast-math anywhere: every value must match upstream bit for bit.
+# -ffp-contract=off forbids fusing a multiply and an add into an FMA.
+OPT     ?= -O2
+CFLAGS_BASE := -std=c11 $(OPT) -g -Wall -Wextra -Wshadow -Wno-unused-parameter \
+               -ffp-contract=off -fno-fast-math -fno-strict-aliasing \
+               -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -Iinclude -pthread
+CFLAGS  += $(CFLAGS_BASE) $(EXTRA_CFLAGS)
+LDFLAGS += -pthread $(EXTRA_LDFLAGS)
+LIBS    := -ljansson -lxxhash -lzstd -lm
+
+# ---- CUDA: built when nvcc is present (llm.c style) ----------------------------
+NVCC      ?= $(shell command -v nvcc 2>/dev/null)
+NO_CUDA   ?=
+ifeq ($(NO_CUDA),)
+ifneq ($(NVCC),)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+HAVE_CUDA := 1
+endif
+endif
+
+LIB_SRC := $(wildcard src/*.c)
+KCPU_SRC := kernels/cpu_scalar.c kernels/cpu_dispatch.c
+KAVX2_SRC := kernels/cpu_avx2.c
+KAVX512_SRC := kernels/cpu_avx512.c
+
+ifeq ($(HAVE_CUDA),1)
+$(info bfshard: building CPU (scalar, avx2, avx512) and CUDA backends with $(NVCC))
+CU_SRC  := $(wildcard kernels/*.cu)
+NVFLAGS ?= -O2 -std=c++17 --fmad=false -Xcompiler -fno-fast-math,-ffp-contract=off \
+           -Iinclude -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+           -gencode arch=compute_90,code=compute_90
+CFLAGS  += -DBFS_HAVE_CUDA=1 -I$(CUDA_HOME)/include
+# static cudart: a missing driver is an error at run time, never a load failure
+LIBS    += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+LIB_SRC := $(filter-out src/backend_cuda_stub.c,$(LIB_SRC))
+else
+$(info bfshard: building CPU backends only (no nvcc found))
+CU_SRC  :=
+LIB_SRC := $(filter-out src/backend_cuda.c,$(LIB_SRC))
+endif
+
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(KCPU_SRC:%.c=$(BUILD)/%.o) \
+           $(KAVX2_SRC:%.c=$(BUILD)/%.o) $(KAVX512_SRC:%.c=$(BUILD)/%.o) \
+           $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
+CLI_SRC := $(wildcard src/cli/*.c)
+CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/%.o)
+
+TEST_SRC  := $(wildcard tests/test_*.c)
+TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+TEST_COMMON := $(BUILD)/tests/testutil.o
+
+.PHONY: all deps test demo clean bench interop fuzz asan
+all: deps $(BUILD)/bfshard
+
+deps:
+	@scripts/install-deps.sh
+
+$(BUILD)/libbfshard.a: $(LIB_OBJ)
+	@mkdir -p $(@D)
+	ar rcs $@ $^
+
+$(BUILD)/bfshard: $(CLI_OBJ) $(BUILD)/libbfshard.a
+	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libbfshard.a $(LIBS)
+
+$(BUILD)/%.o: %.c $(wildcard include/*.h src/*.h kernels/*.h)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/kernels/cpu_avx2.o: kernels/cpu_avx2.c $(wildcard kernels/*.h)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -mavx2 -mf16c -mbmi2 -c $< -o $@
+
+$(BUILD)/kernels/cpu_avx512.o: kernels/cpu_avx512.c $(wildcard kernels/*.h)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mf16c -mbmi2 -c $< -o $@
+
+$(BUILD)/%.cu.o: %.cu $(wildcard kernels/*.h kernels/*.cuh)
+	@mkdir -p $(@D)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+$(BUILD)/tests/testutil.o: tests/testutil.c tests/testutil.h
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -Isrc -c $< -o $@
+
+$(BUILD)/tests/%: tests/%.c $(TEST_COMMON) $(BUILD)/libbfshard.a tests/testutil.h
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -Isrc -o $@ $< $(TEST_COMMON) $(BUILD)/libbfshard.a $(LIBS) -lcmocka $(LDFLAGS)
+
+# The README's test command.
+test: all $(TEST_BIN)
+	@scripts/run-tests.sh $(BUILD) $(TEST_BIN)
+
+# The README's demo: build, convert a bundled fixture for 4 ranks, verify it.
+demo: all
+	rm -rf $(BUILD)/demo-out
+	$(BUILD)/bfshard convert fixtures/mxfp4-tiny $(BUILD)/demo-out --world-size 4
+	$(BUILD)/bfshard verify $(BUILD)/demo-out
+	@ls -l $(BUILD)/demo-out
+
+clean:
+	rm -rf $(BUILD)

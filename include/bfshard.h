@@ -1,0 +1,106 @@
+/*
+ * bfshard — quantized Hugging Face checkpoints (MXFP4, bitsandbytes NF4/FP4)
+ * to BF16 checkpoints pre-sharded for every FSDP rank, with integrity hashes.
+ *
+ * Public API. Every function returns 0 or a negative BFS_E* code; results go
+ * through out-parameters. After a failure, bfs_last_error() holds a one-line
+ * message naming the file, the tensor and the byte offset where they apply.
+ */
+#ifndef BFSHARD_H
+#define BFSHARD_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define BFS_VERSION_MAJOR 0
+#define BFS_VERSION_MINOR 1
+#define BFS_VERSION_PATCH 0
+#define BFS_VERSION_STRING "0.1.0"
+
+/* Error codes: frozen. The CLI exits with -code (so BFS_EINPUT exits 3). */
+enum {
+    BFS_OK = 0,
+    BFS_EINTERNAL = -1, /* a bug in bfshard */
+    BFS_EUSAGE = -2,    /* bad arguments or options */
+    BFS_EINPUT = -3,    /* malformed, inconsistent or unsupported input */
+    BFS_EIO = -4,       /* a read or write failed (ENOSPC, EIO, permissions) */
+    BFS_ENOMEM = -5,    /* out of memory, or a unit does not fit the budget */
+    BFS_EDEVICE = -6,   /* no usable GPU, or a CUDA call failed */
+    BFS_EVERIFY = -7,   /* output does not match its manifest */
+    BFS_EEXIST = -8,    /* OUTDIR exists and is not empty (use --force) */
+    BFS_EINTR = -9      /* interrupted by a signal */
+};
+
+const char *bfs_strerror(int code);   /* "bad input", ... */
+const char *bfs_err_name(int code);   /* "BFS_EINPUT", ... */
+const char *bfs_last_error(void);     /* this thread's last message, "" if none */
+
+enum { BFS_LAYOUT_DCP = 0, BFS_LAYOUT_HF = 1 };
+enum { BFS_MXFP4_HF = 0, BFS_MXFP4_OPENAI = 1 };
+
+typedef struct bfs_progress {
+    uint64_t bytes_done;  /* BF16 bytes written so far */
+    uint64_t bytes_total; /* BF16 bytes the run writes */
+    const char *tensor;   /* the output tensor being worked on */
+} bfs_progress;
+
+typedef void (*bfs_progress_fn)(const bfs_progress *p, void *user);
+
+typedef struct bfs_convert_opts {
+    int world_size;          /* >= 1 */
+    int layout;              /* BFS_LAYOUT_* */
+    const char *device;      /* "auto", "cpu", "cuda", "cuda:N[,M...]" */
+    int threads;             /* 0 = one per online CPU */
+    uint64_t mem;            /* host buffer budget in bytes, 0 = default */
+    uint64_t gpu_mem;        /* device buffer budget in bytes, 0 = default */
+    int mxfp4_layout;        /* BFS_MXFP4_* */
+    int keep_dtype;          /* keep F32/F16/F64 passthrough tensors as they are */
+    int force;               /* replace an existing non-empty OUTDIR */
+    uint64_t max_shard_size; /* for BFS_LAYOUT_HF, 0 = 5 GB */
+    int cpu_level;           /* -1 = best; else force 0 scalar, 1 avx2, 2 avx512 */
+    bfs_progress_fn progress;
+    void *progress_user;
+    FILE *log;               /* plain log lines, NULL for none */
+} bfs_convert_opts;
+
+void bfs_convert_opts_init(bfs_convert_opts *o);
+
+typedef struct bfs_convert_result {
+    uint64_t bytes_written;  /* BF16 bytes of tensor data written */
+    uint64_t files_written;  /* rank files written */
+    uint64_t files_reused;   /* rank files from an earlier run reused (resume) */
+    uint64_t tensors;        /* output tensors */
+    double seconds;
+    uint64_t host_buffer_bytes; /* buffers allocated for the run */
+    uint64_t gpu_buffer_bytes;
+    char backend[64];        /* "cpu/avx2 x8", "cuda:0" */
+} bfs_convert_result;
+
+/* Convert INPUT (a .safetensors file or a directory) into OUTDIR. */
+int bfs_convert(const char *input, const char *outdir, const bfs_convert_opts *o,
+                bfs_convert_result *res);
+
+/* Describe INPUT and the plan for o->world_size ranks on out: text, or JSON when json != 0. */
+int bfs_inspect(const char *input, const bfs_convert_opts *o, int json, FILE *out);
+
+/* Re-hash every file and shard of OUTDIR against its manifest. Writes one line
+ * per problem to report (may be NULL). Returns 0 when everything matches,
+ * BFS_EVERIFY when something does not, another code when it cannot check. */
+int bfs_verify(const char *outdir, FILE *report, uint64_t *bytes_checked);
+
+/* "cpu/avx512", "cpu/avx2", "cpu/scalar" for the best level here; and whether CUDA was built. */
+const char *bfs_cpu_level_name(int level);
+int bfs_cpu_best_level(void);
+int bfs_cuda_built(void);
+/* Number of usable CUDA devices, 0 when none or no driver (never fails). */
+int bfs_cuda_device_count(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

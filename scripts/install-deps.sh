@@ -1,0 +1,20 @@
+#!/bin/sh
+# Installs the Debian packages bfshard builds against, when they are missing.
+# Quiet when everything is present.
+set -eu
+need=""
+have_hdr() { [ -f "/usr/include/$1" ]; }
+have_hdr zstd.h || need="$need libzstd-dev"
+have_hdr xxhash.h || need="$need libxxhash-dev"
+have_hdr jansson.h || need="$need libjansson-dev"
+have_hdr cmocka.h || need="$need libcmocka-dev"
+command -v xxh128sum >/dev/null 2>&1 || need="$need xxhash"
+command -v cc >/dev/null 2>&1 || need="$need build-essential"
+command -v pkg-config >/dev/null 2>&1 || need="$need pkg-config"
+[ -z "$need" ] && exit 0
+echo "bfshard: installing missing Debian packages:$need" >&2
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq >&2 || true
+$SUDO apt-get install -y -qq $need >&2

@@ -1,0 +1,215 @@
+/* Internal interfaces of libbfshard. Prefix bfs__ for everything here. */
+#ifndef BFS_INTERNAL_H
+#define BFS_INTERNAL_H
+
+#include "bfshard.h"
+#include "../kernels/bfs_kernels.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- errors ---------------------------------------------------------------
+ * bfs__err(code, fmt, ...) records a one-line message for bfs_last_error()
+ * and returns code, so: `return bfs__err(BFS_EINPUT, "%s: ...", path);`.
+ * The first error recorded wins until bfs__err_clear(): deeper layers name
+ * the precise place, outer layers must not overwrite it. */
+int bfs__err(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int bfs__errno(int code, int errnum, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void bfs__err_clear(void);
+bool bfs__err_is_set(void);
+
+#define BFS_TRY(expr)                                                                      \
+    do {                                                                                   \
+        rc = (expr);                                                                       \
+        if (rc < 0)                                                                        \
+            goto cleanup;                                                                  \
+    } while (0)
+#define BFS_FAIL(...)                                                                      \
+    do {                                                                                   \
+        rc = bfs__err(__VA_ARGS__);                                                        \
+        goto cleanup;                                                                      \
+    } while (0)
+
+/* checked arithmetic: return false on overflow */
+static inline bool bfs__mul_ok(uint64_t a, uint64_t b, uint64_t *r) { return !__builtin_mul_overflow(a, b, r); }
+static inline bool bfs__add_ok(uint64_t a, uint64_t b, uint64_t *r) { return !__builtin_add_overflow(a, b, r); }
+
+/* ---- dtypes ---------------------------------------------------------------- */
+typedef enum bfs_dtype {
+    BFS_DT_BOOL, BFS_DT_U8, BFS_DT_I8, BFS_DT_U16, BFS_DT_I16, BFS_DT_F16, BFS_DT_BF16,
+    BFS_DT_U32, BFS_DT_I32, BFS_DT_F32, BFS_DT_U64, BFS_DT_I64, BFS_DT_F64,
+    BFS_DT_F8_E4M3, BFS_DT_F8_E5M2, BFS_DT_COUNT
+} bfs_dtype;
+
+int bfs__dtype_parse(const char *s, bfs_dtype *out); /* 0, or -1 when unknown */
+const char *bfs__dtype_name(bfs_dtype d);
+size_t bfs__dtype_size(bfs_dtype d);
+
+#define BFS_MAX_DIMS 8
+
+/* ---- safetensors ------------------------------------------------------------ */
+typedef struct bfs_st_tensor {
+    char *name;
+    bfs_dtype dtype;
+    int ndim;
+    uint64_t shape[BFS_MAX_DIMS];
+    uint64_t begin, end; /* relative to the data section */
+} bfs_st_tensor;
+
+typedef struct bfs_st_header {
+    uint64_t header_len;  /* N */
+    uint64_t data_start;  /* 8 + N */
+    uint64_t data_size;   /* file size - data_start */
+    size_t n;
+    bfs_st_tensor *t;     /* sorted by begin */
+    char *metadata_json;  /* the __metadata__ object serialised, or NULL */
+} bfs_st_header;
+
+/* Parse and validate a safetensors file image of file_size bytes (at least the
+ * first 8 + N bytes must be readable at buf). `what` names the file in errors. */
+int bfs__st_parse(const uint8_t *buf, uint64_t file_size, const char *what, bfs_st_header *h);
+void bfs__st_header_free(bfs_st_header *h);
+
+/* ---- input set --------------------------------------------------------------- */
+typedef struct bfs_infile {
+    char *path;      /* as given/resolved, for messages */
+    char *name;      /* base name */
+    int fd;
+    uint64_t size;
+    const uint8_t *map; /* mmap of the whole file, read-only */
+    bfs_st_header h;
+} bfs_infile;
+
+typedef struct bfs_raw {
+    const bfs_st_tensor *st; /* in its file's header */
+    int file;                /* index into files */
+    const uint8_t *data;     /* mmapped bytes */
+    uint64_t file_offset;    /* absolute offset of data in the file */
+    uint64_t nbytes;
+    int used;                /* claimed by a logical tensor */
+} bfs_raw;
+
+typedef struct bfs_input {
+    char *root;         /* directory holding the files (for config.json etc.) */
+    int nfiles;
+    bfs_infile *files;
+    size_t nraw;
+    bfs_raw *raw;       /* sorted by name */
+    char *config_json;  /* contents of config.json, or NULL */
+} bfs_input;
+
+int bfs__input_open(const char *path, bfs_input **out);
+void bfs__input_free(bfs_input *in);
+const bfs_raw *bfs__input_find(const bfs_input *in, const char *name);
+
+/* ---- plan ---------------------------------------------------------------------- */
+typedef enum bfs_kind { BFS_K_PASS = 0, BFS_K_CAST, BFS_K_MXFP4, BFS_K_BNB4 } bfs_kind;
+
+typedef struct bfs_ltensor {
+    char *name;        /* output name */
+    bfs_kind kind;
+    bfs_dtype out_dtype;
+    int ndim;
+    uint64_t shape[BFS_MAX_DIMS];
+    uint64_t row_elems; /* product of shape[1..] (1 for 0-d and 1-d) */
+    uint64_t d0;        /* shape[0], or 1 for 0-d */
+    const bfs_raw *src[6]; /* source tensors; see nsrc */
+    int nsrc;
+    const char *transform; /* "mxfp4->bf16 transpose(1,2)", "nf4->bf16", "cast f32->bf16", "copy" */
+    /* kind-specific */
+    bfs_mxfp4_desc mx;  /* MXFP4: blocks/scales pointers, R, G, transpose */
+    int mx_items;       /* 1: dim 0 is items (4-d blocks); 0: dim 0 is rows R (3-d blocks) */
+    bfs_bnb4_desc bnb;  /* BNB4 */
+    char quant_type[8]; /* "nf4" / "fp4" */
+    bool double_quant;
+    bfs_dtype src_dtype;  /* PASS/CAST: input dtype; BNB4: the blob's dtype */
+} bfs_ltensor;
+
+/* A tensor's piece in one output file. */
+typedef struct bfs_piece {
+    int tensor;         /* index into plan->t */
+    uint64_t row0, row1;/* dim-0 rows [row0, row1) of the global tensor */
+    uint64_t offset;    /* absolute file offset of the data */
+    uint64_t nbytes;
+} bfs_piece;
+
+typedef struct bfs_outfile {
+    char *name;         /* "shard-00001-model-00001-of-00001.safetensors" */
+    uint64_t size;
+    uint64_t data_start;
+    char *header;       /* the complete header bytes (length data_start - 8, space padded) */
+    size_t npieces;
+    bfs_piece *pieces;  /* in file order */
+} bfs_outfile;
+
+typedef struct bfs_plan {
+    int world_size;
+    int layout;
+    size_t nt;
+    bfs_ltensor *t;     /* sorted by output name */
+    int nfiles;
+    bfs_outfile *files;
+    uint64_t total_bytes; /* tensor bytes over all files */
+    uint64_t max_row_bytes; /* largest single dim-0 row (smallest indivisible unit) */
+} bfs_plan;
+
+/* Group raw tensors into logical ones and validate them (quantization metadata). */
+int bfs__plan_tensors(const bfs_input *in, const bfs_convert_opts *o, bfs_plan **out);
+/* Lay out the output files for o->world_size / o->layout (headers, offsets). */
+int bfs__plan_layout(bfs_plan *p, const bfs_convert_opts *o);
+void bfs__plan_free(bfs_plan *p);
+const char *bfs__kind_name(const bfs_ltensor *t); /* "mxfp4", "bnb-nf4", "bnb-nf4-dq", "passthrough" */
+
+/* FSDP2 Shard(0) / torch.chunk rule: rows of rank r out of d0 for W ranks. */
+static inline void bfs__chunk_rows(uint64_t d0, uint64_t W, uint64_t r, uint64_t *row0, uint64_t *row1)
+{
+    const uint64_t chunk = d0 == 0 ? 0 : (d0 + W - 1) / W;
+    uint64_t a = r * chunk, b = (r + 1) * chunk;
+    *row0 = a < d0 ? a : d0;
+    *row1 = b < d0 ? b : d0;
+}
+
+/* ---- backends ------------------------------------------------------------------- */
+/* A unit: rows [row0, row1) of logical tensor t, to be written as out_dtype
+ * bytes into out (row-major, (row1-row0) * row_elems elements). */
+typedef struct bfs_unit {
+    const bfs_ltensor *t;
+    uint64_t row0, row1;
+    void *out;
+} bfs_unit;
+
+typedef struct bfs_backend bfs_backend;
+struct bfs_backend {
+    char name[64];
+    /* Fill u->out. Synchronous: when it returns, u->out is complete. */
+    int (*run)(bfs_backend *b, const bfs_unit *u);
+    void (*destroy)(bfs_backend *b);
+    uint64_t device_bytes; /* allocated on the device at creation (0 for cpu) */
+};
+
+/* CPU backend: level < 0 best; threads 0 = online CPUs. */
+int bfs__backend_cpu_create(int level, int threads, bfs_backend **out);
+/* CUDA backend over devices (spec "cuda", "cuda:N", "cuda:N,M"); allocates all of
+ * its buffers once from gpu_mem; max_unit_bytes is the largest unit the pipeline will pass. */
+int bfs__backend_cuda_create(const char *spec, uint64_t gpu_mem, uint64_t max_unit_bytes,
+                             bfs_backend **out);
+int bfs__cuda_device_count(void);
+int bfs__cuda_built(void);
+
+/* Run one unit on the CPU reference path (scalar), for tests and as the CPU
+ * backend's per-thread worker: rows [row0,row1) -> out. */
+void bfs__unit_cpu(const bfs_kernel_ops *k, const bfs_unit *u);
+
+/* ---- hashing ---------------------------------------------------------------------- */
+/* XXH3-128 in canonical big-endian hex: 32 chars + NUL */
+typedef struct { char hex[33]; } bfs_hash_hex;
+
+/* ---- misc utilities ----------------------------------------------------------------- */
+char *bfs__strdup(const char *s);
+char *bfs__path_join(const char *a, const char *b);
+int bfs__read_small_file(const char *path, size_t max, char **out, size_t *len);
+int bfs__parse_size(const char *s, uint64_t *out); /* "64M", "2G", "123" */
+
+#endif
