@@ -1,6 +1,6 @@
 /*
  * Dequant kernels: one signature per operation, several implementations
- * (scalar reference, AVX2, AVX-512 on the CPU; CUDA beside them in kernels/*.cu).
+ * (scalar reference, AVX2, AVX-512 on the CPU; CUDA beside them in kernels/ as .cu).
  * Every implementation must give the bytes of the scalar one (tests/test_kernels.c).
  */
 #ifndef BFS_KERNELS_H

@@ -1,0 +1,86 @@
+/* Error codes, names and the per-thread last-error message. */
+#include "bfs_internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static _Thread_local char bfs__msg[1024];
+static _Thread_local bool bfs__msg_set;
+
+const char *bfs_strerror(int code)
+{
+    switch (code) {
+    case BFS_OK: return "success";
+    case BFS_EINTERNAL: return "internal error";
+    case BFS_EUSAGE: return "usage error";
+    case BFS_EINPUT: return "bad input";
+    case BFS_EIO: return "I/O error";
+    case BFS_ENOMEM: return "out of memory or budget";
+    case BFS_EDEVICE: return "device error";
+    case BFS_EVERIFY: return "verification failed";
+    case BFS_EEXIST: return "output exists";
+    case BFS_EINTR: return "interrupted";
+    default: return "unknown error";
+    }
+}
+
+const char *bfs_err_name(int code)
+{
+    switch (code) {
+    case BFS_OK: return "BFS_OK";
+    case BFS_EINTERNAL: return "BFS_EINTERNAL";
+    case BFS_EUSAGE: return "BFS_EUSAGE";
+    case BFS_EINPUT: return "BFS_EINPUT";
+    case BFS_EIO: return "BFS_EIO";
+    case BFS_ENOMEM: return "BFS_ENOMEM";
+    case BFS_EDEVICE: return "BFS_EDEVICE";
+    case BFS_EVERIFY: return "BFS_EVERIFY";
+    case BFS_EEXIST: return "BFS_EEXIST";
+    case BFS_EINTR: return "BFS_EINTR";
+    default: return "BFS_E?";
+    }
+}
+
+const char *bfs_last_error(void) { return bfs__msg; }
+
+void bfs__err_clear(void)
+{
+    bfs__msg[0] = '\0';
+    bfs__msg_set = false;
+}
+
+bool bfs__err_is_set(void) { return bfs__msg_set; }
+
+static void bfs__vset(const char *fmt, va_list ap, const char *suffix)
+{
+    if (bfs__msg_set)
+        return;
+    int n = vsnprintf(bfs__msg, sizeof bfs__msg, fmt, ap);
+    if (n < 0)
+        n = 0;
+    if (suffix && (size_t)n < sizeof bfs__msg)
+        snprintf(bfs__msg + n, sizeof bfs__msg - (size_t)n, ": %s", suffix);
+    /* one line, always */
+    for (char *p = bfs__msg; *p; p++)
+        if (*p == '\n' || *p == '\r')
+            *p = ' ';
+    bfs__msg_set = true;
+}
+
+int bfs__err(int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    bfs__vset(fmt, ap, NULL);
+    va_end(ap);
+    return code;
+}
+
+int bfs__errno(int code, int errnum, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    bfs__vset(fmt, ap, strerror(errnum));
+    va_end(ap);
+    return code;
+}

@@ -1,0 +1,323 @@
+/*
+ * The input set: one .safetensors file, or a directory (with or without
+ * model.safetensors.index.json). Every file is mmapped read-only and its
+ * header validated before anything is planned or written.
+ */
+#include "bfs_internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <libgen.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define BFS_INDEX_NAME "model.safetensors.index.json"
+#define BFS_MAX_JSON_FILE (256u << 20)
+
+static int bfs__cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int bfs__cmp_raw(const void *a, const void *b)
+{
+    const bfs_raw *x = a, *y = b;
+    return strcmp(x->st->name, y->st->name);
+}
+
+static bool bfs__ends_with(const char *s, const char *suffix)
+{
+    const size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+const bfs_raw *bfs__input_find(const bfs_input *in, const char *name)
+{
+    size_t lo = 0, hi = in->nraw;
+    while (lo < hi) {
+        const size_t mid = lo + (hi - lo) / 2;
+        const int c = strcmp(in->raw[mid].st->name, name);
+        if (c == 0)
+            return &in->raw[mid];
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+static int bfs__open_one(bfs_infile *f, const char *path)
+{
+    int rc = 0;
+    struct stat st;
+    f->fd = -1;
+    f->path = bfs__strdup(path);
+    if (!f->path)
+        return bfs__err(BFS_ENOMEM, "out of memory");
+    const char *slash = strrchr(path, '/');
+    f->name = bfs__strdup(slash ? slash + 1 : path);
+    if (!f->name)
+        return bfs__err(BFS_ENOMEM, "out of memory");
+    f->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (f->fd < 0)
+        return bfs__errno(errno == ENOENT || errno == ELOOP || errno == ENOTDIR ? BFS_EINPUT : BFS_EIO, errno,
+                          "%s: cannot open", path);
+    if (fstat(f->fd, &st) != 0)
+        return bfs__errno(BFS_EIO, errno, "%s: cannot stat", path);
+    if (!S_ISREG(st.st_mode))
+        return bfs__err(BFS_EINPUT, "%s: not a regular file", path);
+    f->size = (uint64_t)st.st_size;
+    if (f->size < 8)
+        return bfs__err(BFS_EINPUT, "%s: %llu bytes, too short for a safetensors file (needs the 8-byte header length at offset 0)",
+                        path, (unsigned long long)f->size);
+    void *m = mmap(NULL, (size_t)f->size, PROT_READ, MAP_SHARED, f->fd, 0);
+    if (m == MAP_FAILED)
+        return bfs__errno(BFS_EIO, errno, "%s: mmap of %llu bytes failed", path, (unsigned long long)f->size);
+    f->map = m;
+    BFS_TRY(bfs__st_parse(f->map, f->size, path, &f->h));
+cleanup:
+    return rc;
+}
+
+/* Names of the files listed by an index, validated; sorted, unique. */
+static int bfs__read_index(const char *dir, const char *index_path, char ***names_out, int *n_out,
+                           json_t **wm_out)
+{
+    int rc = 0;
+    char *text = NULL;
+    json_t *root = NULL;
+    char **names = NULL;
+    size_t n = 0;
+    json_error_t jerr;
+
+    BFS_TRY(bfs__read_small_file(index_path, BFS_MAX_JSON_FILE, &text, NULL));
+    root = json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        BFS_FAIL(BFS_EINPUT, "%s: not valid JSON at line %d column %d: %s", index_path, jerr.line, jerr.column, jerr.text);
+    json_t *wm = json_object_get(root, "weight_map");
+    if (!json_is_object(wm))
+        BFS_FAIL(BFS_EINPUT, "%s: no \"weight_map\" object", index_path);
+    names = calloc(json_object_size(wm) + 1, sizeof *names);
+    if (!names)
+        BFS_FAIL(BFS_ENOMEM, "%s: out of memory", index_path);
+    const char *key;
+    json_t *val;
+    json_object_foreach(wm, key, val) {
+        if (!json_is_string(val))
+            BFS_FAIL(BFS_EINPUT, "%s: weight_map entry \"%s\" is not a file name string", index_path, key);
+        const char *fn = json_string_value(val);
+        if (!*fn || strchr(fn, '/') || strcmp(fn, ".") == 0 || strcmp(fn, "..") == 0)
+            BFS_FAIL(BFS_EINPUT, "%s: weight_map entry \"%s\" names \"%s\", not a plain file name in %s", index_path,
+                     key, fn, dir);
+        bool seen = false;
+        for (size_t i = 0; i < n && !seen; i++)
+            seen = strcmp(names[i], fn) == 0;
+        if (!seen)
+            names[n++] = (char *)fn; /* owned by root, copied below */
+    }
+    if (n == 0)
+        BFS_FAIL(BFS_EINPUT, "%s: weight_map is empty", index_path);
+    qsort(names, n, sizeof *names, bfs__cmp_str);
+    for (size_t i = 0; i < n; i++)
+        if (!(names[i] = bfs__strdup(names[i])))
+            BFS_FAIL(BFS_ENOMEM, "out of memory");
+    *names_out = names;
+    *n_out = (int)n;
+    *wm_out = json_incref(wm);
+    names = NULL;
+cleanup:
+    if (names && rc < 0) {
+        /* strings up to the failing one may be copies; only free when all were copied */
+        free(names);
+    }
+    json_decref(root);
+    free(text);
+    return rc;
+}
+
+static int bfs__list_dir(const char *dir, char ***names_out, int *n_out)
+{
+    int rc = 0;
+    DIR *d = opendir(dir);
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *e;
+    if (!d)
+        return bfs__errno(BFS_EINPUT, errno, "%s: cannot open directory", dir);
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.' || !bfs__ends_with(e->d_name, ".safetensors"))
+            continue;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 16;
+            char **nn = realloc(names, cap * sizeof *names);
+            if (!nn)
+                BFS_FAIL(BFS_ENOMEM, "out of memory");
+            names = nn;
+        }
+        if (!(names[n] = bfs__strdup(e->d_name)))
+            BFS_FAIL(BFS_ENOMEM, "out of memory");
+        n++;
+    }
+    if (n == 0)
+        BFS_FAIL(BFS_EINPUT, "%s: no .safetensors files in this directory", dir);
+    qsort(names, n, sizeof *names, bfs__cmp_str);
+    *names_out = names;
+    *n_out = (int)n;
+    names = NULL;
+cleanup:
+    if (names) {
+        for (size_t i = 0; i < n; i++)
+            free(names[i]);
+        free(names);
+    }
+    closedir(d);
+    return rc;
+}
+
+void bfs__input_free(bfs_input *in)
+{
+    if (!in)
+        return;
+    for (int i = 0; i < in->nfiles; i++) {
+        bfs_infile *f = &in->files[i];
+        if (f->map)
+            munmap((void *)f->map, (size_t)f->size);
+        if (f->fd >= 0)
+            close(f->fd);
+        bfs__st_header_free(&f->h);
+        free(f->path);
+        free(f->name);
+    }
+    free(in->files);
+    free(in->raw);
+    free(in->root);
+    free(in->config_json);
+    free(in);
+}
+
+int bfs__input_open(const char *path, bfs_input **out)
+{
+    int rc = 0;
+    bfs_input *in = NULL;
+    char **names = NULL;
+    int nnames = 0;
+    json_t *wm = NULL;
+    char *index_path = NULL, *cfg_path = NULL, *tmp = NULL;
+    struct stat st;
+
+    *out = NULL;
+    if (stat(path, &st) != 0)
+        return bfs__errno(BFS_EINPUT, errno, "%s: cannot access input", path);
+    in = calloc(1, sizeof *in);
+    if (!in)
+        return bfs__err(BFS_ENOMEM, "out of memory");
+
+    if (S_ISDIR(st.st_mode)) {
+        in->root = bfs__strdup(path);
+        index_path = bfs__path_join(path, BFS_INDEX_NAME);
+        if (!in->root || !index_path)
+            BFS_FAIL(BFS_ENOMEM, "out of memory");
+        if (access(index_path, F_OK) == 0 || errno == ELOOP)
+            BFS_TRY(bfs__read_index(path, index_path, &names, &nnames, &wm));
+        else
+            BFS_TRY(bfs__list_dir(path, &names, &nnames));
+    } else if (S_ISREG(st.st_mode)) {
+        tmp = bfs__strdup(path);
+        if (!tmp)
+            BFS_FAIL(BFS_ENOMEM, "out of memory");
+        in->root = bfs__strdup(dirname(tmp));
+        free(tmp);
+        tmp = bfs__strdup(path);
+        names = calloc(1, sizeof *names);
+        if (!in->root || !tmp || !names)
+            BFS_FAIL(BFS_ENOMEM, "out of memory");
+        names[0] = bfs__strdup(basename(tmp));
+        nnames = 1;
+        if (!names[0])
+            BFS_FAIL(BFS_ENOMEM, "out of memory");
+    } else {
+        BFS_FAIL(BFS_EINPUT, "%s: not a file or a directory", path);
+    }
+
+    in->files = calloc((size_t)nnames, sizeof *in->files);
+    if (!in->files)
+        BFS_FAIL(BFS_ENOMEM, "out of memory");
+    size_t total = 0;
+    for (int i = 0; i < nnames; i++) {
+        char *fp = bfs__path_join(in->root, names[i]);
+        if (!fp)
+            BFS_FAIL(BFS_ENOMEM, "out of memory");
+        in->nfiles = i + 1;
+        rc = bfs__open_one(&in->files[i], fp);
+        free(fp);
+        if (rc < 0)
+            goto cleanup;
+        total += in->files[i].h.n;
+    }
+
+    in->raw = calloc(total ? total : 1, sizeof *in->raw);
+    if (!in->raw)
+        BFS_FAIL(BFS_ENOMEM, "out of memory");
+    for (int i = 0; i < in->nfiles; i++) {
+        const bfs_infile *f = &in->files[i];
+        for (size_t k = 0; k < f->h.n; k++) {
+            bfs_raw *r = &in->raw[in->nraw++];
+            r->st = &f->h.t[k];
+            r->file = i;
+            r->file_offset = f->h.data_start + r->st->begin;
+            r->nbytes = r->st->end - r->st->begin;
+            r->data = f->map + r->file_offset;
+        }
+    }
+    qsort(in->raw, in->nraw, sizeof *in->raw, bfs__cmp_raw);
+    for (size_t i = 1; i < in->nraw; i++)
+        if (strcmp(in->raw[i - 1].st->name, in->raw[i].st->name) == 0)
+            BFS_FAIL(BFS_EINPUT, "tensor \"%s\" appears in both %s and %s", in->raw[i].st->name,
+                     in->files[in->raw[i - 1].file].path, in->files[in->raw[i].file].path);
+
+    if (wm) {
+        const char *key;
+        json_t *val;
+        json_object_foreach(wm, key, val) {
+            const bfs_raw *r = bfs__input_find(in, key);
+            if (!r)
+                BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" is mapped to %s but that file has no such tensor",
+                         index_path, key, json_string_value(val));
+            if (strcmp(in->files[r->file].name, json_string_value(val)) != 0)
+                BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" is mapped to %s but is in %s", index_path, key,
+                         json_string_value(val), in->files[r->file].name);
+        }
+        for (size_t i = 0; i < in->nraw; i++)
+            if (!json_object_get(wm, in->raw[i].st->name))
+                BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" (at offset %llu) is not listed in %s",
+                         in->files[in->raw[i].file].path, in->raw[i].st->name,
+                         (unsigned long long)in->raw[i].file_offset, index_path);
+    }
+
+    cfg_path = bfs__path_join(in->root, "config.json");
+    if (!cfg_path)
+        BFS_FAIL(BFS_ENOMEM, "out of memory");
+    if (access(cfg_path, F_OK) == 0)
+        BFS_TRY(bfs__read_small_file(cfg_path, BFS_MAX_JSON_FILE, &in->config_json, NULL));
+
+    *out = in;
+    in = NULL;
+cleanup:
+    if (names) {
+        for (int i = 0; i < nnames; i++)
+            free(names[i]);
+        free(names);
+    }
+    json_decref(wm);
+    free(index_path);
+    free(cfg_path);
+    free(tmp);
+    bfs__input_free(in);
+    return rc;
+}

@@ -1,0 +1,167 @@
+/*
+ * safetensors reader. The format (huggingface/safetensors, src/tensor.rs):
+ *   1. bytes 0..8: little-endian u64 N, the header length; N <= 100,000,000;
+ *   2. bytes 8..8+N: UTF-8 JSON object, starting with '{', possibly space padded;
+ *      entries "name": {"dtype", "shape", "data_offsets": [begin, end]} and an
+ *      optional "__metadata__": {string: string};
+ *   3. bytes 8+N..EOF: the data section. Sorted by offset, the tensors cover it
+ *      exactly: no gap, no overlap; end - begin == prod(shape) * sizeof(dtype).
+ * Nothing read here is trusted: every number is checked before use.
+ */
+#include "bfs_internal.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BFS_ST_MAX_HEADER 100000000ull
+
+static int bfs__cmp_begin(const void *a, const void *b)
+{
+    const bfs_st_tensor *x = a, *y = b;
+    if (x->begin != y->begin)
+        return x->begin < y->begin ? -1 : 1;
+    if (x->end != y->end)
+        return x->end < y->end ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+static int bfs__u64_of(const json_t *v, uint64_t *out)
+{
+    if (!json_is_integer(v) || json_integer_value(v) < 0)
+        return -1;
+    *out = (uint64_t)json_integer_value(v);
+    return 0;
+}
+
+void bfs__st_header_free(bfs_st_header *h)
+{
+    if (!h)
+        return;
+    for (size_t i = 0; i < h->n; i++)
+        free(h->t[i].name);
+    free(h->t);
+    free(h->metadata_json);
+    memset(h, 0, sizeof *h);
+}
+
+int bfs__st_parse(const uint8_t *buf, uint64_t file_size, const char *what, bfs_st_header *h)
+{
+    int rc = 0;
+    json_t *root = NULL;
+    json_error_t jerr;
+    memset(h, 0, sizeof *h);
+
+    if (file_size < 8)
+        BFS_FAIL(BFS_EINPUT, "%s: %llu bytes, too short for a safetensors file (needs the 8-byte header length at offset 0)",
+                 what, (unsigned long long)file_size);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--)
+        n = (n << 8) | buf[i];
+    if (n > BFS_ST_MAX_HEADER)
+        BFS_FAIL(BFS_EINPUT, "%s: header length %llu at offset 0 exceeds the 100000000-byte limit",
+                 what, (unsigned long long)n);
+    if (n > file_size - 8)
+        BFS_FAIL(BFS_EINPUT, "%s: header length %llu at offset 0 runs past the end of the file (%llu bytes; truncated?)",
+                 what, (unsigned long long)n, (unsigned long long)file_size);
+    if (n < 2 || buf[8] != '{')
+        BFS_FAIL(BFS_EINPUT, "%s: header at offset 8 does not start with '{'", what);
+    h->header_len = n;
+    h->data_start = 8 + n;
+    h->data_size = file_size - h->data_start;
+
+    root = json_loadb((const char *)buf + 8, (size_t)n, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
+    if (!root)
+        BFS_FAIL(BFS_EINPUT, "%s: header is not valid JSON at header byte %d (file offset %llu): %s", what,
+                 jerr.position, (unsigned long long)(8 + (uint64_t)(jerr.position > 0 ? jerr.position : 0)), jerr.text);
+    if (!json_is_object(root))
+        BFS_FAIL(BFS_EINPUT, "%s: header is not a JSON object", what);
+
+    const size_t cap = json_object_size(root);
+    h->t = calloc(cap ? cap : 1, sizeof *h->t);
+    if (!h->t)
+        BFS_FAIL(BFS_ENOMEM, "%s: out of memory for %zu header entries", what, cap);
+
+    const char *key;
+    json_t *val;
+    json_object_foreach(root, key, val) {
+        if (strlen(key) != strnlen(key, 4096) || strlen(key) == 0)
+            BFS_FAIL(BFS_EINPUT, "%s: header has an empty or overlong tensor name", what);
+        if (strcmp(key, "__metadata__") == 0) {
+            const char *mk;
+            json_t *mv;
+            if (!json_is_object(val))
+                BFS_FAIL(BFS_EINPUT, "%s: __metadata__ is not an object", what);
+            json_object_foreach(val, mk, mv) {
+                if (!json_is_string(mv))
+                    BFS_FAIL(BFS_EINPUT, "%s: __metadata__ value of \"%s\" is not a string", what, mk);
+            }
+            h->metadata_json = json_dumps(val, JSON_COMPACT | JSON_SORT_KEYS);
+            continue;
+        }
+        bfs_st_tensor *t = &h->t[h->n];
+        if (!json_is_object(val))
+            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\": header entry is not an object", what, key);
+        const json_t *jd = json_object_get(val, "dtype");
+        const json_t *js = json_object_get(val, "shape");
+        const json_t *jo = json_object_get(val, "data_offsets");
+        if (!json_is_string(jd))
+            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\": missing or non-string \"dtype\"", what, key);
+        if (bfs__dtype_parse(json_string_value(jd), &t->dtype) != 0)
+            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\": unsupported dtype \"%s\"", what, key, json_string_value(jd));
+        if (!json_is_array(js))
+            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\": missing or non-array \"shape\"", what, key);
+        if (json_array_size(js) > BFS_MAX_DIMS)
+            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\": %zu dimensions, at most %d supported", what, key,
+                     json_array_size(js), BFS_MAX_DIMS);
+        t->ndim = (int)json_array_size(js);
+        uint64_t elems = 1;
+        for (int d = 0; d < t->ndim; d++) {
+            if (bfs__u64_of(json_array_get(js, (size_t)d), &t->shape[d]) != 0)
+                BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\": shape[%d] is not a non-negative integer", what, key, d);
+            if (!bfs__mul_ok(elems, t->shape[d], &elems))
+                BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\": shape product overflows", what, key);
+        }
+        uint64_t nbytes;
+        if (!bfs__mul_ok(elems, bfs__dtype_size(t->dtype), &nbytes))
+            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\": byte size overflows", what, key);
+        if (!json_is_array(jo) || json_array_size(jo) != 2 ||
+            bfs__u64_of(json_array_get(jo, 0), &t->begin) != 0 ||
+            bfs__u64_of(json_array_get(jo, 1), &t->end) != 0)
+            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\": \"data_offsets\" is not two non-negative integers", what, key);
+        if (t->end < t->begin)
+            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\": data_offsets [%llu, %llu] end before begin", what, key,
+                     (unsigned long long)t->begin, (unsigned long long)t->end);
+        if (t->end - t->begin != nbytes)
+            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\": data_offsets [%llu, %llu] hold %llu bytes but %s x shape needs %llu",
+                     what, key, (unsigned long long)t->begin, (unsigned long long)t->end,
+                     (unsigned long long)(t->end - t->begin), bfs__dtype_name(t->dtype), (unsigned long long)nbytes);
+        if (t->end > h->data_size)
+            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\": data ends at file offset %llu, past the end of the file (%llu bytes; truncated?)",
+                     what, key, (unsigned long long)(h->data_start + t->end), (unsigned long long)file_size);
+        t->name = bfs__strdup(key);
+        if (!t->name)
+            BFS_FAIL(BFS_ENOMEM, "%s: out of memory", what);
+        h->n++;
+    }
+
+    qsort(h->t, h->n, sizeof *h->t, bfs__cmp_begin);
+    uint64_t pos = 0;
+    for (size_t i = 0; i < h->n; i++) {
+        const bfs_st_tensor *t = &h->t[i];
+        if (t->begin != pos)
+            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\": data begins at file offset %llu but the previous tensor ends at %llu (%s)",
+                     what, t->name, (unsigned long long)(h->data_start + t->begin),
+                     (unsigned long long)(h->data_start + pos), t->begin > pos ? "gap" : "overlap");
+        pos = t->end;
+    }
+    if (pos != h->data_size)
+        BFS_FAIL(BFS_EINPUT, "%s: tensors end at file offset %llu but the file has %llu bytes (trailing data or truncated)",
+                 what, (unsigned long long)(h->data_start + pos), (unsigned long long)file_size);
+
+cleanup:
+    json_decref(root);
+    if (rc < 0)
+        bfs__st_header_free(h);
+    return rc;
+}

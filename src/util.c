@@ -1,0 +1,141 @@
+/* Small utilities: dtypes, strings, paths, sizes. */
+#include "bfs_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const struct {
+    const char *name;
+    size_t size;
+} bfs__dtypes[BFS_DT_COUNT] = {
+    [BFS_DT_BOOL] = {"BOOL", 1}, [BFS_DT_U8] = {"U8", 1},     [BFS_DT_I8] = {"I8", 1},
+    [BFS_DT_U16] = {"U16", 2},   [BFS_DT_I16] = {"I16", 2},   [BFS_DT_F16] = {"F16", 2},
+    [BFS_DT_BF16] = {"BF16", 2}, [BFS_DT_U32] = {"U32", 4},   [BFS_DT_I32] = {"I32", 4},
+    [BFS_DT_F32] = {"F32", 4},   [BFS_DT_U64] = {"U64", 8},   [BFS_DT_I64] = {"I64", 8},
+    [BFS_DT_F64] = {"F64", 8},   [BFS_DT_F8_E4M3] = {"F8_E4M3", 1},
+    [BFS_DT_F8_E5M2] = {"F8_E5M2", 1},
+};
+
+int bfs__dtype_parse(const char *s, bfs_dtype *out)
+{
+    for (int i = 0; i < BFS_DT_COUNT; i++)
+        if (strcmp(s, bfs__dtypes[i].name) == 0) {
+            *out = (bfs_dtype)i;
+            return 0;
+        }
+    return -1;
+}
+
+const char *bfs__dtype_name(bfs_dtype d) { return (unsigned)d < BFS_DT_COUNT ? bfs__dtypes[d].name : "?"; }
+size_t bfs__dtype_size(bfs_dtype d) { return (unsigned)d < BFS_DT_COUNT ? bfs__dtypes[d].size : 0; }
+
+char *bfs__strdup(const char *s)
+{
+    const size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d)
+        memcpy(d, s, n);
+    return d;
+}
+
+char *bfs__path_join(const char *a, const char *b)
+{
+    const size_t na = strlen(a), nb = strlen(b);
+    char *p = malloc(na + nb + 2);
+    if (!p)
+        return NULL;
+    memcpy(p, a, na);
+    size_t k = na;
+    if (k > 0 && p[k - 1] != '/')
+        p[k++] = '/';
+    memcpy(p + k, b, nb + 1);
+    return p;
+}
+
+/* Read a regular file of at most max bytes, NUL-terminated. */
+int bfs__read_small_file(const char *path, size_t max, char **out, size_t *len)
+{
+    int rc = 0, fd = -1;
+    char *buf = NULL;
+    struct stat st;
+    *out = NULL;
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return bfs__errno(errno == ENOENT ? BFS_EINPUT : BFS_EIO, errno, "%s: cannot open", path);
+    if (fstat(fd, &st) != 0)
+        BFS_FAIL(BFS_EIO, "%s: cannot stat", path);
+    if (!S_ISREG(st.st_mode))
+        BFS_FAIL(BFS_EINPUT, "%s: not a regular file", path);
+    if ((uint64_t)st.st_size > max)
+        BFS_FAIL(BFS_EINPUT, "%s: %lld bytes, larger than the %zu allowed for this file", path,
+                 (long long)st.st_size, max);
+    buf = malloc((size_t)st.st_size + 1);
+    if (!buf)
+        BFS_FAIL(BFS_ENOMEM, "%s: out of memory", path);
+    size_t got = 0;
+    while (got < (size_t)st.st_size) {
+        const ssize_t n = read(fd, buf + got, (size_t)st.st_size - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            rc = bfs__errno(BFS_EIO, errno, "%s: read failed at byte %zu", path, got);
+            goto cleanup;
+        }
+        if (n == 0)
+            BFS_FAIL(BFS_EINPUT, "%s: file shrank while reading (at byte %zu)", path, got);
+        got += (size_t)n;
+    }
+    buf[got] = '\0';
+    *out = buf;
+    buf = NULL;
+    if (len)
+        *len = got;
+cleanup:
+    free(buf);
+    if (fd >= 0)
+        close(fd);
+    return rc;
+}
+
+/* "123", "64K", "64M", "2G", "1T" (powers of 1024; "KB"/"MB"/"GB" are powers of 1000, as
+ * transformers' max_shard_size). */
+int bfs__parse_size(const char *s, uint64_t *out)
+{
+    char *end = NULL;
+    errno = 0;
+    if (!s || !*s || *s == '-')
+        return -1;
+    const unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s)
+        return -1;
+    uint64_t mul = 1;
+    if (*end) {
+        const char c = (char)(*end | 0x20);
+        const uint64_t k = (end[1] == 'B' || end[1] == 'b') ? 1000 : 1024;
+        switch (c) {
+        case 'k': mul = k; break;
+        case 'm': mul = k * k; break;
+        case 'g': mul = k * k * k; break;
+        case 't': mul = k * k * k * k; break;
+        default: return -1;
+        }
+        const char *rest = end + 1;
+        if (*rest == 'B' || *rest == 'b')
+            rest++;
+        else if (*rest == 'i' && (rest[1] == 'B' || rest[1] == 'b')) {
+            rest += 2;
+            mul = c == 'k' ? 1024ull : c == 'm' ? 1024ull * 1024 : c == 'g' ? 1024ull << 20 : 1024ull << 30;
+        }
+        if (*rest)
+            return -1;
+    }
+    uint64_t r;
+    if (!bfs__mul_ok(v, mul, &r))
+        return -1;
+    *out = r;
+    return 0;
+}
