@@ -85,6 +85,10 @@ typedef struct bfs_convert_result {
 int bfs_convert(const char *input, const char *outdir, const bfs_convert_opts *o,
                 bfs_convert_result *res);
 
+/* Ask a running bfs_convert to stop at the next unit boundary (async-signal-safe).
+ * It then removes its temporary files and returns BFS_EINTR. */
+void bfs_cancel(void);
+
 /* Describe INPUT and the plan for o->world_size ranks on out: text, or JSON when json != 0. */
 int bfs_inspect(const char *input, const bfs_convert_opts *o, int json, FILE *out);
 

@@ -210,6 +210,5 @@ typedef struct { char hex[33]; } bfs_hash_hex;
 char *bfs__strdup(const char *s);
 char *bfs__path_join(const char *a, const char *b);
 int bfs__read_small_file(const char *path, size_t max, char **out, size_t *len);
-int bfs__parse_size(const char *s, uint64_t *out); /* "64M", "2G", "123" */
 
 #endif

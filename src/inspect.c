@@ -1,0 +1,123 @@
+/* bfs_inspect: what is in INPUT, what bfshard will make of it, and the memory it needs. */
+#include "bfs_internal.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BFS_DEFAULT_MEM_INSPECT (256ull << 20)
+
+static void bfs__shape_fmt(const uint64_t *s, int n, char *buf, size_t cap)
+{
+    size_t k = (size_t)snprintf(buf, cap, "[");
+    for (int d = 0; d < n && k < cap; d++)
+        k += (size_t)snprintf(buf + k, cap - k, d ? ", %llu" : "%llu", (unsigned long long)s[d]);
+    if (k < cap)
+        snprintf(buf + k, cap - k, "]");
+}
+
+static json_t *bfs__shape_j(const uint64_t *s, int n)
+{
+    json_t *a = json_array();
+    for (int d = 0; d < n; d++)
+        json_array_append_new(a, json_integer((json_int_t)s[d]));
+    return a;
+}
+
+int bfs_inspect(const char *input, const bfs_convert_opts *o, int as_json, FILE *out)
+{
+    int rc = 0;
+    bfs_input *in = NULL;
+    bfs_plan *p = NULL;
+    bfs_convert_opts def;
+    json_t *root = NULL;
+    bfs__err_clear();
+    if (!o) {
+        bfs_convert_opts_init(&def);
+        o = &def;
+    }
+    if (o->world_size < 1)
+        return bfs__err(BFS_EUSAGE, "--world-size must be at least 1");
+    BFS_TRY(bfs__input_open(input, &in));
+    BFS_TRY(bfs__plan_tensors(in, o, &p));
+    BFS_TRY(bfs__plan_layout(p, o));
+
+    const uint64_t mem = o->mem ? o->mem : BFS_DEFAULT_MEM_INSPECT;
+    uint64_t largest = 0;
+    for (int f = 0; f < p->nfiles; f++)
+        for (size_t i = 0; i < p->files[f].npieces; i++)
+            if (p->files[f].pieces[i].nbytes > largest)
+                largest = p->files[f].pieces[i].nbytes;
+    uint64_t unit = mem / 2 < largest ? mem / 2 : largest;
+    const bool fits = p->max_row_bytes <= mem / 2;
+    const uint64_t peak = 2 * ((unit + 4095) & ~4095ull);
+    uint64_t in_bytes = 0;
+    for (int i = 0; i < in->nfiles; i++)
+        in_bytes += in->files[i].size;
+
+    root = json_object();
+    json_t *jfiles = json_array(), *jt = json_array(), *jranks = json_array();
+    for (int i = 0; i < in->nfiles; i++)
+        json_array_append_new(jfiles, json_pack("{s:s, s:I, s:I}", "name", in->files[i].name, "size",
+                                                (json_int_t)in->files[i].size, "tensors", (json_int_t)in->files[i].h.n));
+    for (size_t i = 0; i < p->nt; i++) {
+        const bfs_ltensor *t = &p->t[i];
+        json_t *src = json_array();
+        for (int k = 0; k < t->nsrc; k++)
+            json_array_append_new(src, json_pack("{s:s, s:s, s:o, s:s}", "name", t->src[k]->st->name, "dtype",
+                                                 bfs__dtype_name(t->src[k]->st->dtype), "shape",
+                                                 bfs__shape_j(t->src[k]->st->shape, t->src[k]->st->ndim), "file",
+                                                 in->files[t->src[k]->file].name));
+        json_array_append_new(jt, json_pack("{s:s, s:s, s:s, s:o, s:s, s:o}", "name", t->name, "format", bfs__kind_name(t),
+                                            "dtype", bfs__dtype_name(t->out_dtype), "shape", bfs__shape_j(t->shape, t->ndim),
+                                            "transform", t->transform, "sources", src));
+    }
+    for (int f = 0; f < p->nfiles; f++) {
+        const bfs_outfile *of = &p->files[f];
+        json_array_append_new(jranks, json_pack("{s:i, s:s, s:I, s:I}", "index", f, "file", of->name, "tensors",
+                                                (json_int_t)of->npieces, "bytes", (json_int_t)of->size));
+    }
+    json_object_set_new(root, "input", json_string(input));
+    json_object_set_new(root, "files", jfiles);
+    json_object_set_new(root, "tensors", jt);
+    json_object_set_new(root, "world_size", json_integer(o->world_size));
+    json_object_set_new(root, "layout", json_string(o->layout == BFS_LAYOUT_HF ? "hf" : "dcp"));
+    json_object_set_new(root, "outputs", jranks);
+    json_object_set_new(root, "output_bytes", json_integer((json_int_t)p->total_bytes));
+    json_object_set_new(root, "memory", json_pack("{s:I, s:I, s:I, s:b, s:I}", "budget", (json_int_t)mem,
+                                                  "host_buffers", (json_int_t)peak, "smallest_unit",
+                                                  (json_int_t)p->max_row_bytes, "fits", fits, "min_mem",
+                                                  (json_int_t)(2 * p->max_row_bytes)));
+
+    if (as_json) {
+        char *s = json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+        if (!s)
+            BFS_FAIL(BFS_ENOMEM, "out of memory");
+        fprintf(out, "%s\n", s);
+        free(s);
+    } else {
+        char shp[256];
+        fprintf(out, "input: %s (%d file%s, %.3f MB)\n", input, in->nfiles, in->nfiles == 1 ? "" : "s", (double)in_bytes / 1e6);
+        fprintf(out, "%-60s %-12s %-6s %s\n", "tensor", "format", "dtype", "shape");
+        for (size_t i = 0; i < p->nt; i++) {
+            const bfs_ltensor *t = &p->t[i];
+            bfs__shape_fmt(t->shape, t->ndim, shp, sizeof shp);
+            fprintf(out, "%-60s %-12s %-6s %s\n", t->name, bfs__kind_name(t), bfs__dtype_name(t->out_dtype), shp);
+        }
+        fprintf(out, "\nplan: --layout %s --world-size %d, %.3f MB of output\n", o->layout == BFS_LAYOUT_HF ? "hf" : "dcp",
+                o->world_size, (double)p->total_bytes / 1e6);
+        for (int f = 0; f < p->nfiles; f++)
+            fprintf(out, "  %s %-50s %5zu tensors %14llu bytes\n", o->layout == BFS_LAYOUT_HF ? "file" : "rank",
+                    p->files[f].name, p->files[f].npieces, (unsigned long long)p->files[f].size);
+        fprintf(out, "\nmemory: host buffers %llu bytes (2 units of at most --mem/2 = %llu); smallest unit %llu bytes%s\n",
+                (unsigned long long)peak, (unsigned long long)(mem / 2), (unsigned long long)p->max_row_bytes,
+                fits ? "" : " -- DOES NOT FIT: raise --mem");
+        if (!fits)
+            fprintf(out, "        use --mem %llu or more\n", (unsigned long long)(2 * p->max_row_bytes));
+    }
+cleanup:
+    json_decref(root);
+    bfs__plan_free(p);
+    bfs__input_free(in);
+    return rc;
+}

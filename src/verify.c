@@ -1,0 +1,169 @@
+/*
+ * bfs_verify: re-hash every file of OUTDIR against bfshard.manifest.json.
+ * A file whose hash differs is narrowed down to the tensors (and byte ranges)
+ * that differ, or to its header when all tensors match.
+ */
+#include "bfs_internal.h"
+#include "bfs_io.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static void bfs__report(FILE *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void bfs__report(FILE *out, const char *fmt, ...)
+{
+    if (!out)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(out, fmt, ap);
+    va_end(ap);
+    fputc('\n', out);
+}
+
+int bfs_verify(const char *outdir, FILE *report, uint64_t *bytes_checked)
+{
+    int rc = 0, bad = 0;
+    char *mpath = NULL, *text = NULL;
+    json_t *m = NULL;
+    uint8_t *buf = NULL;
+    XXH3_state_t *st = XXH3_createState(), *st2 = XXH3_createState();
+    const size_t bs = 8u << 20;
+    uint64_t checked = 0;
+    json_error_t jerr;
+    DIR *d = NULL;
+    bfs__err_clear();
+
+    if (!st || !st2 || !(buf = malloc(bs)))
+        BFS_FAIL(BFS_ENOMEM, "out of memory");
+    mpath = bfs__path_join(outdir, BFS_MANIFEST_NAME);
+    if (!mpath)
+        BFS_FAIL(BFS_ENOMEM, "out of memory");
+    BFS_TRY(bfs__read_small_file(mpath, 1u << 30, &text, NULL));
+    m = json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
+    if (!m || !json_is_object(m) || !json_is_array(json_object_get(m, "files")) ||
+        !json_is_array(json_object_get(m, "tensors")))
+        BFS_FAIL(BFS_EINPUT, "%s: not a bfshard manifest (%s)", mpath, m ? "missing files/tensors" : jerr.text);
+    json_t *files = json_object_get(m, "files"), *tensors = json_object_get(m, "tensors");
+
+    for (size_t i = 0; i < json_array_size(files); i++) {
+        json_t *f = json_array_get(files, i);
+        const char *name = json_string_value(json_object_get(f, "name"));
+        const char *want = json_string_value(json_object_get(f, "xxh3_128"));
+        const json_t *jsz = json_object_get(f, "size");
+        if (!name || !want || !json_is_integer(jsz) || strchr(name, '/') || name[0] == '.')
+            BFS_FAIL(BFS_EINPUT, "%s: files[%zu] is malformed", mpath, i);
+        const uint64_t size = (uint64_t)json_integer_value(jsz);
+        char *path = bfs__path_join(outdir, name);
+        if (!path)
+            BFS_FAIL(BFS_ENOMEM, "out of memory");
+        const int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        struct stat sb;
+        if (fd < 0) {
+            bfs__report(report, "%s: MISSING (%s)", path, strerror(errno));
+            bad++;
+            free(path);
+            continue;
+        }
+        if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size != size) {
+            bfs__report(report, "%s: BAD SIZE: %lld bytes, manifest says %llu", path, (long long)sb.st_size,
+                        (unsigned long long)size);
+            bad++;
+            close(fd);
+            free(path);
+            continue;
+        }
+        XXH3_128bits_reset(st);
+        rc = bfs__hash_range(fd, 0, size, buf, bs, path, st, NULL);
+        if (rc < 0) {
+            close(fd);
+            free(path);
+            goto cleanup;
+        }
+        checked += size;
+        char got[33];
+        bfs__hash_hex(XXH3_128bits_digest(st), got);
+        if (strcmp(got, want) == 0) {
+            close(fd);
+            free(path);
+            continue;
+        }
+        bad++;
+        /* narrow it down to tensors */
+        int bad_t = 0;
+        uint64_t first_data = size;
+        for (size_t t = 0; t < json_array_size(tensors); t++) {
+            json_t *te = json_array_get(tensors, t);
+            json_t *shards = json_object_get(te, "shards");
+            for (size_t s = 0; s < json_array_size(shards); s++) {
+                json_t *sh = json_array_get(shards, s);
+                const char *sf = json_string_value(json_object_get(sh, "file"));
+                if (!sf || strcmp(sf, name) != 0)
+                    continue;
+                const uint64_t off = (uint64_t)json_integer_value(json_object_get(sh, "offset"));
+                const uint64_t nb = (uint64_t)json_integer_value(json_object_get(sh, "nbytes"));
+                const char *sw = json_string_value(json_object_get(sh, "xxh3_128"));
+                if (off < first_data)
+                    first_data = off;
+                if (off > size || nb > size - off || !sw)
+                    continue;
+                XXH3_128bits_reset(st2);
+                if (bfs__hash_range(fd, off, nb, buf, bs, path, st2, NULL) < 0)
+                    continue;
+                char g2[33];
+                bfs__hash_hex(XXH3_128bits_digest(st2), g2);
+                if (strcmp(g2, sw) != 0) {
+                    bfs__report(report, "%s: BAD tensor \"%s\" bytes [%llu, %llu) (hash %s, manifest %s)", path,
+                                json_string_value(json_object_get(te, "name")), (unsigned long long)off,
+                                (unsigned long long)(off + nb), g2, sw);
+                    bad_t++;
+                }
+            }
+        }
+        if (bad_t == 0)
+            bfs__report(report, "%s: BAD header or metadata bytes [0, %llu) (file hash %s, manifest %s)", path,
+                        (unsigned long long)(first_data < size ? first_data : size), got, want);
+        close(fd);
+        free(path);
+    }
+
+    /* stray weight files confuse loaders that glob *.safetensors */
+    d = opendir(outdir);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL) {
+            const size_t n = strlen(e->d_name);
+            if (n <= 12 || strcmp(e->d_name + n - 12, ".safetensors") != 0)
+                continue;
+            bool listed = false;
+            for (size_t i = 0; i < json_array_size(files) && !listed; i++) {
+                const char *nm = json_string_value(json_object_get(json_array_get(files, i), "name"));
+                listed = nm && strcmp(nm, e->d_name) == 0;
+            }
+            if (!listed) {
+                bfs__report(report, "%s/%s: EXTRA .safetensors file not in the manifest", outdir, e->d_name);
+                bad++;
+            }
+        }
+    }
+    if (bad)
+        rc = bfs__err(BFS_EVERIFY, "%s: %d problem(s) found", outdir, bad);
+cleanup:
+    if (d)
+        closedir(d);
+    if (bytes_checked)
+        *bytes_checked = checked;
+    XXH3_freeState(st);
+    XXH3_freeState(st2);
+    free(buf);
+    free(text);
+    free(mpath);
+    json_decref(m);
+    return rc;
+}
