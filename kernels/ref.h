@@ -5,8 +5,8 @@
  *
  * Rules (shared/FORMATS.md):
  *  - bf16: round to nearest even on the float32 bit pattern; NaN -> 0x7FC0.
- *  - MXFP4: low nibble = even element; value = bf16(f32(e2m1[code]) * 2^(s-127)),
- *    with 2^(s-127) as float32 (s=0 -> 2^-127 subnormal, s=255 -> +inf).
+ *  - MXFP4: low nibble = even element; value = bf16(e2m1[code] * 2^(s-127)), the product
+ *    exact (s=0 -> 2^-127 subnormal; s=255 -> 2^128, see bfs_mxfp4_value).
  *  - bnb 4-bit: element 2k = high nibble of byte k; value = bf16(f32(table[code] * scale)).
  *    Double quant: scale = f32(f32(nested_code[q] * nested_absmax[b/nbs]) + offset).
  * Every product is a separate float32 multiply: never contracted into an FMA
@@ -83,7 +83,8 @@ BFS_HD float bfs_f32_from_f16(uint16_t h)
     return bfs_bits_f32(u);
 }
 
-/* E8M0 scale byte -> float32 2^(s-127). s=0 is the subnormal 2^-127, s=255 is +inf. */
+/* E8M0 scale byte -> float32 2^(s-127). s=0 is the subnormal 2^-127; s=255 (2^128) does not
+ * fit a float32 and comes back as +inf, which bfs_mxfp4_value treats as 2^128. */
 BFS_HD float bfs_e8m0_to_f32(uint8_t s)
 {
     if (s == 0)
@@ -102,10 +103,17 @@ BFS_HD float bfs_e2m1_to_f32(unsigned code)
     return bfs_bits_f32(mag[code & 7u] | ((code & 8u) ? 0x80000000u : 0u));
 }
 
-/* One MXFP4 element. */
+/* One MXFP4 element: the exact product e2m1[code] * 2^(s-127), rounded once to bf16.
+ * `scale` is bfs_e8m0_to_f32(s). Upstream (transformers >= 5, torch.ldexp) computes a true
+ * ldexp, so s = 255 means 2^128, not +inf: 0 stays 0, +-0.5 gives +-2^127 (finite), larger
+ * magnitudes overflow to +-inf, and nothing is NaN. s = 255 is the only byte whose float32
+ * scale is +inf, so that case is recognised here and done as (v * 2^127) * 2, both exact. */
 BFS_HD uint16_t bfs_mxfp4_value(unsigned code, float scale)
 {
-    return bfs_bf16_from_f32(bfs_e2m1_to_f32(code) * scale);
+    const float v = bfs_e2m1_to_f32(code);
+    if (bfs_f32_bits(scale) == 0x7F800000u)
+        return bfs_bf16_from_f32((v * bfs_bits_f32(0x7F000000u)) * 2.0f);
+    return bfs_bf16_from_f32(v * scale);
 }
 
 /* bitsandbytes code tables (float32, functional.py get_4bit_type / create_fp4_map). */

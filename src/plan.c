@@ -258,7 +258,15 @@ static int bfs__plan_bnb(const bfs_input *in, bfs_raw *state, bfs_ltensor *t)
     bfs_raw *qm = NULL, *am = NULL, *nam = NULL, *nqm = NULL;
     BFS_TRY(bfs__need(in, state, prefix, ".quant_map", BFS_DT_F32, 16, "the 16-entry code table", &qm));
     const float *table = strcmp(qt, "nf4") == 0 ? bfs__nf4 : bfs__fp4;
-    if (memcmp(qm->data, table, sizeof bfs__nf4) != 0)
+    /* compared as floats: bitsandbytes' Python table stores FP4 code 8 as +0.0 (an integer -0
+     * literal), its C++ and CUDA kernels use -0.0 -- both are the same code table */
+    bool same = true;
+    for (int k = 0; k < 16; k++) {
+        float v;
+        memcpy(&v, qm->data + 4 * k, 4);
+        same = same && v == table[k];
+    }
+    if (!same)
         BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): quant_map differs from bitsandbytes' built-in %s table, which every upstream dequant uses",
                  bfs__fname(in, qm), qm->st->name, (unsigned long long)qm->file_offset, qt);
 
