@@ -7,7 +7,7 @@ BUILD   ?= build
 # No fast-math anywhere: every value must match upstream bit for bit.
 # -ffp-contract=off forbids fusing a multiply and an add into an FMA.
 OPT     ?= -O2
-CFLAGS_BASE := -std=c11 $(OPT) -g -Wall -Wextra -Wshadow -Wno-unused-parameter \
+CFLAGS_BASE := -std=c11 $(OPT) -g -Wall -Wextra -Wshadow -Wno-unused-parameter -Wno-format-truncation \
                -ffp-contract=off -fno-fast-math -fno-strict-aliasing \
                -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -Iinclude -pthread
 CFLAGS  += $(CFLAGS_BASE) $(EXTRA_CFLAGS)

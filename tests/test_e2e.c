@@ -7,6 +7,7 @@
 #include "bfs_internal.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -293,7 +294,7 @@ static void interrupt_and_resume(void **s)
     bfs_convert_opts_init(&o);
     o.world_size = 3;
     o.device = "cpu";
-    o.mem = 16 << 10;
+    o.mem = 64 << 10;
     o.progress = cancel_cb;
     cancel_after_bytes = 150000; /* past the first rank file (~100 KB of tensors) */
     bfs_convert_result res;
