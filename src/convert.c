@@ -444,6 +444,25 @@ static int bfs__append_journal(bfs_run *r, const char *line)
     return 0;
 }
 
+/* A finished conversion of the same input with the same options that still verifies:
+ * a rerun has nothing to do (pipelines rerun commands). */
+static bool bfs__already_done(bfs_run *r)
+{
+    char *mpath = bfs__path_join(r->outdir, BFS_MANIFEST_NAME), *text = NULL;
+    bool done = false;
+    if (mpath && bfs__read_small_file(mpath, 1u << 30, &text, NULL) == 0) {
+        json_t *m = json_loads(text, 0, NULL);
+        const char *fp = m ? json_string_value(json_object_get(m, "plan_fingerprint")) : NULL;
+        if (fp && strcmp(fp, r->fingerprint) == 0)
+            done = bfs_verify(r->outdir, NULL, NULL) == 0;
+        json_decref(m);
+    }
+    bfs__err_clear();
+    free(text);
+    free(mpath);
+    return done;
+}
+
 /* Empty (or create) OUTDIR, or work out what an interrupted earlier run left. */
 static int bfs__prepare_outdir(bfs_run *r)
 {
@@ -1000,6 +1019,15 @@ int bfs_convert(const char *input, const char *outdir, const bfs_convert_opts *o
     }
 
     bfs__fingerprint(r);
+    if (!o->force && bfs__already_done(r)) {
+        bfs__log(r, "%s: already holds this conversion (same input and options) and it verifies: nothing to do", outdir);
+        if (res) {
+            res->files_reused = (uint64_t)nf;
+            res->tensors = r->plan->nt;
+            snprintf(res->backend, sizeof res->backend, "none (up to date)");
+        }
+        goto cleanup;
+    }
     BFS_TRY(bfs__make_backend(r, r->unit_bytes));
     BFS_TRY(bfs__prepare_outdir(r));
     bfs__log(r, "%s -> %s: %zu tensors, %d file(s), %.3f GB of output, backend %s, buffers 2 x %llu bytes", input,

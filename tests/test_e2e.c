@@ -315,6 +315,11 @@ static void interrupt_and_resume(void **s)
     assert_int_equal(bfs_convert("fixtures/mxfp4-tiny", out, &o, &res), 0);
     assert_true(res.files_reused >= 1);
     assert_int_equal(tu_sh("diff -r %s %s", ref, out), 0);
+    /* and once more: a finished, verifying output is left alone */
+    assert_int_equal(bfs_convert("fixtures/mxfp4-tiny", out, &o, &res), 0);
+    assert_int_equal(res.files_reused, 3);
+    assert_int_equal(res.files_written, 0);
+    assert_int_equal(tu_sh("diff -r %s %s", ref, out), 0);
     tu_rmrf(tmp);
     free(tmp);
 }
