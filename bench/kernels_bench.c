@@ -1,0 +1,260 @@
+/*
+ * CPU dequant kernels: check every level against the scalar reference, then
+ * time it (one thread) and print GB/s of BF16 output beside a memcpy of the
+ * same number of output bytes. llm.c style: no framework, one file.
+ *
+ * Shapes: one gpt-oss-20b gate_up expert (R=5760, G=90 -> 5760 x 2880, both
+ * layouts); a bitsandbytes 4096 x 14336 NF4 weight with double quant
+ * (blocksize 64, nested blocksize 256); casts of 32 Mi elements (64 MiB of BF16).
+ *
+ * Build and run from the repository root (kernel objects only, no src/):
+ *   mkdir -p build/bench
+ *   F="-std=c11 -O2 -ffp-contract=off -fno-fast-math -D_GNU_SOURCE -Iinclude -pthread"
+ *   gcc $F -mavx2 -mf16c -mbmi2 -c kernels/cpu_avx2.c -o build/bench/cpu_avx2.o
+ *   gcc $F -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mf16c -mbmi2 \
+ *       -c kernels/cpu_avx512.c -o build/bench/cpu_avx512.o
+ *   gcc $F -o build/bench/kernels_bench bench/kernels_bench.c kernels/cpu_scalar.c \
+ *       kernels/cpu_dispatch.c build/bench/cpu_avx2.o build/bench/cpu_avx512.o
+ *   build/bench/kernels_bench [repetitions, default 5]
+ * or `make -f Makefile -f bench/Makefile.inc kernels-bench` (bench/Makefile.inc).
+ * BFSHARD_CPU_LEVEL does not apply: every level the CPU runs is measured.
+ */
+#include "../kernels/bfs_kernels.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = aligned_alloc(64, (n + 63) / 64 * 64);
+    if (!p) {
+        fprintf(stderr, "kernels_bench: out of memory (%zu bytes)\n", n);
+        exit(1);
+    }
+    memset(p, 0, n); /* fault the pages in before timing */
+    return p;
+}
+
+static uint64_t rng = 0x2545F4914F6CDD1Dull;
+static uint32_t rnd32(void)
+{
+    rng ^= rng >> 12;
+    rng ^= rng << 25;
+    rng ^= rng >> 27;
+    return (uint32_t)((rng * 0x2545F4914F6CDD1Dull) >> 32);
+}
+
+static void rnd_fill(void *p, size_t n)
+{
+    uint8_t *b = p;
+    for (size_t i = 0; i < n; i++)
+        b[i] = (uint8_t)rnd32();
+}
+
+/* One operation as the bench sees it: run(ops, out) converts the whole input. */
+typedef struct bench_op {
+    const char *name;
+    size_t out_elems;
+    void (*run)(const bfs_kernel_ops *k, const void *ctx, uint16_t *out);
+    const void *ctx;
+} bench_op;
+
+typedef struct mx_ctx {
+    bfs_mxfp4_desc d;
+    size_t rows;
+} mx_ctx;
+
+static void run_mx(const bfs_kernel_ops *k, const void *ctx, uint16_t *out)
+{
+    const mx_ctx *c = ctx;
+    k->mxfp4(&c->d, 0, 0, c->rows, out);
+}
+
+typedef struct bnb_ctx {
+    bfs_bnb4_desc d;
+    size_t n;
+} bnb_ctx;
+
+static void run_bnb(const bfs_kernel_ops *k, const void *ctx, uint16_t *out)
+{
+    const bnb_ctx *c = ctx;
+    k->bnb4(&c->d, 0, c->n, out);
+}
+
+typedef struct cast_ctx {
+    const void *in;
+    size_t n;
+    int which; /* 0 f32, 1 f16, 2 f64 */
+} cast_ctx;
+
+static void run_cast(const bfs_kernel_ops *k, const void *ctx, uint16_t *out)
+{
+    const cast_ctx *c = ctx;
+    const bfs_cast_fn f = c->which == 0 ? k->f32_to_bf16 : c->which == 1 ? k->f16_to_bf16
+                                                                          : k->f64_to_bf16;
+    f(c->in, c->n, out);
+}
+
+static double best_time(void (*fn)(const void *, void *), const void *a, void *b, int reps)
+{
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        const double t0 = now_s();
+        fn(a, b);
+        const double t = now_s() - t0;
+        best = t < best ? t : best;
+    }
+    return best;
+}
+
+typedef struct memcpy_args {
+    void *dst;
+    const void *src;
+    size_t n;
+} memcpy_args;
+
+static void do_memcpy(const void *a, void *unused)
+{
+    const memcpy_args *m = a;
+    (void)unused;
+    memcpy(m->dst, m->src, m->n);
+}
+
+static const char *const level_names[BFS_CPU_NLEVELS] = {"scalar", "avx2", "avx512"};
+
+typedef struct op_args {
+    const bench_op *op;
+    const bfs_kernel_ops *k;
+} op_args;
+
+static void do_op(const void *a, void *out)
+{
+    const op_args *o = a;
+    o->op->run(o->k, o->op->ctx, out);
+}
+
+int main(int argc, char **argv)
+{
+    const int reps = argc > 1 ? atoi(argv[1]) : 5;
+    if (reps < 1) {
+        fprintf(stderr, "usage: kernels_bench [repetitions >= 1]\n");
+        return 2;
+    }
+
+    /* gpt-oss-20b: mlp.experts.gate_up_proj_blocks [32, 5760, 90, 16], one expert */
+    const size_t R = 5760, G = 90;
+    uint8_t *blocks = xmalloc(R * G * 16), *scales = xmalloc(R * G);
+    rnd_fill(blocks, R * G * 16);
+    for (size_t i = 0; i < R * G; i++)
+        scales[i] = (uint8_t)(116 + rnd32() % 10); /* typical exponents */
+    const mx_ctx mx0 = {{blocks, scales, R, G, 0}, R};
+    const mx_ctx mx1 = {{blocks, scales, R, G, 1}, G * 32};
+
+    /* bitsandbytes NF4 4096 x 14336, double quant */
+    static const float nf4[16] = {-1.0f, -0.6961928009986877f, -0.5250730514526367f,
+                                  -0.39491748809814453f, -0.28444138169288635f,
+                                  -0.18477343022823334f, -0.09105003625154495f, 0.0f,
+                                  0.07958029955625534f, 0.16093020141124725f,
+                                  0.24611230194568634f, 0.33791524171829224f,
+                                  0.44070982933044434f, 0.5626170039176941f,
+                                  0.7229568362236023f, 1.0f};
+    const size_t nb_elems = (size_t)4096 * 14336, bs = 64, nblocks = nb_elems / bs;
+    uint8_t *codes = xmalloc(nb_elems / 2), *absmax_u8 = xmalloc(nblocks);
+    float *nested_absmax = xmalloc((nblocks / 256 + 1) * sizeof(float));
+    static float nested_code[256];
+    rnd_fill(codes, nb_elems / 2);
+    rnd_fill(absmax_u8, nblocks);
+    for (int q = 0; q < 256; q++)
+        nested_code[q] = (float)(q - 128) / 128.0f;
+    for (size_t b = 0; b <= nblocks / 256; b++)
+        nested_absmax[b] = 0.01f + (float)(rnd32() % 1000) * 1e-5f;
+    const bnb_ctx bnb = {{codes, nf4, bs, NULL, absmax_u8, nested_code, nested_absmax, 256, 0.03f},
+                         nb_elems};
+
+    /* casts: 32 Mi elements each */
+    const size_t nc = (size_t)32 << 20;
+    uint32_t *f32 = xmalloc(nc * 4);
+    uint16_t *f16 = xmalloc(nc * 2);
+    double *f64 = xmalloc(nc * 8);
+    for (size_t i = 0; i < nc; i++) { /* finite values of every magnitude, some specials */
+        f32[i] = (rnd32() & 0x80000000u) | ((rnd32() % 0xFE) << 23) | (rnd32() & 0x7FFFFF);
+        f16[i] = (uint16_t)rnd32();
+        f64[i] = (double)(int32_t)rnd32() * 1e-6;
+    }
+    const cast_ctx c32 = {f32, nc, 0}, c16 = {f16, nc, 1}, c64 = {f64, nc, 2};
+
+    const bench_op ops[] = {
+        {"mxfp4 5760x2880 (gpt-oss layout)", R * G * 32, run_mx, &mx0},
+        {"mxfp4 5760x2880 transposed (HF)", R * G * 32, run_mx, &mx1},
+        {"bnb nf4 dq 4096x14336 bs64", nb_elems, run_bnb, &bnb},
+        {"cast f32->bf16 32Mi", nc, run_cast, &c32},
+        {"cast f16->bf16 32Mi", nc, run_cast, &c16},
+        {"cast f64->bf16 32Mi", nc, run_cast, &c64},
+    };
+    size_t max_out = 0;
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+        max_out = ops[i].out_elems > max_out ? ops[i].out_elems : max_out;
+    uint16_t *ref = xmalloc(max_out * 2), *out = xmalloc(max_out * 2), *src = xmalloc(max_out * 2);
+    rnd_fill(src, max_out * 2);
+
+    printf("bfshard CPU kernels, one thread, best of %d; GB/s of BF16 output (1e9 bytes/s)\n",
+           reps);
+    printf("best level here: %s\n", bfs_kernels_cpu(-1)->name);
+    int bad = 0;
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
+        const bench_op *op = &ops[i];
+        const size_t bytes = op->out_elems * 2;
+        const memcpy_args m = {out, src, bytes};
+        printf("\n%-34s %8.1f MB out\n", op->name, (double)bytes / 1e6);
+        op->run(bfs_kernels_cpu(BFS_CPU_SCALAR), op->ctx, ref);
+        const bfs_kernel_ops *levels[BFS_CPU_NLEVELS];
+        double best[BFS_CPU_NLEVELS], best_memcpy = 1e30;
+        for (int l = 0; l < BFS_CPU_NLEVELS; l++) {
+            levels[l] = bfs_kernels_cpu(l);
+            best[l] = 1e30;
+            if (!levels[l])
+                continue;
+            memset(out, 0xA5, bytes);
+            op->run(levels[l], op->ctx, out);
+            const int same = memcmp(ref, out, bytes) == 0;
+            bad |= !same;
+            if (!same)
+                printf("  %-8s DIFFERS FROM SCALAR\n", levels[l]->name);
+        }
+        /* interleaved, so that memcpy and the kernels see the same machine */
+        for (int r = 0; r < reps; r++) {
+            const double tm = best_time(do_memcpy, &m, NULL, 1);
+            best_memcpy = tm < best_memcpy ? tm : best_memcpy;
+            for (int l = 0; l < BFS_CPU_NLEVELS; l++) {
+                if (!levels[l] || (l == BFS_CPU_SCALAR && r >= 2)) /* the reference is slow */
+                    continue;
+                const op_args a = {op, levels[l]};
+                const double t = best_time(do_op, &a, out, 1);
+                best[l] = t < best[l] ? t : best[l];
+            }
+        }
+        printf("  %-8s %7.2f GB/s\n", "memcpy", (double)bytes / best_memcpy / 1e9);
+        for (int l = 0; l < BFS_CPU_NLEVELS; l++) {
+            if (!levels[l]) {
+                printf("  %-8s not supported by this CPU: skipped\n", level_names[l]);
+                continue;
+            }
+            printf("  %-8s %7.2f GB/s  %5.2fx memcpy\n", levels[l]->name,
+                   (double)bytes / best[l] / 1e9, best_memcpy / best[l]);
+        }
+    }
+    printf("\n%s\n", bad ? "SOME LEVEL DIFFERS FROM THE SCALAR REFERENCE" : "all levels match the scalar reference");
+    free(blocks), free(scales), free(codes), free(absmax_u8), free(nested_absmax);
+    free(f32), free(f16), free(f64), free(ref), free(out), free(src);
+    return bad ? 1 : 0;
+}

@@ -1,0 +1,366 @@
+/*
+ * AVX2 kernels (level BFS_CPU_AVX2): the bytes of cpu_scalar.c, faster.
+ * Built with -mavx2 -mf16c -mbmi2; run only where cpu_dispatch.c found them.
+ *
+ * 4-bit formats: a value depends only on (code, scale), so each scale gets a
+ * 16-entry table of bf16 results, computed with the reference arithmetic
+ * (float32 product, then round to nearest even), and the codes are looked up
+ * in it with vpshufb: one shuffle for the low bytes, one for the high bytes.
+ *  - MXFP4 has 256 scales: one table of 256 x 16 values, filled once by
+ *    ref.h itself (bfs_mxfp4_value).
+ *  - bnb has one float scale per block: its table is built per block with a
+ *    float32 multiply and the bf16 rounding below, in SIMD.
+ * The transposed MXFP4 layout goes through a tile of TILE_R source rows x
+ * TILE_G groups in L1, transposed there with 16x16 register transposes, then
+ * written out as runs of TILE_R values per output row with non-temporal
+ * stores (where aligned): regular stores to that many rows at once were held
+ * up by the reads for ownership (3 GB/s against 6-7 GB/s here).
+ * No FTZ/DAZ: subnormal products and inputs are computed as IEEE says.
+ */
+#include "bfs_kernels.h"
+#include "ref.h"
+
+#include <assert.h>
+#include <immintrin.h>
+#include <pthread.h>
+
+#if !defined(__AVX2__) || !defined(__F16C__)
+#error "kernels/cpu_avx2.c must be built with -mavx2 -mf16c -mbmi2"
+#endif
+
+/* transposed MXFP4: tiles of TILE_R source rows x TILE_G groups (16 KiB of L1 with
+ * their transpose); the best measured of 32..256 rows x 1..8 groups on AMD Zen 3 */
+enum { TILE_R = 64, TILE_G = 2, TILE_C = TILE_G * 32 };
+
+/* ---- bf16 rounding ------------------------------------------------------------ */
+
+/* 8 float32 bit patterns -> bf16 (RNE, NaN -> 0x7FC0), one per dword. */
+static inline __m256i bf16_rne8(__m256i u)
+{
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i r =
+        _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF)),
+                                           _mm256_set1_epi32(0x7F800000));
+    return _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), nan);
+}
+
+/* 16 floats (a then b) -> 16 bf16 in order. */
+static inline __m256i bf16_pack16(__m256 a, __m256 b)
+{
+    const __m256i p = _mm256_packus_epi32(bf16_rne8(_mm256_castps_si256(a)),
+                                          bf16_rne8(_mm256_castps_si256(b)));
+    return _mm256_permute4x64_epi64(p, 0xD8);
+}
+
+/* ---- 16-entry bf16 tables looked up with vpshufb -------------------------------- */
+
+/* 64 codes (one per byte; c0 = codes 0..15 | 32..47, c1 = 16..31 | 48..63, the
+ * order unpack gives) -> 64 bf16 at o. tl/th: low/high bytes of the table, per lane. */
+static inline void lut_expand64(__m256i c0, __m256i c1, __m256i tl, __m256i th, uint16_t *o)
+{
+    const __m256i l0 = _mm256_shuffle_epi8(tl, c0), h0 = _mm256_shuffle_epi8(th, c0);
+    const __m256i l1 = _mm256_shuffle_epi8(tl, c1), h1 = _mm256_shuffle_epi8(th, c1);
+    const __m256i w0 = _mm256_unpacklo_epi8(l0, h0); /* 0..7   | 32..39 */
+    const __m256i w1 = _mm256_unpackhi_epi8(l0, h0); /* 8..15  | 40..47 */
+    const __m256i w2 = _mm256_unpacklo_epi8(l1, h1); /* 16..23 | 48..55 */
+    const __m256i w3 = _mm256_unpackhi_epi8(l1, h1); /* 24..31 | 56..63 */
+    _mm256_storeu_si256((__m256i *)o, _mm256_permute2x128_si256(w0, w1, 0x20));
+    _mm256_storeu_si256((__m256i *)(o + 16), _mm256_permute2x128_si256(w2, w3, 0x20));
+    _mm256_storeu_si256((__m256i *)(o + 32), _mm256_permute2x128_si256(w0, w1, 0x31));
+    _mm256_storeu_si256((__m256i *)(o + 48), _mm256_permute2x128_si256(w2, w3, 0x31));
+}
+
+/* 32 codes (c0 = codes 0..15, c1 = 16..31) -> 32 bf16 at o. */
+static inline void lut_expand32(__m128i c0, __m128i c1, __m128i tl, __m128i th, uint16_t *o)
+{
+    const __m128i l0 = _mm_shuffle_epi8(tl, c0), h0 = _mm_shuffle_epi8(th, c0);
+    const __m128i l1 = _mm_shuffle_epi8(tl, c1), h1 = _mm_shuffle_epi8(th, c1);
+    _mm_storeu_si128((__m128i *)o, _mm_unpacklo_epi8(l0, h0));
+    _mm_storeu_si128((__m128i *)(o + 8), _mm_unpackhi_epi8(l0, h0));
+    _mm_storeu_si128((__m128i *)(o + 16), _mm_unpacklo_epi8(l1, h1));
+    _mm_storeu_si128((__m128i *)(o + 24), _mm_unpackhi_epi8(l1, h1));
+}
+
+/* ---- MXFP4 ------------------------------------------------------------------------ */
+
+/* mx_lo[s][code], mx_hi[s][code]: low and high byte of bfs_mxfp4_value(code, 2^(s-127)). */
+static _Alignas(64) uint8_t mx_lo[256][16];
+static _Alignas(64) uint8_t mx_hi[256][16];
+static pthread_once_t mx_once = PTHREAD_ONCE_INIT;
+
+static void mx_init(void)
+{
+    for (unsigned s = 0; s < 256; s++)
+        for (unsigned code = 0; code < 16; code++) {
+            const uint16_t v = bfs_mxfp4_value(code, bfs_e8m0_to_f32((uint8_t)s));
+            mx_lo[s][code] = (uint8_t)(v & 0xFF);
+            mx_hi[s][code] = (uint8_t)(v >> 8);
+        }
+}
+
+/* ng consecutive groups of one row (blocks blk, scales sc) -> ng*32 bf16 at o.
+ * Low nibble = even element. */
+static inline void mx_groups(const uint8_t *blk, const uint8_t *sc, size_t ng, uint16_t *o)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    size_t g = 0;
+    for (; g + 2 <= ng; g += 2) { /* two groups, one per lane */
+        const __m256i x = _mm256_loadu_si256((const __m256i *)(blk + g * 16));
+        const __m256i lo = _mm256_and_si256(x, m4);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
+        const __m256i tl = _mm256_loadu2_m128i((const __m128i *)mx_lo[sc[g + 1]],
+                                               (const __m128i *)mx_lo[sc[g]]);
+        const __m256i th = _mm256_loadu2_m128i((const __m128i *)mx_hi[sc[g + 1]],
+                                               (const __m128i *)mx_hi[sc[g]]);
+        /* per lane: elements 0..15, then 16..31 of that lane's group */
+        lut_expand64(_mm256_unpacklo_epi8(lo, hi), _mm256_unpackhi_epi8(lo, hi), tl, th,
+                     o + g * 32);
+    }
+    if (g < ng) {
+        const __m128i m4x = _mm_set1_epi8(0x0F);
+        const __m128i x = _mm_loadu_si128((const __m128i *)(blk + g * 16));
+        const __m128i lo = _mm_and_si128(x, m4x);
+        const __m128i hi = _mm_and_si128(_mm_srli_epi16(x, 4), m4x);
+        lut_expand32(_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi),
+                     _mm_load_si128((const __m128i *)mx_lo[sc[g]]),
+                     _mm_load_si128((const __m128i *)mx_hi[sc[g]]), o + g * 32);
+    }
+}
+
+/* 16x16 bf16 transpose: src rows (stride ss) -> dst rows (stride ds). */
+static inline void transpose16x16(const uint16_t *src, size_t ss, uint16_t *dst, size_t ds)
+{
+    __m256i a[16], b[16];
+    for (int i = 0; i < 16; i++)
+        a[i] = _mm256_loadu_si256((const __m256i *)(src + i * ss));
+    /* within each 128-bit lane: an 8x8 transpose of rows 0..7 and of rows 8..15 */
+    for (int h = 0; h < 16; h += 8) {
+        for (int i = 0; i < 8; i += 2) {
+            b[h + i] = _mm256_unpacklo_epi16(a[h + i], a[h + i + 1]);
+            b[h + i + 1] = _mm256_unpackhi_epi16(a[h + i], a[h + i + 1]);
+        }
+        for (int i = 0; i < 2; i++) { /* (0,2) (1,3) -> a0..a3; (4,6) (5,7) -> a4..a7 */
+            a[h + 2 * i] = _mm256_unpacklo_epi32(b[h + i], b[h + i + 2]);
+            a[h + 2 * i + 1] = _mm256_unpackhi_epi32(b[h + i], b[h + i + 2]);
+            a[h + 4 + 2 * i] = _mm256_unpacklo_epi32(b[h + 4 + i], b[h + 4 + i + 2]);
+            a[h + 4 + 2 * i + 1] = _mm256_unpackhi_epi32(b[h + 4 + i], b[h + 4 + i + 2]);
+        }
+        for (int i = 0; i < 4; i++) { /* b[h+k] lane j = column 8j+k of these 8 rows */
+            b[h + 2 * i] = _mm256_unpacklo_epi64(a[h + i], a[h + 4 + i]);
+            b[h + 2 * i + 1] = _mm256_unpackhi_epi64(a[h + i], a[h + 4 + i]);
+        }
+    }
+    for (int k = 0; k < 8; k++) {
+        _mm256_storeu_si256((__m256i *)(dst + k * ds), _mm256_permute2x128_si256(b[k], b[8 + k], 0x20));
+        _mm256_storeu_si256((__m256i *)(dst + (8 + k) * ds),
+                            _mm256_permute2x128_si256(b[k], b[8 + k], 0x31));
+    }
+}
+
+/* tt[c - ca][i] = tile[i][c] for i < nr, ca <= c < cb: the transpose, within L1. */
+static void tile_transpose(const uint16_t (*tile)[TILE_C], size_t nr, size_t ca, size_t cb,
+                           uint16_t (*tt)[TILE_R])
+{
+    size_t i = 0;
+    for (; i + 16 <= nr; i += 16) {
+        size_t c = ca;
+        for (; c + 16 <= cb; c += 16)
+            transpose16x16(&tile[i][c], TILE_C, &tt[c - ca][i], TILE_R);
+        for (; c < cb; c++)
+            for (size_t k = 0; k < 16; k++)
+                tt[c - ca][i + k] = tile[i + k][c];
+    }
+    for (; i < nr; i++)
+        for (size_t c = ca; c < cb; c++)
+            tt[c - ca][i] = tile[i][c];
+}
+
+/* n bf16 from src (32-byte aligned) to dst. Non-temporal when dst is 32-byte aligned:
+ * the transposed output is written in short runs to many rows, which regular stores
+ * would first read for ownership. */
+static inline void row_stream(const uint16_t *src, size_t n, uint16_t *dst)
+{
+    size_t j = 0;
+    if (((uintptr_t)dst & 31) == 0) {
+        for (; j + 16 <= n; j += 16)
+            _mm256_stream_si256((__m256i *)(dst + j), _mm256_load_si256((const __m256i *)(src + j)));
+    } else {
+        for (; j + 16 <= n; j += 16)
+            _mm256_storeu_si256((__m256i *)(dst + j), _mm256_load_si256((const __m256i *)(src + j)));
+    }
+    for (; j < n; j++)
+        dst[j] = src[j];
+}
+
+static void mxfp4_avx2(const bfs_mxfp4_desc *d, size_t item, size_t o0, size_t o1, uint16_t *out)
+{
+    const size_t R = d->R, G = d->G, C = G * 32;
+    const uint8_t *const blocks = d->blocks + item * R * G * 16;
+    const uint8_t *const scales = d->scales + item * R * G;
+    assert(o0 <= o1 && o1 <= (d->transpose ? C : R));
+    pthread_once(&mx_once, mx_init);
+
+    if (!d->transpose) {
+        for (size_t r = o0; r < o1; r++)
+            mx_groups(blocks + r * G * 16, scales + r * G, G, out + (r - o0) * C);
+        return;
+    }
+    if (o0 == o1)
+        return;
+    /* Column strips of TILE_G groups, each down all R rows in tiles of TILE_R rows:
+     * every output row is written front to back, a few rows at a time. */
+    _Alignas(32) uint16_t tile[TILE_R][TILE_C];
+    _Alignas(32) uint16_t tt[TILE_C][TILE_R];
+    const size_t g_end = (o1 + 31) / 32;
+    for (size_t g0 = o0 / 32; g0 < g_end; g0 += TILE_G) {
+        const size_t ng = g_end - g0 < TILE_G ? g_end - g0 : TILE_G;
+        const size_t ca = (o0 > g0 * 32 ? o0 : g0 * 32) - g0 * 32;
+        const size_t cb = (o1 < (g0 + ng) * 32 ? o1 : (g0 + ng) * 32) - g0 * 32;
+        for (size_t r0 = 0; r0 < R; r0 += TILE_R) {
+            const size_t nr = R - r0 < TILE_R ? R - r0 : TILE_R;
+            for (size_t i = 0; i < nr; i++) {
+                const size_t r = r0 + i;
+                mx_groups(blocks + (r * G + g0) * 16, scales + r * G + g0, ng, tile[i]);
+            }
+            tile_transpose((const uint16_t(*)[TILE_C])tile, nr, ca, cb, tt);
+            for (size_t c = ca; c < cb; c++)
+                row_stream(tt[c - ca], nr, out + (g0 * 32 + c - o0) * R + r0);
+        }
+    }
+    _mm_sfence(); /* order the non-temporal stores before whatever the caller does next */
+}
+
+/* ---- bitsandbytes 4-bit ------------------------------------------------------------ */
+
+static void bnb4_avx2(const bfs_bnb4_desc *d, size_t i0, size_t i1, uint16_t *out)
+{
+    const size_t bs = d->blocksize;
+    assert(i0 <= i1 && bs > 0);
+    assert(d->absmax_u8 ? d->nested_blocksize > 0 : d->absmax_f32 != NULL);
+    if (i0 == i1)
+        return;
+    const __m256 t0 = _mm256_loadu_ps(d->table), t1 = _mm256_loadu_ps(d->table + 8);
+    /* per lane: low bytes of 8 words, then their high bytes */
+    const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0,
+                                           2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m128i m4x = _mm_set1_epi8(0x0F);
+    const uint8_t *const codes = d->codes;
+    size_t b = i0 / bs, e = i0;
+    /* nested block of b (double quant), kept without a division per block */
+    size_t nb = 0, nb_end = 0;
+    if (d->absmax_u8) {
+        nb = b / d->nested_blocksize;
+        nb_end = (nb + 1) * d->nested_blocksize;
+    }
+    uint16_t *o = out;
+    while (e < i1) {
+        const size_t bend = (b + 1) * bs < i1 ? (b + 1) * bs : i1;
+        float scale;
+        if (d->absmax_u8) {
+            if (b == nb_end) {
+                nb++;
+                nb_end += d->nested_blocksize;
+            }
+            scale = bfs_bnb4_dq_scale(d->nested_code[d->absmax_u8[b]], d->nested_absmax[nb],
+                                      d->offset);
+        } else {
+            scale = d->absmax_f32[b];
+        }
+        const __m256 s = _mm256_set1_ps(scale);
+        const __m256i w = bf16_pack16(_mm256_mul_ps(t0, s), _mm256_mul_ps(t1, s));
+        _Alignas(32) uint16_t lut[16];
+        _mm256_store_si256((__m256i *)lut, w);
+        /* [lo 0..15 | hi 0..15] -> each half broadcast to both lanes */
+        const __m256i bytes = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(w, split), 0xD8);
+        const __m256i tl = _mm256_permute2x128_si256(bytes, bytes, 0x00);
+        const __m256i th = _mm256_permute2x128_si256(bytes, bytes, 0x11);
+
+        if (e & 1) /* element 2k+1 is the low nibble */
+            *o++ = lut[codes[e++ >> 1] & 0x0F];
+        for (; e + 64 <= bend; e += 64, o += 64) {
+            const __m256i x = _mm256_loadu_si256((const __m256i *)(codes + e / 2));
+            const __m256i lo = _mm256_and_si256(x, m4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
+            /* element 2k is the high nibble */
+            lut_expand64(_mm256_unpacklo_epi8(hi, lo), _mm256_unpackhi_epi8(hi, lo), tl, th, o);
+        }
+        if (e + 32 <= bend) {
+            const __m128i x = _mm_loadu_si128((const __m128i *)(codes + e / 2));
+            const __m128i lo = _mm_and_si128(x, m4x);
+            const __m128i hi = _mm_and_si128(_mm_srli_epi16(x, 4), m4x);
+            lut_expand32(_mm_unpacklo_epi8(hi, lo), _mm_unpackhi_epi8(hi, lo),
+                         _mm256_castsi256_si128(tl), _mm256_castsi256_si128(th), o);
+            e += 32;
+            o += 32;
+        }
+        for (; e < bend; e++)
+            *o++ = lut[bfs_bnb4_code(codes, e)];
+        b++;
+    }
+}
+
+/* ---- casts ------------------------------------------------------------------------- */
+
+static void f32_to_bf16_avx2(const void *in, size_t n, uint16_t *out)
+{
+    const unsigned char *const p = in; /* only unaligned loads */
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(out + i),
+                            bf16_pack16(_mm256_loadu_ps((const float *)(p + 4 * i)),
+                                        _mm256_loadu_ps((const float *)(p + 4 * i + 32))));
+    for (; i < n; i++) {
+        float f;
+        memcpy(&f, p + 4 * i, sizeof f);
+        out[i] = bfs_bf16_from_f32(f);
+    }
+}
+
+/* f16 -> f32 with vcvtph2ps is exact (subnormals too; not subject to DAZ). */
+static void f16_to_bf16_avx2(const void *in, size_t n, uint16_t *out)
+{
+    const unsigned char *const p = in;
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256 a = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 2 * i)));
+        const __m256 b = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 2 * i + 16)));
+        _mm256_storeu_si256((__m256i *)(out + i), bf16_pack16(a, b));
+    }
+    for (; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, p + 2 * i, sizeof h);
+        out[i] = bfs_bf16_from_f32(bfs_f32_from_f16(h));
+    }
+}
+
+/* vcvtpd2ps rounds per MXCSR (nearest even by default), like C's (float)d. */
+static void f64_to_bf16_avx2(const void *in, size_t n, uint16_t *out)
+{
+    const unsigned char *const p = in;
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const double *const q = (const double *)(p + 8 * i);
+        const __m256 a = _mm256_set_m128(_mm256_cvtpd_ps(_mm256_loadu_pd(q + 4)),
+                                         _mm256_cvtpd_ps(_mm256_loadu_pd(q)));
+        const __m256 b = _mm256_set_m128(_mm256_cvtpd_ps(_mm256_loadu_pd(q + 12)),
+                                         _mm256_cvtpd_ps(_mm256_loadu_pd(q + 8)));
+        _mm256_storeu_si256((__m256i *)(out + i), bf16_pack16(a, b));
+    }
+    for (; i < n; i++) {
+        double v;
+        memcpy(&v, p + 8 * i, sizeof v);
+        out[i] = bfs_bf16_from_f32((float)v);
+    }
+}
+
+const bfs_kernel_ops bfs__cpu_avx2_ops = {
+    .name = "avx2",
+    .level = BFS_CPU_AVX2,
+    .mxfp4 = mxfp4_avx2,
+    .bnb4 = bnb4_avx2,
+    .f32_to_bf16 = f32_to_bf16_avx2,
+    .f16_to_bf16 = f16_to_bf16_avx2,
+    .f64_to_bf16 = f64_to_bf16_avx2,
+};

@@ -1,0 +1,385 @@
+/*
+ * AVX-512 kernels (level BFS_CPU_AVX512: F, BW, VL, DQ): the bytes of
+ * cpu_scalar.c, faster. Run only where cpu_dispatch.c found the features.
+ *
+ * Same plan as cpu_avx2.c; what AVX-512 changes:
+ *  - 4-bit codes are widened to words and looked up with vpermw in a 16-word
+ *    bf16 table (one instruction for 32 elements, no low/high byte split);
+ *  - float32 -> bf16 packs 32 results with one vpermt2w.
+ * bf16 rounding is the integer rule of ref.h, not vcvtneps2bf16 (AVX512_BF16):
+ * that instruction flushes subnormal inputs to zero and keeps a NaN's sign and
+ * payload instead of giving 0x7FC0, so its bytes differ from upstream's.
+ * The transposed MXFP4 path is cpu_avx2.c's (tile, 16x16 transposes in L1,
+ * non-temporal runs per output row). No FTZ/DAZ. Tails (fewer than 16..32
+ * elements) use ref.h directly.
+ *
+ * Built with -DBFS_AVX512_SIMDE (and without the -mavx512* flags), this file
+ * runs on any x86-64 through SIMDe's emulation of the AVX-512 intrinsics, under
+ * another symbol: tests/test_kernels.c uses that to check the logic of this
+ * file on CPUs without AVX-512 (see the command there). The emulation does not
+ * prove the instructions' own arithmetic, which is the AVX2 file's (cvtph2ps,
+ * cvtpd2ps, mulps) or IEEE's.
+ */
+#include "bfs_kernels.h"
+#include "ref.h"
+
+#include <assert.h>
+#include <pthread.h>
+
+#if defined(BFS_AVX512_SIMDE)
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+#include <simde/x86/f16c.h>
+#define BFS_AVX512_OPS bfs__cpu_avx512_emu_ops
+#else
+#include <immintrin.h>
+#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__) || \
+    !defined(__AVX512DQ__) || !defined(__F16C__)
+#error "kernels/cpu_avx512.c must be built with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mf16c -mbmi2"
+#endif
+#define BFS_AVX512_OPS bfs__cpu_avx512_ops
+#endif
+
+#if defined(BFS_AVX512_SIMDE) /* what SIMDe 0.7 lacks, element by element */
+static inline __m256i cvt_epi32_epi16(__m512i v)
+{
+    int32_t d[16];
+    int16_t w[16];
+    _mm512_storeu_si512(d, v);
+    for (int i = 0; i < 16; i++)
+        w[i] = (int16_t)d[i];
+    return _mm256_loadu_si256((const __m256i *)w);
+}
+static inline __m512 cvt_ph_ps(__m256i h)
+{
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_cvtph_ps(_mm256_castsi256_si128(h))),
+                              _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), 1);
+}
+static inline __m256 cvt_pd_ps(__m512d v)
+{
+    double d[8];
+    float f[8];
+    _mm512_storeu_pd(d, v);
+    for (int i = 0; i < 8; i++)
+        f[i] = (float)d[i];
+    return _mm256_loadu_ps(f);
+}
+#else
+#define cvt_epi32_epi16 _mm512_cvtepi32_epi16 /* vpmovdw: truncates */
+#define cvt_ph_ps _mm512_cvtph_ps
+#define cvt_pd_ps _mm512_cvtpd_ps
+#endif
+
+/* transposed MXFP4: tiles of TILE_R source rows x TILE_G groups, as in cpu_avx2.c */
+enum { TILE_R = 64, TILE_G = 2, TILE_C = TILE_G * 32 };
+
+/* ---- bf16 rounding ------------------------------------------------------------- */
+
+/* 16 float32 bit patterns -> bf16 (RNE, NaN -> 0x7FC0), one per dword. */
+static inline __m512i bf16_rne16(__m512i u)
+{
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i r =
+        _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+    const __mmask16 nan = _mm512_cmpgt_epi32_mask(
+        _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
+    return _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0));
+}
+
+/* word 2k of the pair (a, b): the low halves of 32 dwords, in order */
+static const uint16_t even_words[32] = {0,  2,  4,  6,  8,  10, 12, 14, 16, 18, 20,
+                                        22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42,
+                                        44, 46, 48, 50, 52, 54, 56, 58, 60, 62};
+
+/* 32 floats (a then b) -> 32 bf16 in order. */
+static inline __m512i bf16_pack32(__m512 a, __m512 b, __m512i even)
+{
+    return _mm512_permutex2var_epi16(bf16_rne16(_mm512_castps_si512(a)), even,
+                                     bf16_rne16(_mm512_castps_si512(b)));
+}
+
+/* 32 codes (bytes, each < 16) -> 32 bf16 from the 16-word table lut. */
+static inline __m512i lut_words32(__m256i codes, __m512i lut)
+{
+    /* sign and zero extension agree on codes < 16 */
+    return _mm512_permutexvar_epi16(_mm512_cvtepi8_epi16(codes), lut);
+}
+
+static inline __m512i lut_load16(const uint16_t *t)
+{
+    return _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)t));
+}
+
+/* ---- MXFP4 ----------------------------------------------------------------------- */
+
+/* mx_lut[s][code] = bfs_mxfp4_value(code, 2^(s-127)) */
+static _Alignas(64) uint16_t mx_lut[256][16];
+static pthread_once_t mx_once = PTHREAD_ONCE_INIT;
+
+static void mx_init(void)
+{
+    for (unsigned s = 0; s < 256; s++)
+        for (unsigned code = 0; code < 16; code++)
+            mx_lut[s][code] = bfs_mxfp4_value(code, bfs_e8m0_to_f32((uint8_t)s));
+}
+
+/* ng consecutive groups of one row -> ng*32 bf16 at o. Low nibble = even element. */
+static inline void mx_groups(const uint8_t *blk, const uint8_t *sc, size_t ng, uint16_t *o)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    size_t g = 0;
+    for (; g + 2 <= ng; g += 2) {
+        const __m256i x = _mm256_loadu_si256((const __m256i *)(blk + g * 16));
+        const __m256i lo = _mm256_and_si256(x, m4);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
+        const __m256i u0 = _mm256_unpacklo_epi8(lo, hi); /* A 0..15  | B 0..15 */
+        const __m256i u1 = _mm256_unpackhi_epi8(lo, hi); /* A 16..31 | B 16..31 */
+        _mm512_storeu_si512(o + g * 32, lut_words32(_mm256_permute2x128_si256(u0, u1, 0x20),
+                                                    lut_load16(mx_lut[sc[g]])));
+        _mm512_storeu_si512(o + g * 32 + 32, lut_words32(_mm256_permute2x128_si256(u0, u1, 0x31),
+                                                         lut_load16(mx_lut[sc[g + 1]])));
+    }
+    if (g < ng) {
+        const __m128i m4x = _mm_set1_epi8(0x0F);
+        const __m128i x = _mm_loadu_si128((const __m128i *)(blk + g * 16));
+        const __m128i lo = _mm_and_si128(x, m4x);
+        const __m128i hi = _mm_and_si128(_mm_srli_epi16(x, 4), m4x);
+        const __m256i codes = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+        _mm512_storeu_si512(o + g * 32, lut_words32(codes, lut_load16(mx_lut[sc[g]])));
+    }
+}
+
+/* 16x16 bf16 transpose: src rows (stride ss) -> dst rows (stride ds). */
+static inline void transpose16x16(const uint16_t *src, size_t ss, uint16_t *dst, size_t ds)
+{
+    __m256i a[16], b[16];
+    for (int i = 0; i < 16; i++)
+        a[i] = _mm256_loadu_si256((const __m256i *)(src + i * ss));
+    /* within each 128-bit lane: an 8x8 transpose of rows 0..7 and of rows 8..15 */
+    for (int h = 0; h < 16; h += 8) {
+        for (int i = 0; i < 8; i += 2) {
+            b[h + i] = _mm256_unpacklo_epi16(a[h + i], a[h + i + 1]);
+            b[h + i + 1] = _mm256_unpackhi_epi16(a[h + i], a[h + i + 1]);
+        }
+        for (int i = 0; i < 2; i++) {
+            a[h + 2 * i] = _mm256_unpacklo_epi32(b[h + i], b[h + i + 2]);
+            a[h + 2 * i + 1] = _mm256_unpackhi_epi32(b[h + i], b[h + i + 2]);
+            a[h + 4 + 2 * i] = _mm256_unpacklo_epi32(b[h + 4 + i], b[h + 4 + i + 2]);
+            a[h + 4 + 2 * i + 1] = _mm256_unpackhi_epi32(b[h + 4 + i], b[h + 4 + i + 2]);
+        }
+        for (int i = 0; i < 4; i++) { /* b[h+k] lane j = column 8j+k of these 8 rows */
+            b[h + 2 * i] = _mm256_unpacklo_epi64(a[h + i], a[h + 4 + i]);
+            b[h + 2 * i + 1] = _mm256_unpackhi_epi64(a[h + i], a[h + 4 + i]);
+        }
+    }
+    for (int k = 0; k < 8; k++) {
+        _mm256_storeu_si256((__m256i *)(dst + k * ds), _mm256_permute2x128_si256(b[k], b[8 + k], 0x20));
+        _mm256_storeu_si256((__m256i *)(dst + (8 + k) * ds),
+                            _mm256_permute2x128_si256(b[k], b[8 + k], 0x31));
+    }
+}
+
+/* tt[c - ca][i] = tile[i][c] for i < nr, ca <= c < cb: the transpose, within L1. */
+static void tile_transpose(const uint16_t (*tile)[TILE_C], size_t nr, size_t ca, size_t cb,
+                           uint16_t (*tt)[TILE_R])
+{
+    size_t i = 0;
+    for (; i + 16 <= nr; i += 16) {
+        size_t c = ca;
+        for (; c + 16 <= cb; c += 16)
+            transpose16x16(&tile[i][c], TILE_C, &tt[c - ca][i], TILE_R);
+        for (; c < cb; c++)
+            for (size_t k = 0; k < 16; k++)
+                tt[c - ca][i + k] = tile[i + k][c];
+    }
+    for (; i < nr; i++)
+        for (size_t c = ca; c < cb; c++)
+            tt[c - ca][i] = tile[i][c];
+}
+
+/* n bf16 from src (32-byte aligned) to dst. Non-temporal when dst is 32-byte aligned:
+ * the transposed output is written in short runs to many rows, which regular stores
+ * would first read for ownership. */
+static inline void row_stream(const uint16_t *src, size_t n, uint16_t *dst)
+{
+    size_t j = 0;
+    if (((uintptr_t)dst & 31) == 0) {
+        for (; j + 16 <= n; j += 16)
+            _mm256_stream_si256((__m256i *)(dst + j), _mm256_load_si256((const __m256i *)(src + j)));
+    } else {
+        for (; j + 16 <= n; j += 16)
+            _mm256_storeu_si256((__m256i *)(dst + j), _mm256_load_si256((const __m256i *)(src + j)));
+    }
+    for (; j < n; j++)
+        dst[j] = src[j];
+}
+
+static void mxfp4_avx512(const bfs_mxfp4_desc *d, size_t item, size_t o0, size_t o1, uint16_t *out)
+{
+    const size_t R = d->R, G = d->G, C = G * 32;
+    const uint8_t *const blocks = d->blocks + item * R * G * 16;
+    const uint8_t *const scales = d->scales + item * R * G;
+    assert(o0 <= o1 && o1 <= (d->transpose ? C : R));
+    pthread_once(&mx_once, mx_init);
+
+    if (!d->transpose) {
+        for (size_t r = o0; r < o1; r++)
+            mx_groups(blocks + r * G * 16, scales + r * G, G, out + (r - o0) * C);
+        return;
+    }
+    if (o0 == o1)
+        return;
+    /* Column strips of TILE_G groups, each down all R rows in tiles of TILE_R rows:
+     * every output row is written front to back, a few rows at a time. */
+    _Alignas(32) uint16_t tile[TILE_R][TILE_C];
+    _Alignas(32) uint16_t tt[TILE_C][TILE_R];
+    const size_t g_end = (o1 + 31) / 32;
+    for (size_t g0 = o0 / 32; g0 < g_end; g0 += TILE_G) {
+        const size_t ng = g_end - g0 < TILE_G ? g_end - g0 : TILE_G;
+        const size_t ca = (o0 > g0 * 32 ? o0 : g0 * 32) - g0 * 32;
+        const size_t cb = (o1 < (g0 + ng) * 32 ? o1 : (g0 + ng) * 32) - g0 * 32;
+        for (size_t r0 = 0; r0 < R; r0 += TILE_R) {
+            const size_t nr = R - r0 < TILE_R ? R - r0 : TILE_R;
+            for (size_t i = 0; i < nr; i++) {
+                const size_t r = r0 + i;
+                mx_groups(blocks + (r * G + g0) * 16, scales + r * G + g0, ng, tile[i]);
+            }
+            tile_transpose((const uint16_t(*)[TILE_C])tile, nr, ca, cb, tt);
+            for (size_t c = ca; c < cb; c++)
+                row_stream(tt[c - ca], nr, out + (g0 * 32 + c - o0) * R + r0);
+        }
+    }
+    _mm_sfence(); /* order the non-temporal stores before whatever the caller does next */
+}
+
+/* ---- bitsandbytes 4-bit ---------------------------------------------------------------- */
+
+static void bnb4_avx512(const bfs_bnb4_desc *d, size_t i0, size_t i1, uint16_t *out)
+{
+    const size_t bs = d->blocksize;
+    assert(i0 <= i1 && bs > 0);
+    assert(d->absmax_u8 ? d->nested_blocksize > 0 : d->absmax_f32 != NULL);
+    if (i0 == i1)
+        return;
+    const __m512 table = _mm512_loadu_ps(d->table);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m128i m4x = _mm_set1_epi8(0x0F);
+    const uint8_t *const codes = d->codes;
+    size_t b = i0 / bs, e = i0;
+    size_t nb = 0, nb_end = 0; /* nested block of b (double quant), without a division per block */
+    if (d->absmax_u8) {
+        nb = b / d->nested_blocksize;
+        nb_end = (nb + 1) * d->nested_blocksize;
+    }
+    uint16_t *o = out;
+    while (e < i1) {
+        const size_t bend = (b + 1) * bs < i1 ? (b + 1) * bs : i1;
+        float scale;
+        if (d->absmax_u8) {
+            if (b == nb_end) {
+                nb++;
+                nb_end += d->nested_blocksize;
+            }
+            scale = bfs_bnb4_dq_scale(d->nested_code[d->absmax_u8[b]], d->nested_absmax[nb],
+                                      d->offset);
+        } else {
+            scale = d->absmax_f32[b];
+        }
+        _Alignas(32) uint16_t lut[16];
+        _mm256_store_si256((__m256i *)lut,
+                           cvt_epi32_epi16(bf16_rne16(_mm512_castps_si512(
+                               _mm512_mul_ps(table, _mm512_set1_ps(scale))))));
+        const __m512i t = lut_load16(lut);
+
+        if (e & 1) /* element 2k+1 is the low nibble */
+            *o++ = lut[codes[e++ >> 1] & 0x0F];
+        for (; e + 64 <= bend; e += 64, o += 64) {
+            const __m256i x = _mm256_loadu_si256((const __m256i *)(codes + e / 2));
+            const __m256i lo = _mm256_and_si256(x, m4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
+            const __m256i u0 = _mm256_unpacklo_epi8(hi, lo); /* 0..15  | 32..47 */
+            const __m256i u1 = _mm256_unpackhi_epi8(hi, lo); /* 16..31 | 48..63 */
+            _mm512_storeu_si512(o, lut_words32(_mm256_permute2x128_si256(u0, u1, 0x20), t));
+            _mm512_storeu_si512(o + 32, lut_words32(_mm256_permute2x128_si256(u0, u1, 0x31), t));
+        }
+        if (e + 32 <= bend) {
+            const __m128i x = _mm_loadu_si128((const __m128i *)(codes + e / 2));
+            const __m128i lo = _mm_and_si128(x, m4x);
+            const __m128i hi = _mm_and_si128(_mm_srli_epi16(x, 4), m4x);
+            const __m256i c = _mm256_set_m128i(_mm_unpackhi_epi8(hi, lo), _mm_unpacklo_epi8(hi, lo));
+            _mm512_storeu_si512(o, lut_words32(c, t));
+            e += 32;
+            o += 32;
+        }
+        for (; e < bend; e++)
+            *o++ = lut[bfs_bnb4_code(codes, e)];
+        b++;
+    }
+}
+
+/* ---- casts ----------------------------------------------------------------------------- */
+
+static void f32_to_bf16_avx512(const void *in, size_t n, uint16_t *out)
+{
+    const unsigned char *const p = in; /* only unaligned loads */
+    const __m512i even = _mm512_loadu_si512(even_words);
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        _mm512_storeu_si512(out + i, bf16_pack32(_mm512_loadu_ps(p + 4 * i),
+                                                 _mm512_loadu_ps(p + 4 * i + 64), even));
+    for (; i < n; i++) {
+        float f;
+        memcpy(&f, p + 4 * i, sizeof f);
+        out[i] = bfs_bf16_from_f32(f);
+    }
+}
+
+/* f16 -> f32 with vcvtph2ps is exact (subnormals too; not subject to DAZ). */
+static void f16_to_bf16_avx512(const void *in, size_t n, uint16_t *out)
+{
+    const unsigned char *const p = in;
+    const __m512i even = _mm512_loadu_si512(even_words);
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        const __m512 a = cvt_ph_ps(_mm256_loadu_si256((const __m256i *)(p + 2 * i)));
+        const __m512 b = cvt_ph_ps(_mm256_loadu_si256((const __m256i *)(p + 2 * i + 32)));
+        _mm512_storeu_si512(out + i, bf16_pack32(a, b, even));
+    }
+    for (; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, p + 2 * i, sizeof h);
+        out[i] = bfs_bf16_from_f32(bfs_f32_from_f16(h));
+    }
+}
+
+/* vcvtpd2ps rounds per MXCSR (nearest even by default), like C's (float)d. */
+static void f64_to_bf16_avx512(const void *in, size_t n, uint16_t *out)
+{
+    const unsigned char *const p = in;
+    const __m512i even = _mm512_loadu_si512(even_words);
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512 f[2];
+        for (int h = 0; h < 2; h++) {
+            const unsigned char *const q = p + 8 * (i + 16 * (size_t)h);
+            f[h] = _mm512_insertf32x8(_mm512_castps256_ps512(cvt_pd_ps(_mm512_loadu_pd(q))),
+                                      cvt_pd_ps(_mm512_loadu_pd(q + 64)), 1);
+        }
+        _mm512_storeu_si512(out + i, bf16_pack32(f[0], f[1], even));
+    }
+    for (; i < n; i++) {
+        double v;
+        memcpy(&v, p + 8 * i, sizeof v);
+        out[i] = bfs_bf16_from_f32((float)v);
+    }
+}
+
+const bfs_kernel_ops BFS_AVX512_OPS = {
+    .name = "avx512",
+    .level = BFS_CPU_AVX512,
+    .mxfp4 = mxfp4_avx512,
+    .bnb4 = bnb4_avx512,
+    .f32_to_bf16 = f32_to_bf16_avx512,
+    .f16_to_bf16 = f16_to_bf16_avx512,
+    .f64_to_bf16 = f64_to_bf16_avx512,
+};

@@ -1,0 +1,764 @@
+/*
+ * CPU dequant kernels (kernels/): the scalar reference against values derived
+ * by hand from shared/FORMATS.md, then every SIMD level this CPU runs against
+ * the scalar reference, byte for byte (memcmp), with guard zones around every
+ * output. A level the CPU cannot run is reported and skipped, never passed.
+ *
+ * Optional, for CPUs without AVX-512: the logic of kernels/cpu_avx512.c run
+ * through SIMDe's emulation of the intrinsics (Debian package libsimde-dev):
+ *   F="-std=c11 -O2 -ffp-contract=off -fno-fast-math -D_GNU_SOURCE -Iinclude -pthread"
+ *   gcc $F -Wno-psabi -mavx2 -mf16c -mbmi2 -DBFS_AVX512_SIMDE -c kernels/cpu_avx512.c \
+ *       -o build/avx512_emu.o
+ *   gcc $F -Isrc -DBFS_TEST_AVX512_EMU -o build/tests/test_kernels_emu tests/test_kernels.c \
+ *       tests/testutil.c build/avx512_emu.o build/libbfshard.a -lcmocka -lm
+ *   build/tests/test_kernels_emu      (adds the tests named .../avx512-simde)
+ */
+#include "testutil.h"
+
+#include "../kernels/bfs_kernels.h"
+#include "../kernels/ref.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+static uint64_t rnd(void) /* xorshift64* */
+{
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return rng_state * 0x2545F4914F6CDD1Dull;
+}
+
+static size_t rnd_below(size_t n) { return n ? (size_t)(rnd() % n) : 0; }
+
+static void rnd_fill(uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = (uint8_t)(rnd() >> 56);
+}
+
+static float f32_of(uint32_t u) { return bfs_bits_f32(u); }
+
+static double f64_of(uint64_t u)
+{
+    double d;
+    memcpy(&d, &u, sizeof d);
+    return d;
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    assert_non_null(p);
+    return p;
+}
+
+/* Output buffers with guard zones on both sides, so overruns are caught. */
+enum { GUARD = 64 }; /* words: with shift 0 the output is 64-byte aligned */
+static const uint16_t GUARD_WORD = 0xA55A;
+
+typedef struct outbuf {
+    uint16_t *base;
+    uint16_t *p; /* base + GUARD + shift */
+    size_t n, shift;
+} outbuf;
+
+static outbuf out_new(size_t n, size_t shift)
+{
+    const size_t bytes = (n + 2 * GUARD + shift) * sizeof(uint16_t);
+    outbuf o = {aligned_alloc(64, (bytes + 63) / 64 * 64), NULL, n, shift};
+    assert_non_null(o.base);
+    for (size_t i = 0; i < n + 2 * GUARD + shift; i++)
+        o.base[i] = GUARD_WORD;
+    o.p = o.base + GUARD + shift;
+    return o;
+}
+
+static void out_check(const outbuf *o, const char *what)
+{
+    for (size_t i = 0; i < GUARD + o->shift; i++)
+        if (o->base[i] != GUARD_WORD)
+            fail_msg("%s: write before the output (word %zd)", what,
+                     (ptrdiff_t)i - (ptrdiff_t)(GUARD + o->shift));
+    for (size_t i = 0; i < GUARD; i++)
+        if (o->p[o->n + i] != GUARD_WORD)
+            fail_msg("%s: write past the output end (word n+%zu)", what, i);
+}
+
+static void out_free(outbuf *o)
+{
+    free(o->base);
+    o->base = o->p = NULL;
+}
+
+/* memcmp, and on a difference the first few elements that differ. */
+static void expect_same(const uint16_t *want, const uint16_t *got, size_t n, const char *what)
+{
+    if (n == 0 || memcmp(want, got, n * sizeof *want) == 0)
+        return;
+    size_t shown = 0, bad = 0;
+    for (size_t i = 0; i < n; i++)
+        if (want[i] != got[i]) {
+            if (shown++ < 8)
+                print_error("  %s: element %zu: want 0x%04x, got 0x%04x\n", what, i, want[i],
+                            got[i]);
+            bad++;
+        }
+    fail_msg("%s: %zu of %zu elements differ", what, bad, n);
+}
+
+static const bfs_kernel_ops *ref_ops(void)
+{
+    const bfs_kernel_ops *k = bfs_kernels_cpu(BFS_CPU_SCALAR);
+    assert_non_null(k);
+    return k;
+}
+
+static const char *const level_names[BFS_CPU_NLEVELS] = {"scalar", "avx2", "avx512"};
+
+#if defined(BFS_TEST_AVX512_EMU)
+extern const bfs_kernel_ops bfs__cpu_avx512_emu_ops;
+#endif
+enum { LEVEL_AVX512_EMU = BFS_CPU_NLEVELS }; /* state value: kernels/cpu_avx512.c on SIMDe */
+
+/* The ops of the level in *state, or skip() with the reason printed. */
+static const bfs_kernel_ops *level_ops(void **state)
+{
+    int level = *(const int *)*state;
+    const bfs_kernel_ops *k = NULL;
+#if defined(BFS_TEST_AVX512_EMU)
+    if (level == LEVEL_AVX512_EMU) {
+        k = &bfs__cpu_avx512_emu_ops;
+        level = BFS_CPU_AVX512;
+    }
+#endif
+    if (!k)
+        k = bfs_kernels_cpu(level);
+    if (!k) {
+        print_message("[  SKIPPED ] level %s: this CPU does not support it; its kernels "
+                      "were compiled but NOT run (the top of this file says how to run\n"
+                      "             their logic under SIMDe emulation)\n",
+                      level_names[level]);
+        skip();
+    }
+    assert_int_equal(k->level, level);
+    assert_string_equal(k->name, level_names[level]);
+    return k;
+}
+
+static const float NF4[16] = BFS_NF4_TABLE_INIT;
+static const float FP4[16] = BFS_FP4_TABLE_INIT;
+
+/* ---- the scalar reference against hand-derived values -------------------------- */
+
+static void test_ref_bf16_rounding(void **state)
+{
+    (void)state;
+    static const uint32_t cases[][2] = {
+        {0x3F800000, 0x3F80}, /* 1.0 */
+        {0x3F808000, 0x3F80}, /* tie, even stays */
+        {0x3F818000, 0x3F82}, /* tie, odd goes up */
+        {0x3F808001, 0x3F81}, /* above the tie */
+        {0x3F807FFF, 0x3F80}, /* below the tie */
+        {0xBF818000, 0xBF82}, /* negative tie */
+        {0x80000000, 0x8000}, /* -0 */
+        {0x00000001, 0x0000}, /* smallest subnormal */
+        {0x00008000, 0x0000}, /* subnormal tie to even 0 */
+        {0x00018000, 0x0002}, /* subnormal tie to even 2 */
+        {0x007FFFFF, 0x0080}, /* largest subnormal rounds to the smallest normal */
+        {0x7F7FFFFF, 0x7F80}, /* max finite rounds up to +inf */
+        {0x7F7F7FFF, 0x7F7F}, /* stays finite */
+        {0x7F7F8000, 0x7F80}, /* tie, odd: up to +inf */
+        {0xFF7F8000, 0xFF80}, /* to -inf */
+        {0x7F800000, 0x7F80}, /* +inf */
+        {0xFF800000, 0xFF80}, /* -inf */
+        {0x7FC00000, 0x7FC0}, /* NaN */
+        {0xFFC00000, 0x7FC0}, /* negative NaN */
+        {0x7F800001, 0x7FC0}, /* signalling NaN, low payload */
+        {0xFFFFFFFF, 0x7FC0}, /* all ones */
+        {0x7FBFFFFF, 0x7FC0}, /* signalling NaN, would round into inf's neighbour */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const uint16_t got = bfs_bf16_from_f32(f32_of(cases[i][0]));
+        if (got != cases[i][1])
+            fail_msg("bf16(0x%08x): want 0x%04x, got 0x%04x", cases[i][0], cases[i][1], got);
+    }
+}
+
+static void test_ref_e8m0_e2m1(void **state)
+{
+    (void)state;
+    assert_int_equal(bfs_f32_bits(bfs_e8m0_to_f32(0)), 0x00400000); /* 2^-127, subnormal */
+    assert_int_equal(bfs_f32_bits(bfs_e8m0_to_f32(1)), 0x00800000); /* 2^-126 */
+    assert_int_equal(bfs_f32_bits(bfs_e8m0_to_f32(127)), 0x3F800000);
+    assert_int_equal(bfs_f32_bits(bfs_e8m0_to_f32(254)), 0x7F000000); /* 2^127 */
+    assert_int_equal(bfs_f32_bits(bfs_e8m0_to_f32(255)), 0x7F800000); /* 2^128 as +inf */
+    static const float e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+    for (unsigned c = 0; c < 16; c++)
+        assert_int_equal(bfs_f32_bits(bfs_e2m1_to_f32(c)), bfs_f32_bits(e2m1[c]));
+    assert_int_equal(bfs_f32_bits(bfs_e2m1_to_f32(8)), 0x80000000); /* -0 */
+
+    const float one = bfs_e8m0_to_f32(127), inf = bfs_e8m0_to_f32(255), tiny = bfs_e8m0_to_f32(0);
+    static const uint16_t at_one[16] = {0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040,
+                                        0x4080, 0x40C0, 0x8000, 0xBF00, 0xBF80, 0xBFC0,
+                                        0xC000, 0xC040, 0xC080, 0xC0C0};
+    for (unsigned c = 0; c < 16; c++)
+        assert_int_equal(bfs_mxfp4_value(c, one), at_one[c]);
+    /* s=255 is 2^128 (true ldexp, as transformers 5 does): no NaN, and 0.5 * 2^128 is finite */
+    assert_int_equal(bfs_f32_bits(inf), 0x7F800000);
+    assert_int_equal(bfs_mxfp4_value(0, inf), 0x0000);
+    assert_int_equal(bfs_mxfp4_value(8, inf), 0x8000);
+    assert_int_equal(bfs_mxfp4_value(1, inf), 0x7F00); /* 2^127 */
+    assert_int_equal(bfs_mxfp4_value(9, inf), 0xFF00);
+    assert_int_equal(bfs_mxfp4_value(2, inf), 0x7F80); /* 2^128 overflows */
+    assert_int_equal(bfs_mxfp4_value(15, inf), 0xFF80);
+    assert_int_equal(bfs_mxfp4_value(7, bfs_e8m0_to_f32(254)), 0x7F80); /* 6*2^127 -> inf */
+    assert_int_equal(bfs_mxfp4_value(15, bfs_e8m0_to_f32(254)), 0xFF80);
+    assert_int_equal(bfs_mxfp4_value(3, bfs_e8m0_to_f32(254)), 0x7F40); /* 1.5*2^127 finite */
+    assert_int_equal(bfs_mxfp4_value(4, bfs_e8m0_to_f32(254)), 0x7F80); /* 2*2^127 = 2^128 */
+    assert_int_equal(bfs_mxfp4_value(1, tiny), 0x0020);  /* 2^-128: f32 0x00200000 */
+    assert_int_equal(bfs_mxfp4_value(3, tiny), 0x0060);  /* 1.5*2^-127: 0x00600000 */
+    assert_int_equal(bfs_mxfp4_value(7, tiny), 0x0140);  /* 6*2^-127 = 1.5*2^-125, normal */
+    assert_int_equal(bfs_mxfp4_value(9, tiny), 0x8020);
+    assert_int_equal(bfs_mxfp4_value(1, bfs_e8m0_to_f32(1)), 0x0040); /* 2^-127 */
+}
+
+static void test_ref_bnb_tables(void **state)
+{
+    (void)state;
+    static const uint32_t nf4_bits[16] = {
+        0xbf800000, 0xbf3239b1, 0xbf066b30, 0xbeca32a0, 0xbe91a24d, 0xbe3d353f,
+        0xbdba7871, 0x00000000, 0x3da2faff, 0x3e24cae3, 0x3e7c04dd, 0x3ead033a,
+        0x3ee1a4b8, 0x3f1007ab, 0x3f3913b3, 0x3f800000};
+    static const uint16_t nf4_bf16[16] = {0xbf80, 0xbf32, 0xbf06, 0xbeca, 0xbe92, 0xbe3d,
+                                          0xbdba, 0x0000, 0x3da3, 0x3e25, 0x3e7c, 0x3ead,
+                                          0x3ee2, 0x3f10, 0x3f39, 0x3f80};
+    static const uint32_t fp4_bits[16] = {
+        0x00000000, 0x3baaaaab, 0x3f2aaaab, 0x3f800000, 0x3eaaaaab, 0x3f000000,
+        0x3e2aaaab, 0x3e800000, 0x80000000, 0xbbaaaaab, 0xbf2aaaab, 0xbf800000,
+        0xbeaaaaab, 0xbf000000, 0xbe2aaaab, 0xbe800000};
+    static const uint16_t fp4_bf16[16] = {0x0000, 0x3bab, 0x3f2b, 0x3f80, 0x3eab, 0x3f00,
+                                          0x3e2b, 0x3e80, 0x8000, 0xbbab, 0xbf2b, 0xbf80,
+                                          0xbeab, 0xbf00, 0xbe2b, 0xbe80};
+    for (int c = 0; c < 16; c++) {
+        assert_int_equal(bfs_f32_bits(NF4[c]), nf4_bits[c]);
+        assert_int_equal(bfs_f32_bits(FP4[c]), fp4_bits[c]);
+        assert_int_equal(bfs_bnb4_value(NF4[c], 1.0f), nf4_bf16[c]);
+        assert_int_equal(bfs_bnb4_value(FP4[c], 1.0f), fp4_bf16[c]);
+    }
+    assert_int_equal(bfs_bnb4_value(FP4[8], 3.0f), 0x8000); /* -0 * 3 = -0 */
+    assert_int_equal(bfs_bnb4_value(NF4[7], INFINITY), 0x7FC0); /* 0 * inf */
+    assert_int_equal(bfs_bnb4_value(NF4[15], -2.0f), 0xC000);
+    /* element 2k = high nibble of byte k */
+    static const uint8_t codes[2] = {0x7F, 0x18};
+    assert_int_equal(bfs_bnb4_code(codes, 0), 7);
+    assert_int_equal(bfs_bnb4_code(codes, 1), 15);
+    assert_int_equal(bfs_bnb4_code(codes, 2), 1);
+    assert_int_equal(bfs_bnb4_code(codes, 3), 8);
+}
+
+/* Cases where fma(a, b, c) differs from the two roundings of a*b+c, with
+ * a = 1 + 2^-12: a*a = 1 + 2^-11 + 2^-24 is a tie that rounds to 1 + 2^-11.
+ *  - c = -1: 2^-11 (0x3A000000); fused, 2^-11 + 2^-24 (0x3A000400).
+ *  - c = -(1 + 2^-11): exactly 0; fused, 2^-24, which survives into bf16 (0x3380). */
+static const uint32_t DQ_A = 0x3F800800, DQ_C = 0xBF801000;
+
+/* Double quant through a kernel: element 0 is code 15 (1.0) times the scale
+ * a*a+c = 0, element 1 is code 0 (-1.0) times it. */
+static void dq_no_fma_check(const bfs_kernel_ops *k)
+{
+    static float nested_code[256];
+    nested_code[3] = f32_of(DQ_A);
+    const float nested_absmax[1] = {f32_of(DQ_A)};
+    const uint8_t absmax_u8[1] = {3};
+    const uint8_t codes[1] = {0xF0};
+    const bfs_bnb4_desc d = {.codes = codes, .table = NF4, .blocksize = 64,
+                             .absmax_u8 = absmax_u8, .nested_code = nested_code,
+                             .nested_absmax = nested_absmax, .nested_blocksize = 256,
+                             .offset = f32_of(DQ_C)};
+    uint16_t out[2];
+    k->bnb4(&d, 0, 2, out);
+    assert_int_equal(out[0], 0x0000); /* fused: 0x3380 */
+    assert_int_equal(out[1], 0x8000); /* -1 * +0 */
+}
+
+static void test_ref_dq_two_roundings(void **state)
+{
+    (void)state;
+    const float a = f32_of(DQ_A);
+    assert_int_equal(bfs_f32_bits(bfs_bnb4_dq_scale(a, a, -1.0f)), 0x3A000000);
+    assert_int_equal(bfs_f32_bits(bfs_bnb4_dq_scale(a, a, f32_of(DQ_C))), 0x00000000);
+    volatile float va = a, vc1 = -1.0f, vc2 = f32_of(DQ_C); /* no constant folding */
+    assert_int_equal(bfs_f32_bits(fmaf(va, va, vc1)), 0x3A000400);
+    assert_int_equal(bfs_f32_bits(fmaf(va, va, vc2)), 0x33800000);
+    dq_no_fma_check(ref_ops());
+}
+
+static void test_ref_scalar_kernels(void **state)
+{
+    (void)state;
+    const bfs_kernel_ops *k = ref_ops();
+    /* MXFP4, R=2, G=1: row 0 scale 1.0 with codes 0..15 at even and 15-j at odd
+     * elements, row 1 scale 2^-127 */
+    uint8_t blocks[2][16], scales[2] = {127, 0};
+    for (int j = 0; j < 16; j++)
+        blocks[0][j] = blocks[1][j] = (uint8_t)(j | ((15 - j) << 4));
+    static const uint16_t at_one[16] = {0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040,
+                                        0x4080, 0x40C0, 0x8000, 0xBF00, 0xBF80, 0xBFC0,
+                                        0xC000, 0xC040, 0xC080, 0xC0C0};
+    static const uint16_t at_tiny[16] = {0x0000, 0x0020, 0x0040, 0x0060, 0x0080, 0x00C0,
+                                         0x0100, 0x0140, 0x8000, 0x8020, 0x8040, 0x8060,
+                                         0x8080, 0x80C0, 0x8100, 0x8140};
+    bfs_mxfp4_desc d = {.blocks = &blocks[0][0], .scales = scales, .R = 2, .G = 1};
+    uint16_t out[64];
+    k->mxfp4(&d, 0, 0, 2, out);
+    for (int j = 0; j < 16; j++) {
+        assert_int_equal(out[2 * j], at_one[j]);
+        assert_int_equal(out[2 * j + 1], at_one[15 - j]);
+        assert_int_equal(out[32 + 2 * j], at_tiny[j]);
+        assert_int_equal(out[32 + 2 * j + 1], at_tiny[15 - j]);
+    }
+    d.transpose = 1; /* [32][2]: out row c = column c; rows [3, 6) only */
+    k->mxfp4(&d, 0, 3, 6, out);
+    assert_int_equal(out[0], at_one[14]); /* c=3: odd, byte 1, high nibble 14 */
+    assert_int_equal(out[1], at_tiny[14]);
+    assert_int_equal(out[2], at_one[2]); /* c=4: even, byte 2, low nibble 2 */
+    assert_int_equal(out[3], at_tiny[2]);
+    assert_int_equal(out[4], at_one[13]);
+    assert_int_equal(out[5], at_tiny[13]);
+
+    /* second item: its blocks and scales follow the first item's */
+    uint8_t blocks2[2][16] = {{0}}, scales2[2] = {127, 128};
+    blocks2[1][0] = 0x27; /* item 1: element 0 = 6 * 2, element 1 = 1 * 2 */
+    d = (bfs_mxfp4_desc){.blocks = &blocks2[0][0], .scales = scales2, .R = 1, .G = 1};
+    k->mxfp4(&d, 1, 0, 1, out);
+    assert_int_equal(out[0], 0x4140);
+    assert_int_equal(out[1], 0x4000);
+    assert_int_equal(out[2], 0x0000);
+
+    /* bnb: bytes 0x7F 0x18 0xF0, blocksize 2, absmax {2, -0.5}; elements [1, 5) */
+    const uint8_t codes[3] = {0x7F, 0x18, 0xF0};
+    const float absmax[3] = {2.0f, -0.5f, 4.0f};
+    const bfs_bnb4_desc b = {.codes = codes, .table = NF4, .blocksize = 2, .absmax_f32 = absmax};
+    k->bnb4(&b, 1, 5, out);
+    assert_int_equal(out[0], 0x4000); /* element 1: code 15 (1.0) * 2 */
+    assert_int_equal(out[1], 0x3EB2); /* element 2: code 1 (-0.6961928) * -0.5 */
+    assert_int_equal(out[2], 0xBD23); /* element 3: code 8 (0.0795803) * -0.5, rounds up */
+    assert_int_equal(out[3], 0x4080); /* element 4: code 15 * 4 */
+}
+
+/* ---- dispatch ------------------------------------------------------------------- */
+
+static void test_dispatch(void **state)
+{
+    (void)state;
+    const int best = bfs_kernels_best_level();
+    assert_true(best >= BFS_CPU_SCALAR && best < BFS_CPU_NLEVELS);
+    assert_ptr_equal(bfs_kernels_cpu(-1), bfs_kernels_cpu(best));
+    assert_null(bfs_kernels_cpu(BFS_CPU_NLEVELS));
+    for (int l = 0; l < BFS_CPU_NLEVELS; l++) {
+        const bfs_kernel_ops *k = bfs_kernels_cpu(l);
+        print_message("level %-6s: %s\n", level_names[l],
+                      k ? "supported" : "not supported by this CPU (tests of it are skipped)");
+        if (l <= best)
+            assert_non_null(k);
+        if (k) {
+            assert_int_equal(k->level, l);
+            assert_string_equal(k->name, level_names[l]);
+            assert_non_null(k->mxfp4);
+            assert_non_null(k->bnb4);
+            assert_non_null(k->f32_to_bf16);
+            assert_non_null(k->f16_to_bf16);
+            assert_non_null(k->f64_to_bf16);
+        }
+    }
+    const char *old = getenv("BFSHARD_CPU_LEVEL");
+    char *saved = old ? strdup(old) : NULL;
+    setenv("BFSHARD_CPU_LEVEL", "scalar", 1);
+    assert_int_equal(bfs_kernels_best_level(), BFS_CPU_SCALAR);
+    assert_string_equal(bfs_kernels_cpu(-1)->name, "scalar");
+    /* an explicit level is served whatever the cap */
+    if (best >= BFS_CPU_AVX2)
+        assert_non_null(bfs_kernels_cpu(BFS_CPU_AVX2));
+    setenv("BFSHARD_CPU_LEVEL", "avx2", 1);
+    assert_int_equal(bfs_kernels_best_level(), best < BFS_CPU_AVX2 ? best : BFS_CPU_AVX2);
+    unsetenv("BFSHARD_CPU_LEVEL");
+    const int uncapped = bfs_kernels_best_level();
+    setenv("BFSHARD_CPU_LEVEL", "avx512", 1);
+    assert_int_equal(bfs_kernels_best_level(), uncapped);
+    setenv("BFSHARD_CPU_LEVEL", "no-such-level", 1);
+    assert_int_equal(bfs_kernels_best_level(), uncapped);
+    if (saved)
+        setenv("BFSHARD_CPU_LEVEL", saved, 1);
+    else
+        unsetenv("BFSHARD_CPU_LEVEL");
+    free(saved);
+}
+
+/* ---- MXFP4: each level against the reference ------------------------------------- */
+
+typedef struct mx_case {
+    bfs_mxfp4_desc d;
+    size_t items;
+} mx_case;
+
+/* Runs item/range on both, compares, checks the guards; out shifted by `shift` words. */
+static void mx_compare(const bfs_kernel_ops *k, const bfs_mxfp4_desc *d, size_t item, size_t o0,
+                       size_t o1, size_t shift)
+{
+    const size_t row = d->transpose ? d->R : d->G * 32;
+    const size_t n = (o1 - o0) * row;
+    outbuf want = out_new(n, 0), got = out_new(n, shift);
+    ref_ops()->mxfp4(d, item, o0, o1, want.p);
+    k->mxfp4(d, item, o0, o1, got.p);
+    char what[160];
+    snprintf(what, sizeof what, "%s mxfp4 R=%zu G=%zu transpose=%d item=%zu rows [%zu,%zu)",
+             k->name, d->R, d->G, d->transpose, item, o0, o1);
+    out_check(&got, what);
+    expect_same(want.p, got.p, n, what);
+    out_free(&want);
+    out_free(&got);
+}
+
+/* Every scale byte 0..255 with every code, at even and odd elements. */
+static void test_mxfp4_exhaustive(void **state)
+{
+    const bfs_kernel_ops *k = level_ops(state);
+    enum { R = 300, G = 3 };
+    uint8_t *blocks = xmalloc(R * G * 16), *scales = xmalloc(R * G);
+    for (size_t r = 0; r < R; r++)
+        for (size_t g = 0; g < G; g++) {
+            scales[r * G + g] = (uint8_t)(r + 85 * g);
+            for (size_t j = 0; j < 16; j++)
+                blocks[(r * G + g) * 16 + j] = (uint8_t)(j | (((j * 7 + r + g) & 15) << 4));
+        }
+    for (int t = 0; t < 2; t++) {
+        const bfs_mxfp4_desc d = {.blocks = blocks, .scales = scales, .R = R, .G = G, .transpose = t};
+        mx_compare(k, &d, 0, 0, t ? G * 32 : R, 0);
+    }
+    free(blocks);
+    free(scales);
+}
+
+static void test_mxfp4_shapes(void **state)
+{
+    const bfs_kernel_ops *k = level_ops(state);
+    static const size_t shapes[][3] = {/* items, R, G */
+                                       {1, 1, 1},  {2, 17, 2}, {3, 65, 3},  {1, 129, 5},
+                                       {2, 70, 90}, {1, 64, 2}, {1, 200, 1}, {2, 16, 4},
+                                       {1, 130, 90}, {2, 3, 7}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const size_t items = shapes[s][0], R = shapes[s][1], G = shapes[s][2], C = G * 32;
+        /* bases at odd addresses: blocks and scales are bytes, never aligned */
+        uint8_t *bbuf = xmalloc(items * R * G * 16 + 1), *sbuf = xmalloc(items * R * G + 1);
+        uint8_t *blocks = bbuf + 1, *scales = sbuf + 1;
+        rnd_fill(blocks, items * R * G * 16);
+        for (size_t i = 0; i < items * R * G; i++) /* half realistic, half anything */
+            scales[i] = (s & 1) ? (uint8_t)(rnd() >> 56) : (uint8_t)(112 + rnd_below(24));
+        for (int t = 0; t < 2; t++) {
+            const bfs_mxfp4_desc d = {.blocks = blocks, .scales = scales, .R = R, .G = G,
+                                      .transpose = t};
+            const size_t rows = t ? C : R;
+            for (size_t item = 0; item < items; item++)
+                mx_compare(k, &d, item, 0, rows, item & 1);
+            const size_t item = items - 1;
+            mx_compare(k, &d, item, 0, 1, 0);
+            mx_compare(k, &d, item, rows - 1, rows, 1);
+            mx_compare(k, &d, item, rows / 2, rows / 2, 0); /* empty */
+            for (int trial = 0; trial < 6; trial++) {
+                size_t a = rnd_below(rows + 1), b = rnd_below(rows + 1);
+                if (a > b) {
+                    const size_t tmp = a;
+                    a = b;
+                    b = tmp;
+                }
+                mx_compare(k, &d, item, a, b, (size_t)trial & 1);
+            }
+        }
+        free(bbuf);
+        free(sbuf);
+    }
+}
+
+/* ---- bitsandbytes 4-bit ------------------------------------------------------------- */
+
+static const uint32_t special_f32[] = {
+    0x00000000, 0x80000000, 0x00000001, 0x80000001, 0x00400000, 0x007FFFFF, /* zeros, subnormals */
+    0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000, 0x7F800001, 0x7FBFFFFF, /* inf, NaN */
+    0xFFFFFFFF, 0x7F7FFFFF, 0xFF7FFFFF, 0x7F7F8000, 0x7F7F7FFF, 0x3F808000, /* max, ties */
+    0x3F818000, 0xBF818000, 0x00008000, 0x00018000, 0x3F800000, 0x7E967699, /* 1e38 */
+};
+enum { N_SPECIAL_F32 = sizeof special_f32 / sizeof special_f32[0] };
+
+/* Mostly ordinary scales, now and then a special one. */
+static float rnd_scale(void)
+{
+    const uint64_t r = rnd();
+    if ((r & 7) == 0)
+        return f32_of(special_f32[(r >> 8) % N_SPECIAL_F32]);
+    return (float)((double)(r >> 40) / (double)(1u << 24) * 0.25 + 1e-3);
+}
+
+static void bnb_compare(const bfs_kernel_ops *k, const bfs_bnb4_desc *d, size_t i0, size_t i1,
+                        size_t shift, const char *tag)
+{
+    const size_t n = i1 - i0;
+    outbuf want = out_new(n, 0), got = out_new(n, shift);
+    ref_ops()->bnb4(d, i0, i1, want.p);
+    k->bnb4(d, i0, i1, got.p);
+    char what[200];
+    snprintf(what, sizeof what, "%s bnb4 %s bs=%zu%s [%zu,%zu)", k->name, tag, d->blocksize,
+             d->absmax_u8 ? " dq" : "", i0, i1);
+    out_check(&got, what);
+    expect_same(want.p, got.p, n, what);
+    out_free(&want);
+    out_free(&got);
+}
+
+static void test_bnb4(void **state)
+{
+    const bfs_kernel_ops *k = level_ops(state);
+    static const size_t blocksizes[] = {64, 128, 256, 4096, 1, 2, 3, 32, 50, 96};
+    float nested_code[256];
+    dq_no_fma_check(k);
+    for (int t = 0; t < 2; t++)
+        for (size_t bi = 0; bi < sizeof blocksizes / sizeof blocksizes[0]; bi++)
+            for (int dq = 0; dq < 2; dq++) {
+                const size_t bs = blocksizes[bi];
+                const size_t n = 3 * bs + 77 + (bs & 1); /* odd whenever bs is even */
+                const size_t nblocks = (n + bs - 1) / bs;
+                const size_t nested_bs = (bi & 1) ? 256 : 3;
+                const size_t nnested = (nblocks + nested_bs - 1) / nested_bs;
+                uint8_t *cbuf = xmalloc((n + 1) / 2 + 1), *codes = cbuf + 1;
+                float *absmax = xmalloc(nblocks * sizeof(float));
+                uint8_t *absmax_u8 = xmalloc(nblocks);
+                float *nested_absmax = xmalloc(nnested * sizeof(float));
+                rnd_fill(codes, (n + 1) / 2);
+                for (size_t b = 0; b < nblocks; b++) {
+                    absmax[b] = rnd_scale();
+                    absmax_u8[b] = (uint8_t)(rnd() >> 56);
+                }
+                for (size_t b = 0; b < N_SPECIAL_F32 && b < nblocks; b++)
+                    absmax[b] = f32_of(special_f32[(b + bi) % N_SPECIAL_F32]);
+                for (int q = 0; q < 256; q++)
+                    nested_code[q] = (float)((int)q - 127) / 127.0f;
+                nested_code[0] = f32_of(0x7FC00000);
+                nested_code[1] = INFINITY;
+                nested_code[2] = f32_of(0x00000003);
+                for (size_t b = 0; b < nnested; b++)
+                    nested_absmax[b] = rnd_scale();
+                const bfs_bnb4_desc d = {
+                    .codes = codes, .table = t ? FP4 : NF4, .blocksize = bs,
+                    .absmax_f32 = dq ? NULL : absmax, .absmax_u8 = dq ? absmax_u8 : NULL,
+                    .nested_code = dq ? nested_code : NULL,
+                    .nested_absmax = dq ? nested_absmax : NULL,
+                    .nested_blocksize = dq ? nested_bs : 0, .offset = dq ? 0.0625f : 0.0f};
+                const char *tag = t ? "fp4" : "nf4";
+                bnb_compare(k, &d, 0, n, 0, tag);
+                bnb_compare(k, &d, 1, n, 1, tag);
+                bnb_compare(k, &d, 0, n - 1, 0, tag);
+                bnb_compare(k, &d, n - 1, n, 0, tag);
+                bnb_compare(k, &d, bs, bs, 0, tag);
+                bnb_compare(k, &d, bs - 1, 2 * bs + 1, 1, tag);
+                if (bs >= 2)
+                    bnb_compare(k, &d, bs + 1, 2 * bs - 1, 0, tag);
+                for (int trial = 0; trial < 12; trial++) {
+                    size_t a = rnd_below(n + 1), b = rnd_below(n + 1);
+                    if (a > b) {
+                        const size_t tmp = a;
+                        a = b;
+                        b = tmp;
+                    }
+                    bnb_compare(k, &d, a, b, (size_t)trial & 1, tag);
+                }
+                free(cbuf);
+                free(absmax);
+                free(absmax_u8);
+                free(nested_absmax);
+            }
+}
+
+/* ---- casts ---------------------------------------------------------------------------- */
+
+typedef enum { CAST_F32, CAST_F16, CAST_F64 } cast_kind;
+
+static bfs_cast_fn cast_fn(const bfs_kernel_ops *k, cast_kind c)
+{
+    return c == CAST_F32 ? k->f32_to_bf16 : c == CAST_F16 ? k->f16_to_bf16 : k->f64_to_bf16;
+}
+
+static const char *const cast_names[] = {"f32_to_bf16", "f16_to_bf16", "f64_to_bf16"};
+static const size_t cast_size[] = {4, 2, 8};
+
+/* Converts n elements taken from src (elements, packed) placed at byte offset off of an
+ * input buffer, into an output shifted by shift words; compares with the reference. */
+static void cast_compare(const bfs_kernel_ops *k, cast_kind c, const uint8_t *src, size_t n,
+                         size_t off, size_t shift)
+{
+    const size_t es = cast_size[c];
+    uint8_t *inbuf = xmalloc(n * es + off);
+    memcpy(inbuf + off, src, n * es);
+    outbuf want = out_new(n, 0), got = out_new(n, shift);
+    cast_fn(ref_ops(), c)(inbuf + off, n, want.p);
+    cast_fn(k, c)(inbuf + off, n, got.p);
+    char what[120];
+    snprintf(what, sizeof what, "%s %s n=%zu input+%zu output+%zu", k->name, cast_names[c], n,
+             off, shift);
+    out_check(&got, what);
+    expect_same(want.p, got.p, n, what);
+    free(inbuf);
+    out_free(&want);
+    out_free(&got);
+}
+
+/* Every length 0..67 at every input misalignment, then one long run. */
+static void cast_sweep(const bfs_kernel_ops *k, cast_kind c, const uint8_t *src, size_t n)
+{
+    for (size_t len = 0; len <= 67 && len <= n; len++)
+        for (size_t off = 0; off < cast_size[c]; off++)
+            cast_compare(k, c, src + (len % 5) * cast_size[c] * (n > 80), len, off + (len & 1),
+                         len % 3);
+    cast_compare(k, c, src, n, 3, 1);
+}
+
+static void test_cast_f32(void **state)
+{
+    const bfs_kernel_ops *k = level_ops(state);
+    const size_t n = 10007;
+    uint32_t *v = xmalloc(n * sizeof *v);
+    for (size_t i = 0; i < n; i++) {
+        const uint64_t r = rnd();
+        v[i] = (uint32_t)r;
+        if ((r >> 32) % 3 == 0) /* near special values and ties */
+            v[i] = special_f32[(r >> 40) % N_SPECIAL_F32] + (uint32_t)((r >> 48) % 5) - 2;
+    }
+    for (size_t i = 0; i < N_SPECIAL_F32; i++) /* all of them in the first 68 */
+        v[i] = special_f32[i];
+    for (uint32_t i = 0; i < 44; i++) /* ties at every low-bit pattern */
+        v[N_SPECIAL_F32 + i] = 0x3F800000u + (i << 16) + 0x8000u;
+    cast_sweep(k, CAST_F32, (const uint8_t *)v, n);
+    free(v);
+}
+
+/* Every half value. */
+static void test_cast_f16(void **state)
+{
+    const bfs_kernel_ops *k = level_ops(state);
+    const size_t n = 65536 + 3;
+    uint16_t *v = xmalloc(n * sizeof *v);
+    for (size_t i = 0; i < n; i++)
+        v[i] = (uint16_t)(i * 40503u); /* odd multiplier: a permutation of 0..65535 */
+    static const uint16_t special[] = {0x0000, 0x8000, 0x0001, 0x8001, 0x03FF, 0x0200,
+                                       0x7C00, 0xFC00, 0x7C01, 0x7E00, 0xFFFF, 0x7BFF,
+                                       0xFBFF, 0x3C00, 0x3C01, 0x0400};
+    memcpy(v, special, sizeof special);
+    cast_sweep(k, CAST_F16, (const uint8_t *)v, n);
+    for (uint32_t h = 0; h < 65536; h++) /* in order, too */
+        v[h] = (uint16_t)h;
+    cast_compare(k, CAST_F16, (const uint8_t *)v, 65536, 0, 0);
+    free(v);
+}
+
+static void test_cast_f64(void **state)
+{
+    const bfs_kernel_ops *k = level_ops(state);
+    static const uint64_t special[] = {
+        0x0000000000000000ull, 0x8000000000000000ull, 0x0000000000000001ull, /* zeros, denormal */
+        0x000FFFFFFFFFFFFFull, 0x7FF0000000000000ull, 0xFFF0000000000000ull, /* inf */
+        0x7FF8000000000000ull, 0xFFF8000000000001ull, 0x7FF0000000000001ull, /* NaN payloads */
+        0x7FF0000020000000ull, 0x7FFFFFFFFFFFFFFFull, 0x47EFFFFFE0000000ull, /* FLT_MAX */
+        0x47EFFFFFF0000000ull, /* FLT_MAX + half ulp: tie to even, inf */
+        0x47EFFFFFEFFFFFFFull, /* just under: FLT_MAX */
+        0x3FF0000010000000ull, /* 1 + 2^-24: float tie, stays 1 */
+        0x3FF0000030000000ull, /* 1 + 3*2^-24: float tie, up */
+        0x3FF0100000000000ull, /* 1 + 2^-8: a bf16 tie after the float rounding */
+        0x3FF0100000000001ull, /* a hair above it: the float rounding drops the hair */
+        0x36A0000000000000ull, /* 2^-149: smallest float subnormal */
+        0x3690000000000000ull, /* 2^-150: tie to 0 */
+        0x3698000000000000ull, /* 1.5 * 2^-150: rounds to 2^-149 */
+        0x380FFFFFF0000000ull, /* just under 2^-126 */
+        0xC7EFFFFFF0000000ull, 0x3FF0000000000000ull, 0xBFF8000000000000ull, 0x4415AF1D78B58C40ull};
+    const size_t n = 5003, ns = sizeof special / sizeof special[0];
+    uint64_t *v = xmalloc(n * sizeof *v);
+    for (size_t i = 0; i < n; i++) {
+        const uint64_t r = rnd();
+        if (i % 2) /* within float range: exponents 1023-160 .. 1023+130 */
+            v[i] = (r & 0x800FFFFFFFFFFFFFull) | ((uint64_t)(863 + (r >> 52) % 291) << 52);
+        else if (i % 5 == 0)
+            v[i] = special[(r >> 20) % ns] + (r >> 62) - 1;
+        else
+            v[i] = r;
+    }
+    memcpy(v, special, sizeof special);
+    cast_sweep(k, CAST_F64, (const uint8_t *)v, n);
+    free(v);
+}
+
+/* The cast rules, hand-derived, on the reference (and so on every level). */
+static void test_ref_casts(void **state)
+{
+    (void)state;
+    const bfs_kernel_ops *k = ref_ops();
+    const uint16_t h[6] = {0x3C00, 0x0001, 0x7C01, 0xFC00, 0x8000, 0x3C01};
+    uint16_t out[6];
+    k->f16_to_bf16(h, 6, out);
+    assert_int_equal(out[0], 0x3F80);
+    assert_int_equal(out[1], 0x3380); /* 2^-24 */
+    assert_int_equal(out[2], 0x7FC0); /* signalling NaN */
+    assert_int_equal(out[3], 0xFF80);
+    assert_int_equal(out[4], 0x8000);
+    assert_int_equal(out[5], 0x3F80); /* 1 + 2^-10 rounds to 1 */
+    const double dv[4] = {f64_of(0x3FF0100000000000ull), f64_of(0x3FF0100000000001ull),
+                          f64_of(0x3FF0300000000000ull), f64_of(0x47EFFFFFF0000000ull)};
+    k->f64_to_bf16(dv, 4, out);
+    assert_int_equal(out[0], 0x3F80); /* tie at bf16, even stays */
+    assert_int_equal(out[1], 0x3F80); /* the hair is lost in the float rounding first */
+    assert_int_equal(out[2], 0x3F82); /* tie, odd goes up */
+    assert_int_equal(out[3], 0x7F80);
+    const float fv[3] = {FLT_MAX, -FLT_TRUE_MIN, f32_of(0x7F800001)};
+    k->f32_to_bf16(fv, 3, out);
+    assert_int_equal(out[0], 0x7F80);
+    assert_int_equal(out[1], 0x8000);
+    assert_int_equal(out[2], 0x7FC0);
+}
+
+/* ---- runner ------------------------------------------------------------------------------ */
+
+static int L_AVX2 = BFS_CPU_AVX2, L_AVX512 = BFS_CPU_AVX512;
+#if defined(BFS_TEST_AVX512_EMU)
+static int L_AVX512_EMU = LEVEL_AVX512_EMU;
+#endif
+
+#define LEVEL_TESTS(tag, lv)                                                      \
+    {"mxfp4_exhaustive/" tag, test_mxfp4_exhaustive, NULL, NULL, &(lv)},          \
+        {"mxfp4_shapes/" tag, test_mxfp4_shapes, NULL, NULL, &(lv)},              \
+        {"bnb4/" tag, test_bnb4, NULL, NULL, &(lv)},                              \
+        {"cast_f32/" tag, test_cast_f32, NULL, NULL, &(lv)},                      \
+        {"cast_f16/" tag, test_cast_f16, NULL, NULL, &(lv)},                      \
+        {"cast_f64/" tag, test_cast_f64, NULL, NULL, &(lv)}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ref_bf16_rounding),
+        cmocka_unit_test(test_ref_e8m0_e2m1),
+        cmocka_unit_test(test_ref_bnb_tables),
+        cmocka_unit_test(test_ref_dq_two_roundings),
+        cmocka_unit_test(test_ref_scalar_kernels),
+        cmocka_unit_test(test_ref_casts),
+        cmocka_unit_test(test_dispatch),
+        LEVEL_TESTS("avx2", L_AVX2),
+        LEVEL_TESTS("avx512", L_AVX512),
+#if defined(BFS_TEST_AVX512_EMU)
+        LEVEL_TESTS("avx512-simde", L_AVX512_EMU),
+#endif
+    };
+    return cmocka_run_group_tests_name("kernels", tests, NULL, NULL);
+}
