@@ -104,6 +104,52 @@ int bfs_cuda_built(void);
 /* Number of usable CUDA devices, 0 when none or no driver (never fails). */
 int bfs_cuda_device_count(void);
 
+/* ---- compressed artifacts (seekable zstd; ISSUE 7) ------------------------------------
+ * A rank file compressed as seekable zstd: independent zstd frames cut at every tensor
+ * boundary and after at most frame_bytes, then a seek table, so one tensor can be read
+ * without decompressing the file. BFS_ZST_PLAIN (".zst") is restored byte for byte by
+ * stock `zstd -d`. BFS_ZST_BYTEGROUP (".bfz", bfshard only) stores the high bytes of
+ * each BF16 tensor's elements before their low bytes (smaller); stock zstd refuses it. */
+enum { BFS_ZST_PLAIN = 0, BFS_ZST_BYTEGROUP = 1 };
+
+typedef struct bfs_compress_opts {
+    int level;            /* zstd level (1..19, up to 22), 0 = 3 */
+    int threads;          /* compression threads, 0 = one per online CPU */
+    int mode;             /* BFS_ZST_* */
+    uint64_t frame_bytes; /* largest frame (uncompressed bytes), 0 = 4 MiB */
+    int force;            /* replace an existing output */
+    int remove;           /* OUTDIR: delete each rank file once its compressed copy is recorded */
+    FILE *log;            /* one line per file, NULL for none */
+} bfs_compress_opts;
+
+void bfs_compress_opts_init(bfs_compress_opts *o);
+
+typedef struct bfs_compress_result {
+    uint64_t bytes_in, bytes_out; /* uncompressed and compressed bytes */
+    uint64_t files, frames;
+    double seconds;
+    char xxh3_128[33];            /* single file: hash of the compressed file */
+    char uncompressed_xxh3_128[33];
+} bfs_compress_result;
+
+/* Compress an existing .safetensors file (frames cut at its tensor boundaries) as
+ * BFS_ZST_PLAIN. out_path must not exist. */
+int bfs_compress_file(const char *in_path, const char *out_path, int level, int threads);
+int bfs_compress_file_opts(const char *in_path, const char *out_path, const bfs_compress_opts *o,
+                           bfs_compress_result *res);
+/* Compress every rank file of a bfshard OUTDIR to NAME.safetensors.zst (.bfz) and record
+ * each in the manifest (files[].zst = {name, size, xxh3_128, format, level, ...}); a rank
+ * file whose bytes differ from its manifest hash is refused (BFS_EVERIFY). */
+int bfs_compress_outdir(const char *outdir, const bfs_compress_opts *o, bfs_compress_result *res);
+/* Decompress a .zst or .bfz made by bfshard (any seekable zstd file) to out_path
+ * ("-": standard output). Every frame's size and checksum is checked. */
+int bfs_decompress_file(const char *in_path, const char *out_path);
+/* Write one tensor of a compressed safetensors file to out_path ("-": standard output),
+ * decoding only the frames that hold it: a standalone .safetensors holding just that
+ * tensor, or its raw little-endian bytes when raw != 0. */
+int bfs_extract(const char *zst_path, const char *tensor_name, const char *out_path, int raw);
+/* ---- end of compressed artifacts ---- */
+
 #ifdef __cplusplus
 }
 #endif

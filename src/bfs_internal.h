@@ -211,4 +211,50 @@ char *bfs__strdup(const char *s);
 char *bfs__path_join(const char *a, const char *b);
 int bfs__read_small_file(const char *path, size_t max, char **out, size_t *len);
 
+
+/* ---- compressed artifacts: seekable zstd (src/zst.c; ISSUE 7) ------------------------------ */
+#define BFS_ZST_DEFAULT_FRAME (4u << 20)
+typedef struct bfs_zst_writer bfs_zst_writer;
+typedef struct bfs_zst_reader bfs_zst_reader;
+struct json_t;
+
+/* Writer: compresses the bytes it is given, in order, to fd from offset 0. Frames are
+ * compressed by nthreads workers (0 = online CPUs) and written in order. mode BFS_ZST_*.
+ * Usable from convert's writer thread: write() the header, then for every piece
+ * cut_tensor() (a frame boundary; what follows is tensor data of that dtype) and
+ * write() its bytes; finish() writes the seek table. Errors are sticky. */
+int bfs__zst_writer_create(int fd, int level, int nthreads, size_t max_frame_bytes, int mode, bfs_zst_writer **out);
+int bfs__zst_write(bfs_zst_writer *w, const void *buf, size_t len);
+int bfs__zst_cut(bfs_zst_writer *w);
+int bfs__zst_cut_tensor(bfs_zst_writer *w, bfs_dtype dtype);
+int bfs__zst_finish(bfs_zst_writer *w, uint64_t *compressed_size);
+/* XXH3-128 of the compressed bytes written and of the uncompressed bytes given (either may be NULL). */
+void bfs__zst_writer_hashes(const bfs_zst_writer *w, char compressed_hex[33], char uncompressed_hex[33]);
+uint64_t bfs__zst_writer_frames(const bfs_zst_writer *w);
+void bfs__zst_writer_free(bfs_zst_writer *w); /* accepts NULL; also aborts an unfinished writer */
+const char *bfs__zst_mode_name(int mode);
+
+/* Reader: validates the seek table on open; decodes only the frames a range needs. */
+int bfs__zst_reader_open(const char *path, bfs_zst_reader **out);
+void bfs__zst_reader_free(bfs_zst_reader *r);
+uint64_t bfs__zst_reader_size(const bfs_zst_reader *r);     /* uncompressed bytes */
+int bfs__zst_reader_mode(const bfs_zst_reader *r);          /* BFS_ZST_* */
+uint32_t bfs__zst_reader_frames(const bfs_zst_reader *r);   /* seek table entries */
+int bfs__zst_read_range(bfs_zst_reader *r, uint64_t off, uint64_t len,
+                        int (*sink)(void *user, const uint8_t *p, size_t n), void *user);
+int bfs__zst_pread_range(bfs_zst_reader *r, void *buf, size_t len, uint64_t off);
+/* The safetensors header in the first frames, parsed (*hbuf holds its bytes; free both). */
+int bfs__zst_read_header(bfs_zst_reader *r, uint8_t **hbuf, bfs_st_header *h);
+/* Compressed bytes read from frames and frames decoded since open or the last reset. */
+void bfs__zst_reader_stats(const bfs_zst_reader *r, uint64_t *compressed_bytes_read, uint64_t *frames_decoded);
+void bfs__zst_reader_reset_stats(bfs_zst_reader *r);
+/* Sum of the compressed sizes of the frames overlapping uncompressed [off, off + len). */
+uint64_t bfs__zst_span(const bfs_zst_reader *r, uint64_t off, uint64_t len);
+/* bfs_verify's check of a manifest file entry's "zst" copy: compressed hash, then a
+ * streaming decompression against the uncompressed size and hash, narrowed down to
+ * tensors on a mismatch. Returns the number of problems reported, or a BFS_E* code. */
+int bfs__zst_verify_entry(const char *outdir, const struct json_t *file_entry, const struct json_t *tensors,
+                          FILE *report, uint64_t *checked);
+/* ---- end of compressed artifacts ---- */
+
 #endif
