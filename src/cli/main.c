@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -18,6 +19,9 @@ static const char *const usage_main =
     "  convert INPUT OUTDIR --world-size W   write one BF16 rank file per FSDP rank\n"
     "  inspect INPUT [--world-size W]        show tensors, formats, the plan and memory\n"
     "  verify OUTDIR                         re-hash every file against the manifest\n"
+    "  compress FILE|OUTDIR                  seekable zstd for registries (per-tensor access)\n"
+    "  decompress FILE.zst [-o OUT]          restore the .safetensors file\n"
+    "  extract FILE.zst TENSOR [-o OUT]      one tensor, decoding only its frames\n"
     "\n"
     "  bfshard COMMAND --help    options of a command\n"
     "  bfshard --version\n"
@@ -331,6 +335,203 @@ static int cmd_verify(int argc, char **argv)
     return 0;
 }
 
+/* ---- compressed artifacts (ISSUE 7) ---------------------------------------------- */
+static const char *const usage_compress =
+    "usage: bfshard compress FILE.safetensors|OUTDIR [options]\n"
+    "\n"
+    "Seekable zstd: independent frames cut at every tensor boundary and every --frame-size\n"
+    "bytes, and a seek table, so `bfshard extract` reads one tensor without decompressing\n"
+    "the file. The default .zst is restored byte for byte by stock `zstd -d`.\n"
+    "A FILE becomes FILE.zst. For a bfshard OUTDIR every rank file becomes\n"
+    "NAME.safetensors.zst, recorded in bfshard.manifest.json (files[].zst: name, size,\n"
+    "xxh3_128) and xxh128sums.txt; a rank file that does not match its manifest is refused.\n"
+    "\n"
+    "  --level N           zstd level, 1 (fast) to 19 (small), up to 22 (default 3)\n"
+    "  --threads N         compression threads (default: all online CPUs)\n"
+    "  --frame-size BYTES  largest frame, uncompressed (default 4M)\n"
+    "  --bytegroup         BF16 byte grouping (format zstd-seekable-bf16-bytegroup-v1): about\n"
+    "                      12% smaller on trained weights; writes .bfz, which only bfshard reads\n"
+    "  --rm                OUTDIR: remove each rank file once its compressed copy is recorded\n"
+    "  -o OUT              FILE: output path (default FILE.zst, or FILE.bfz)\n"
+    "  --force             replace existing compressed files\n"
+    "  --quiet, --json     no log lines; machine-readable summary on stdout\n";
+
+static const char *const usage_decompress =
+    "usage: bfshard decompress FILE.safetensors.zst|.bfz [-o OUT] [--force]\n"
+    "\n"
+    "Restores the .safetensors file (default: the name without .zst/.bfz; -o - for standard\n"
+    "output), checking every frame's size and checksum.\n";
+
+static const char *const usage_extract =
+    "usage: bfshard extract FILE.safetensors.zst|.bfz TENSOR [-o OUT] [--raw] [--force]\n"
+    "\n"
+    "Writes TENSOR as a standalone .safetensors file holding just that tensor (default\n"
+    "OUT: TENSOR.safetensors, '/' replaced by '_'), or with --raw its bytes alone\n"
+    "(little-endian, row-major; -o - for standard output). Only the frames that hold\n"
+    "the tensor are read and decompressed.\n";
+
+typedef struct {
+    bfs_compress_opts o;
+    const char *pos[2];
+    int npos;
+    const char *out;
+    int raw, json, quiet;
+} zcli_args;
+
+static int parse_z(int argc, char **argv, zcli_args *a, const char *usage, int npos)
+{
+    bfs_compress_opts_init(&a->o);
+    for (int i = 0; i < argc; i++) {
+        const char *s = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
+            fputs(usage, stdout);
+            exit(0);
+        } else if (!strcmp(s, "--force") || !strcmp(s, "-f")) {
+            a->o.force = 1;
+        } else if (!strcmp(s, "--json")) {
+            a->json = 1;
+        } else if (!strcmp(s, "--quiet") || !strcmp(s, "-q")) {
+            a->quiet = 1;
+        } else if (usage == usage_extract && !strcmp(s, "--raw")) {
+            a->raw = 1;
+        } else if (usage != usage_extract && usage != usage_decompress && !strcmp(s, "--rm")) {
+            a->o.remove = 1;
+        } else if (usage == usage_compress && !strcmp(s, "--bytegroup")) {
+            a->o.mode = BFS_ZST_BYTEGROUP;
+        } else if (usage == usage_compress && !strcmp(s, "--level")) {
+            if (parse_int(v, -7, 22, &a->o.level))
+                return usage_error(usage, "--level needs an integer from -7 to 22, got '%s'", v ? v : "");
+            i++;
+        } else if (usage == usage_compress && !strcmp(s, "--threads")) {
+            if (parse_int(v, 0, 256, &a->o.threads))
+                return usage_error(usage, "--threads needs an integer from 0 to 256, got '%s'", v ? v : "");
+            i++;
+        } else if (usage == usage_compress && !strcmp(s, "--frame-size")) {
+            if (parse_size(v, &a->o.frame_bytes) || a->o.frame_bytes < 1024)
+                return usage_error(usage, "--frame-size needs a size of at least 1K, like 4M, got '%s'", v ? v : "");
+            i++;
+        } else if (!strcmp(s, "-o") || !strcmp(s, "--output")) {
+            if (!v)
+                return usage_error(usage, "%s needs a path", s);
+            a->out = v;
+            i++;
+        } else if (s[0] == '-' && s[1]) {
+            return usage_error(usage, "unknown option '%s'", s);
+        } else {
+            if (a->npos >= npos)
+                return usage_error(usage, "unexpected argument '%s'", s);
+            a->pos[a->npos++] = s;
+        }
+    }
+    if (a->npos < npos)
+        return usage_error(usage, "%s", npos == 2 ? "needs a file and a tensor name" : "needs a path");
+    return 0;
+}
+
+static int is_dir(const char *p)
+{
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+static int cmd_compress(int argc, char **argv)
+{
+    zcli_args a;
+    memset(&a, 0, sizeof a);
+    int rc = parse_z(argc, argv, &a, usage_compress, 1);
+    if (rc)
+        return rc;
+    if (!a.quiet)
+        a.o.log = stderr;
+    bfs_compress_result res;
+    char out[4096];
+    const int dir = is_dir(a.pos[0]);
+    if (dir) {
+        if (a.out)
+            return usage_error(usage_compress, "%s", "-o is for a FILE; an OUTDIR is compressed in place");
+        rc = bfs_compress_outdir(a.pos[0], &a.o, &res);
+    } else {
+        if (a.o.remove)
+            return usage_error(usage_compress, "%s", "--rm is for an OUTDIR (its manifest records the compressed copy)");
+        if (!a.out) {
+            snprintf(out, sizeof out, "%s%s", a.pos[0], a.o.mode == BFS_ZST_BYTEGROUP ? ".bfz" : ".zst");
+            a.out = out;
+        }
+        rc = bfs_compress_file_opts(a.pos[0], a.out, &a.o, &res);
+    }
+    if (a.json)
+        printf("{\"ok\": %s, \"exit_code\": %d, \"files\": %llu, \"bytes_in\": %llu, \"bytes_out\": %llu, "
+               "\"ratio\": %.4f, \"frames\": %llu, \"seconds\": %.3f, \"mb_per_s\": %.1f}\n",
+               rc == 0 ? "true" : "false", rc < 0 ? -rc : 0, (unsigned long long)res.files,
+               (unsigned long long)res.bytes_in, (unsigned long long)res.bytes_out,
+               res.bytes_out ? (double)res.bytes_in / (double)res.bytes_out : 0.0, (unsigned long long)res.frames,
+               res.seconds, res.seconds > 0 ? (double)res.bytes_in / res.seconds / 1e6 : 0.0);
+    if (rc < 0)
+        return fail(rc, bfs_last_error());
+    if (!a.quiet)
+        fprintf(stderr, "bfshard: compressed %llu file(s): %llu -> %llu bytes (%.3fx) in %.2f s (%.1f MB/s)%s%s\n",
+                (unsigned long long)res.files, (unsigned long long)res.bytes_in, (unsigned long long)res.bytes_out,
+                res.bytes_out ? (double)res.bytes_in / (double)res.bytes_out : 0.0, res.seconds,
+                res.seconds > 0 ? (double)res.bytes_in / res.seconds / 1e6 : 0.0, dir ? "" : " to ", dir ? "" : a.out);
+    return 0;
+}
+
+static int strip_ext(const char *in, char *out, size_t cap)
+{
+    const size_t n = strlen(in);
+    if (n <= 4 || n >= cap || (strcmp(in + n - 4, ".zst") != 0 && strcmp(in + n - 4, ".bfz") != 0))
+        return -1;
+    memcpy(out, in, n - 4);
+    out[n - 4] = '\0';
+    return 0;
+}
+
+static int cmd_decompress(int argc, char **argv)
+{
+    zcli_args a;
+    memset(&a, 0, sizeof a);
+    int rc = parse_z(argc, argv, &a, usage_decompress, 1);
+    if (rc)
+        return rc;
+    char out[4096];
+    if (!a.out) {
+        if (strip_ext(a.pos[0], out, sizeof out))
+            return usage_error(usage_decompress, "%s does not end in .zst or .bfz: name the output with -o", a.pos[0]);
+        a.out = out;
+    }
+    if (a.o.force && strcmp(a.out, "-") != 0 && strcmp(a.out, a.pos[0]) != 0)
+        unlink(a.out);
+    rc = bfs_decompress_file(a.pos[0], a.out);
+    if (rc < 0)
+        return fail(rc, bfs_last_error());
+    return 0;
+}
+
+static int cmd_extract(int argc, char **argv)
+{
+    zcli_args a;
+    memset(&a, 0, sizeof a);
+    int rc = parse_z(argc, argv, &a, usage_extract, 2);
+    if (rc)
+        return rc;
+    char out[4096];
+    if (!a.out) {
+        snprintf(out, sizeof out, "%s%s", a.pos[1], a.raw ? ".bin" : ".safetensors");
+        for (char *p = out; *p; p++)
+            if (*p == '/')
+                *p = '_';
+        a.out = out;
+    }
+    if (a.o.force && strcmp(a.out, "-") != 0 && strcmp(a.out, a.pos[0]) != 0)
+        unlink(a.out);
+    rc = bfs_extract(a.pos[0], a.pos[1], a.out, a.raw);
+    if (rc < 0)
+        return fail(rc, bfs_last_error());
+    return 0;
+}
+/* ---- end of compressed artifacts ---- */
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -354,6 +555,12 @@ int main(int argc, char **argv)
         return cmd_inspect(argc - 2, argv + 2);
     if (!strcmp(cmd, "verify"))
         return cmd_verify(argc - 2, argv + 2);
+    if (!strcmp(cmd, "compress"))
+        return cmd_compress(argc - 2, argv + 2);
+    if (!strcmp(cmd, "decompress"))
+        return cmd_decompress(argc - 2, argv + 2);
+    if (!strcmp(cmd, "extract"))
+        return cmd_extract(argc - 2, argv + 2);
     fprintf(stderr, "bfshard: error: unknown command '%s'\n\n%s", cmd, usage_main);
     return -BFS_EUSAGE;
 }
