@@ -128,6 +128,13 @@ static inline void mx_groups(const uint8_t *blk, const uint8_t *sc, size_t ng, u
     }
 }
 
+static void mx_tile(const uint8_t *blk, const uint8_t *sc, size_t G, size_t nr, size_t ng,
+                    uint16_t *tile, size_t ts)
+{
+    for (size_t i = 0; i < nr; i++)
+        mx_groups(blk + i * G * 16, sc + i * G, ng, tile + i * ts);
+}
+
 /* 16x16 bf16 transpose: src rows (stride ss) -> dst rows (stride ds). */
 static inline void transpose16x16(const uint16_t *src, size_t ss, uint16_t *dst, size_t ds)
 {
@@ -193,19 +200,21 @@ static inline void row_stream(const uint16_t *src, size_t n, uint16_t *dst)
         dst[j] = src[j];
 }
 
-static void mxfp4_avx2(const bfs_mxfp4_desc *d, size_t item, size_t o0, size_t o1, uint16_t *out)
+/* Shared with cpu_avx512.c, which passes its own row dequant: the transposed
+ * layout, output rows [o0, o1) of one item. The declaration is repeated there. */
+/* Fills nr rows of a tile (row stride ts) with ng groups of nr source rows; blk and sc
+ * are the first row's first group, rows G groups apart. */
+typedef void (*bfs__mx_tile_fn)(const uint8_t *blk, const uint8_t *sc, size_t G, size_t nr,
+                                size_t ng, uint16_t *tile, size_t ts);
+void bfs__mxfp4_transposed_x86(const bfs_mxfp4_desc *d, size_t item, size_t o0, size_t o1,
+                               uint16_t *out, bfs__mx_tile_fn fill);
+
+void bfs__mxfp4_transposed_x86(const bfs_mxfp4_desc *d, size_t item, size_t o0, size_t o1,
+                               uint16_t *out, bfs__mx_tile_fn fill)
 {
-    const size_t R = d->R, G = d->G, C = G * 32;
+    const size_t R = d->R, G = d->G;
     const uint8_t *const blocks = d->blocks + item * R * G * 16;
     const uint8_t *const scales = d->scales + item * R * G;
-    assert(o0 <= o1 && o1 <= (d->transpose ? C : R));
-    pthread_once(&mx_once, mx_init);
-
-    if (!d->transpose) {
-        for (size_t r = o0; r < o1; r++)
-            mx_groups(blocks + r * G * 16, scales + r * G, G, out + (r - o0) * C);
-        return;
-    }
     if (o0 == o1)
         return;
     /* Column strips of TILE_G groups, each down all R rows in tiles of TILE_R rows:
@@ -219,16 +228,28 @@ static void mxfp4_avx2(const bfs_mxfp4_desc *d, size_t item, size_t o0, size_t o
         const size_t cb = (o1 < (g0 + ng) * 32 ? o1 : (g0 + ng) * 32) - g0 * 32;
         for (size_t r0 = 0; r0 < R; r0 += TILE_R) {
             const size_t nr = R - r0 < TILE_R ? R - r0 : TILE_R;
-            for (size_t i = 0; i < nr; i++) {
-                const size_t r = r0 + i;
-                mx_groups(blocks + (r * G + g0) * 16, scales + r * G + g0, ng, tile[i]);
-            }
+            fill(blocks + (r0 * G + g0) * 16, scales + r0 * G + g0, G, nr, ng, tile[0], TILE_C);
             tile_transpose((const uint16_t(*)[TILE_C])tile, nr, ca, cb, tt);
             for (size_t c = ca; c < cb; c++)
                 row_stream(tt[c - ca], nr, out + (g0 * 32 + c - o0) * R + r0);
         }
     }
     _mm_sfence(); /* order the non-temporal stores before whatever the caller does next */
+}
+
+static void mxfp4_avx2(const bfs_mxfp4_desc *d, size_t item, size_t o0, size_t o1, uint16_t *out)
+{
+    const size_t R = d->R, G = d->G, C = G * 32;
+    assert(o0 <= o1 && o1 <= (d->transpose ? C : R));
+    pthread_once(&mx_once, mx_init);
+    if (d->transpose) {
+        bfs__mxfp4_transposed_x86(d, item, o0, o1, out, mx_tile);
+        return;
+    }
+    const uint8_t *const blocks = d->blocks + item * R * G * 16;
+    const uint8_t *const scales = d->scales + item * R * G;
+    for (size_t r = o0; r < o1; r++)
+        mx_groups(blocks + r * G * 16, scales + r * G, G, out + (r - o0) * C);
 }
 
 /* ---- bitsandbytes 4-bit ------------------------------------------------------------ */

@@ -10,7 +10,7 @@
  * that instruction flushes subnormal inputs to zero and keeps a NaN's sign and
  * payload instead of giving 0x7FC0, so its bytes differ from upstream's.
  * The transposed MXFP4 path is cpu_avx2.c's (tile, 16x16 transposes in L1,
- * non-temporal runs per output row). No FTZ/DAZ. Tails (fewer than 16..32
+ * non-temporal runs per output row), fed by this file's row dequant. No FTZ/DAZ. Tails (fewer than 16..32
  * elements) use ref.h directly.
  *
  * Built with -DBFS_AVX512_SIMDE (and without the -mavx512* flags), this file
@@ -69,9 +69,6 @@ static inline __m256 cvt_pd_ps(__m512d v)
 #define cvt_ph_ps _mm512_cvtph_ps
 #define cvt_pd_ps _mm512_cvtpd_ps
 #endif
-
-/* transposed MXFP4: tiles of TILE_R source rows x TILE_G groups, as in cpu_avx2.c */
-enum { TILE_R = 64, TILE_G = 2, TILE_C = TILE_G * 32 };
 
 /* ---- bf16 rounding ------------------------------------------------------------- */
 
@@ -149,107 +146,36 @@ static inline void mx_groups(const uint8_t *blk, const uint8_t *sc, size_t ng, u
     }
 }
 
-/* 16x16 bf16 transpose: src rows (stride ss) -> dst rows (stride ds). */
-static inline void transpose16x16(const uint16_t *src, size_t ss, uint16_t *dst, size_t ds)
+static void mx_tile(const uint8_t *blk, const uint8_t *sc, size_t G, size_t nr, size_t ng,
+                    uint16_t *tile, size_t ts)
 {
-    __m256i a[16], b[16];
-    for (int i = 0; i < 16; i++)
-        a[i] = _mm256_loadu_si256((const __m256i *)(src + i * ss));
-    /* within each 128-bit lane: an 8x8 transpose of rows 0..7 and of rows 8..15 */
-    for (int h = 0; h < 16; h += 8) {
-        for (int i = 0; i < 8; i += 2) {
-            b[h + i] = _mm256_unpacklo_epi16(a[h + i], a[h + i + 1]);
-            b[h + i + 1] = _mm256_unpackhi_epi16(a[h + i], a[h + i + 1]);
-        }
-        for (int i = 0; i < 2; i++) {
-            a[h + 2 * i] = _mm256_unpacklo_epi32(b[h + i], b[h + i + 2]);
-            a[h + 2 * i + 1] = _mm256_unpackhi_epi32(b[h + i], b[h + i + 2]);
-            a[h + 4 + 2 * i] = _mm256_unpacklo_epi32(b[h + 4 + i], b[h + 4 + i + 2]);
-            a[h + 4 + 2 * i + 1] = _mm256_unpackhi_epi32(b[h + 4 + i], b[h + 4 + i + 2]);
-        }
-        for (int i = 0; i < 4; i++) { /* b[h+k] lane j = column 8j+k of these 8 rows */
-            b[h + 2 * i] = _mm256_unpacklo_epi64(a[h + i], a[h + 4 + i]);
-            b[h + 2 * i + 1] = _mm256_unpackhi_epi64(a[h + i], a[h + 4 + i]);
-        }
-    }
-    for (int k = 0; k < 8; k++) {
-        _mm256_storeu_si256((__m256i *)(dst + k * ds), _mm256_permute2x128_si256(b[k], b[8 + k], 0x20));
-        _mm256_storeu_si256((__m256i *)(dst + (8 + k) * ds),
-                            _mm256_permute2x128_si256(b[k], b[8 + k], 0x31));
-    }
+    for (size_t i = 0; i < nr; i++)
+        mx_groups(blk + i * G * 16, sc + i * G, ng, tile + i * ts);
 }
 
-/* tt[c - ca][i] = tile[i][c] for i < nr, ca <= c < cb: the transpose, within L1. */
-static void tile_transpose(const uint16_t (*tile)[TILE_C], size_t nr, size_t ca, size_t cb,
-                           uint16_t (*tt)[TILE_R])
-{
-    size_t i = 0;
-    for (; i + 16 <= nr; i += 16) {
-        size_t c = ca;
-        for (; c + 16 <= cb; c += 16)
-            transpose16x16(&tile[i][c], TILE_C, &tt[c - ca][i], TILE_R);
-        for (; c < cb; c++)
-            for (size_t k = 0; k < 16; k++)
-                tt[c - ca][i + k] = tile[i + k][c];
-    }
-    for (; i < nr; i++)
-        for (size_t c = ca; c < cb; c++)
-            tt[c - ca][i] = tile[i][c];
-}
+/* The transposed layout: cpu_avx2.c's tiles and 16x16 transposes, with the row
+ * dequant above (declared as there). */
+/* Fills nr rows of a tile (row stride ts) with ng groups of nr source rows; blk and sc
+ * are the first row's first group, rows G groups apart. */
+typedef void (*bfs__mx_tile_fn)(const uint8_t *blk, const uint8_t *sc, size_t G, size_t nr,
+                                size_t ng, uint16_t *tile, size_t ts);
+void bfs__mxfp4_transposed_x86(const bfs_mxfp4_desc *d, size_t item, size_t o0, size_t o1,
+                               uint16_t *out, bfs__mx_tile_fn fill);
 
-/* n bf16 from src (32-byte aligned) to dst. Non-temporal when dst is 32-byte aligned:
- * the transposed output is written in short runs to many rows, which regular stores
- * would first read for ownership. */
-static inline void row_stream(const uint16_t *src, size_t n, uint16_t *dst)
-{
-    size_t j = 0;
-    if (((uintptr_t)dst & 31) == 0) {
-        for (; j + 16 <= n; j += 16)
-            _mm256_stream_si256((__m256i *)(dst + j), _mm256_load_si256((const __m256i *)(src + j)));
-    } else {
-        for (; j + 16 <= n; j += 16)
-            _mm256_storeu_si256((__m256i *)(dst + j), _mm256_load_si256((const __m256i *)(src + j)));
-    }
-    for (; j < n; j++)
-        dst[j] = src[j];
-}
-
-static void mxfp4_avx512(const bfs_mxfp4_desc *d, size_t item, size_t o0, size_t o1, uint16_t *out)
+static void mxfp4_avx512(const bfs_mxfp4_desc *d, size_t item, size_t o0, size_t o1,
+                         uint16_t *out)
 {
     const size_t R = d->R, G = d->G, C = G * 32;
-    const uint8_t *const blocks = d->blocks + item * R * G * 16;
-    const uint8_t *const scales = d->scales + item * R * G;
     assert(o0 <= o1 && o1 <= (d->transpose ? C : R));
     pthread_once(&mx_once, mx_init);
-
-    if (!d->transpose) {
-        for (size_t r = o0; r < o1; r++)
-            mx_groups(blocks + r * G * 16, scales + r * G, G, out + (r - o0) * C);
+    if (d->transpose) {
+        bfs__mxfp4_transposed_x86(d, item, o0, o1, out, mx_tile);
         return;
     }
-    if (o0 == o1)
-        return;
-    /* Column strips of TILE_G groups, each down all R rows in tiles of TILE_R rows:
-     * every output row is written front to back, a few rows at a time. */
-    _Alignas(32) uint16_t tile[TILE_R][TILE_C];
-    _Alignas(32) uint16_t tt[TILE_C][TILE_R];
-    const size_t g_end = (o1 + 31) / 32;
-    for (size_t g0 = o0 / 32; g0 < g_end; g0 += TILE_G) {
-        const size_t ng = g_end - g0 < TILE_G ? g_end - g0 : TILE_G;
-        const size_t ca = (o0 > g0 * 32 ? o0 : g0 * 32) - g0 * 32;
-        const size_t cb = (o1 < (g0 + ng) * 32 ? o1 : (g0 + ng) * 32) - g0 * 32;
-        for (size_t r0 = 0; r0 < R; r0 += TILE_R) {
-            const size_t nr = R - r0 < TILE_R ? R - r0 : TILE_R;
-            for (size_t i = 0; i < nr; i++) {
-                const size_t r = r0 + i;
-                mx_groups(blocks + (r * G + g0) * 16, scales + r * G + g0, ng, tile[i]);
-            }
-            tile_transpose((const uint16_t(*)[TILE_C])tile, nr, ca, cb, tt);
-            for (size_t c = ca; c < cb; c++)
-                row_stream(tt[c - ca], nr, out + (g0 * 32 + c - o0) * R + r0);
-        }
-    }
-    _mm_sfence(); /* order the non-temporal stores before whatever the caller does next */
+    const uint8_t *const blocks = d->blocks + item * R * G * 16;
+    const uint8_t *const scales = d->scales + item * R * G;
+    for (size_t r = o0; r < o1; r++)
+        mx_groups(blocks + r * G * 16, scales + r * G, G, out + (r - o0) * C);
 }
 
 /* ---- bitsandbytes 4-bit ---------------------------------------------------------------- */
