@@ -105,3 +105,64 @@ demo: all
 
 clean:
 	rm -rf $(BUILD)
+
+# ---- fuzzing: `make fuzz` builds every fuzz/fuzz_*.c target with clang's libFuzzer ----
+# into build/fuzz/ and runs each for FUZZ_SECONDS (default 60) from its seed corpus
+# fuzz/corpus/<target>/ (new inputs go to build/fuzz/corpus/<target>/, crashes to
+# build/fuzz/artifacts/). A crash fails the rule.
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 60
+FUZZ_BUILD   := build/fuzz
+FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+FUZZ_TARGETS := $(patsubst fuzz/fuzz_%.c,%,$(filter-out fuzz/fuzz_common.c,$(wildcard fuzz/fuzz_*.c)))
+FUZZ_BINS    := $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz_%)
+FUZZ_FLAGS   ?= -timeout=20 -rss_limit_mb=2048 -print_final_stats=1
+
+.PHONY: fuzz-build fuzz-lib valgrind
+ifneq ($(BUILD),$(FUZZ_BUILD)/lib)
+$(FUZZ_BUILD)/lib/libbfshard.a: fuzz-lib
+endif
+fuzz-lib:
+	@$(MAKE) --no-print-directory BUILD=$(FUZZ_BUILD)/lib CC=$(FUZZ_CC) NO_CUDA=1 OPT="-O1" \
+	    EXTRA_CFLAGS="$(FUZZ_SAN) -fsanitize=fuzzer-no-link -Wno-unknown-warning-option" $(FUZZ_BUILD)/lib/libbfshard.a
+
+$(FUZZ_BUILD)/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz_common.c fuzz/fuzz_common.h $(FUZZ_BUILD)/lib/libbfshard.a
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(CFLAGS_BASE) -O1 -Wno-unknown-warning-option -Isrc $(FUZZ_SAN) -fsanitize=fuzzer \
+	    -o $@ $< fuzz/fuzz_common.c $(FUZZ_BUILD)/lib/libbfshard.a -ljansson -lxxhash -lzstd -lm
+
+fuzz-build: deps fuzz-lib $(FUZZ_BINS)
+
+fuzz: fuzz-build
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	    mkdir -p $(FUZZ_BUILD)/corpus/$$t $(FUZZ_BUILD)/artifacts; \
+	    dict=""; [ -f fuzz/$$t.dict ] && dict="-dict=fuzz/$$t.dict"; \
+	    echo "== fuzz_$$t for $(FUZZ_SECONDS) s"; \
+	    $(FUZZ_BUILD)/fuzz_$$t $(FUZZ_FLAGS) $$dict -max_total_time=$(FUZZ_SECONDS) \
+	        -artifact_prefix=$(FUZZ_BUILD)/artifacts/$$t- \
+	        $(FUZZ_BUILD)/corpus/$$t fuzz/corpus/$$t 2>$(FUZZ_BUILD)/fuzz_$$t.log \
+	        || { tail -60 $(FUZZ_BUILD)/fuzz_$$t.log; echo "fuzz_$$t FAILED (log: $(FUZZ_BUILD)/fuzz_$$t.log)"; exit 1; }; \
+	    grep -E '^(#[0-9]+ +DONE|stat::number_of_executed_units|Done)' $(FUZZ_BUILD)/fuzz_$$t.log || true; \
+	done
+
+# ---- sanitizers: `make asan` builds library, CLI and tests with ASan + UBSan into
+# build-asan/ and runs the whole test suite; any report fails it. CC=clang or gcc.
+ASAN_BUILD ?= build-asan
+ASAN_SAN   := -fsanitize=address,undefined -fno-omit-frame-pointer
+asan:
+	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
+	 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	 $(MAKE) --no-print-directory BUILD=$(ASAN_BUILD) NO_CUDA=1 OPT="-O1" \
+	    EXTRA_CFLAGS="$(ASAN_SAN) -fno-sanitize-recover=undefined" EXTRA_LDFLAGS="$(ASAN_SAN)" test
+
+# ---- valgrind (memcheck) on a subset: the safetensors tests, and the CLI converting
+# and verifying every fixture. Uses the normal build.
+VALGRIND ?= valgrind --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite,indirect -q
+valgrind: all $(BUILD)/tests/test_safetensors
+	$(VALGRIND) $(BUILD)/tests/test_safetensors
+	@set -e; for f in $(filter-out fixtures/expected,$(patsubst %/,%,$(wildcard fixtures/*/))); do \
+	    echo "== valgrind: convert + verify $$f"; \
+	    $(VALGRIND) $(BUILD)/bfshard convert $$f $(BUILD)/valgrind-out --world-size 3 --device cpu \
+	        --threads 2 --mem 64K --force --quiet; \
+	    $(VALGRIND) $(BUILD)/bfshard verify $(BUILD)/valgrind-out --quiet; \
+	done; rm -rf $(BUILD)/valgrind-out

@@ -1,0 +1,227 @@
+/* Shared helpers of the libFuzzer targets: see fuzz_common.h. */
+#include "fuzz_common.h"
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define FZ_MAX_OUT_BYTES (8u << 20) /* dequant at most this much per input */
+
+static char fz__dir[256];
+
+static void fz__rmdir(void)
+{
+    fz_clean();
+    rmdir(fz__dir);
+}
+
+const char *fz_dir(void)
+{
+    if (!fz__dir[0]) {
+        struct stat sb;
+        const char *base = stat("/dev/shm", &sb) == 0 && S_ISDIR(sb.st_mode) && access("/dev/shm", W_OK) == 0
+                               ? "/dev/shm"
+                               : (getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+        snprintf(fz__dir, sizeof fz__dir, "%s/bfs-fuzz-XXXXXX", base);
+        if (!mkdtemp(fz__dir)) {
+            perror("fuzz: mkdtemp");
+            abort();
+        }
+        atexit(fz__rmdir);
+    }
+    return fz__dir;
+}
+
+void fz_clean(void)
+{
+    DIR *d = opendir(fz_dir());
+    struct dirent *e;
+    char p[512];
+    if (!d)
+        return;
+    while ((e = readdir(d)) != NULL) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        snprintf(p, sizeof p, "%s/%s", fz__dir, e->d_name);
+        unlink(p);
+    }
+    closedir(d);
+}
+
+void fz_write(const char *path, const void *data, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f || (len && fwrite(data, 1, len, f) != len) || fclose(f) != 0) {
+        perror(path);
+        abort();
+    }
+}
+
+/* ---- isolation: one heap block per raw tensor ----------------------------------- */
+static const uint8_t **fz__orig;
+static size_t fz__norig;
+
+void fz_isolate(bfs_input *in)
+{
+    fz__orig = calloc(in->nraw ? in->nraw : 1, sizeof *fz__orig);
+    if (!fz__orig)
+        abort();
+    fz__norig = in->nraw;
+    for (size_t i = 0; i < in->nraw; i++) {
+        bfs_raw *r = &in->raw[i];
+        uint8_t *copy = malloc(r->nbytes ? (size_t)r->nbytes : 1);
+        if (!copy)
+            abort();
+        memcpy(copy, r->data, (size_t)r->nbytes);
+        fz__orig[i] = r->data;
+        r->data = copy;
+    }
+}
+
+void fz_release(bfs_input *in)
+{
+    if (!in || !fz__orig)
+        return;
+    for (size_t i = 0; i < fz__norig && i < in->nraw; i++) {
+        free((void *)in->raw[i].data);
+        in->raw[i].data = fz__orig[i];
+    }
+    free(fz__orig);
+    fz__orig = NULL;
+    fz__norig = 0;
+}
+
+fz_opts fz_opts_from_byte(uint8_t b)
+{
+    fz_opts o;
+    memset(&o, 0, sizeof o);
+    o.world_size = 1 + (b & 15);
+    o.mxfp4_layout = (b & 16) ? BFS_MXFP4_OPENAI : BFS_MXFP4_HF;
+    o.keep_dtype = (b & 32) != 0;
+    if (b & 64) {
+        o.layout = BFS_LAYOUT_HF;
+        o.world_size = 1;
+        o.max_shard_size = 1 + (uint64_t)(b & 15) * 4096; /* small: several files */
+    }
+    o.cpu_level = (b & 128) ? -1 : BFS_CPU_SCALAR;
+    return o;
+}
+
+/* Every output header must be one our own reader accepts, with the planned offsets. */
+static void fz__check_outfile(const bfs_plan *p, const bfs_outfile *f)
+{
+    const uint64_t hl = f->data_start - 8;
+    if (f->data_start % 64 != 0 || f->data_start < 8 || strlen(f->header) != hl) {
+        fprintf(stderr, "fuzz: %s: data_start %llu is not 64-aligned or the header length is wrong\n", f->name,
+                (unsigned long long)f->data_start);
+        abort();
+    }
+    uint8_t *buf = malloc((size_t)f->data_start);
+    if (!buf)
+        abort();
+    for (int i = 0; i < 8; i++)
+        buf[i] = (uint8_t)(hl >> (8 * i));
+    memcpy(buf + 8, f->header, (size_t)hl);
+    bfs_st_header h;
+    bfs__err_clear();
+    if (bfs__st_parse(buf, f->size, f->name, &h) != 0) {
+        fprintf(stderr, "fuzz: planned output header rejected by our own reader: %s\n", bfs_last_error());
+        abort();
+    }
+    if (h.n != f->npieces) {
+        fprintf(stderr, "fuzz: %s: %zu tensors in the header, %zu pieces planned\n", f->name, h.n, f->npieces);
+        abort();
+    }
+    for (size_t i = 0; i < f->npieces; i++) {
+        const bfs_piece *pc = &f->pieces[i];
+        const bfs_ltensor *t = &p->t[pc->tensor];
+        const bfs_st_tensor *ht = NULL;
+        for (size_t k = 0; k < h.n && !ht; k++)
+            if (!strcmp(h.t[k].name, t->name))
+                ht = &h.t[k];
+        if (!ht || h.data_start + ht->begin != pc->offset || ht->end - ht->begin != pc->nbytes ||
+            ht->dtype != t->out_dtype) {
+            fprintf(stderr, "fuzz: %s: tensor \"%s\" is not where the plan puts it\n", f->name, t->name);
+            abort();
+        }
+    }
+    bfs__st_header_free(&h);
+    free(buf);
+}
+
+void fz_exercise(bfs_input *in, const fz_opts *fo)
+{
+    bfs_convert_opts o;
+    bfs_plan *p = NULL;
+    bfs_convert_opts_init(&o);
+    o.world_size = fo->world_size;
+    o.layout = fo->layout;
+    o.mxfp4_layout = fo->mxfp4_layout;
+    o.keep_dtype = fo->keep_dtype;
+    o.max_shard_size = fo->max_shard_size;
+    if (bfs__plan_tensors(in, &o, &p) != 0) {
+        if (!bfs__err_is_set())
+            abort(); /* every failure must say why */
+        return;
+    }
+    if (bfs__plan_layout(p, &o) != 0) {
+        if (!bfs__err_is_set())
+            abort();
+        bfs__plan_free(p);
+        return;
+    }
+    /* every tensor's rows are covered exactly once over the files */
+    uint64_t *rows = calloc(p->nt ? p->nt : 1, sizeof *rows);
+    if (!rows)
+        abort();
+    for (int f = 0; f < p->nfiles; f++) {
+        fz__check_outfile(p, &p->files[f]);
+        for (size_t i = 0; i < p->files[f].npieces; i++)
+            rows[p->files[f].pieces[i].tensor] += p->files[f].pieces[i].row1 - p->files[f].pieces[i].row0;
+    }
+    for (size_t i = 0; i < p->nt; i++)
+        if (rows[i] != p->t[i].d0) {
+            fprintf(stderr, "fuzz: tensor \"%s\": %llu rows planned, %llu in the tensor\n", p->t[i].name,
+                    (unsigned long long)rows[i], (unsigned long long)p->t[i].d0);
+            abort();
+        }
+    free(rows);
+
+    /* dequant every piece into an exact-size buffer (bounded work per input) */
+    const bfs_kernel_ops *k = bfs_kernels_cpu(fo->cpu_level);
+    if (!k)
+        k = bfs_kernels_cpu(BFS_CPU_SCALAR);
+    uint64_t budget = FZ_MAX_OUT_BYTES;
+    for (int f = 0; f < p->nfiles; f++)
+        for (size_t i = 0; i < p->files[f].npieces; i++) {
+            const bfs_piece *pc = &p->files[f].pieces[i];
+            if (pc->nbytes > budget || pc->row0 == pc->row1)
+                continue;
+            budget -= pc->nbytes;
+            void *out = malloc(pc->nbytes ? (size_t)pc->nbytes : 1);
+            if (!out)
+                abort();
+            const bfs_unit u = {.t = &p->t[pc->tensor], .row0 = pc->row0, .row1 = pc->row1, .out = out};
+            bfs__unit_cpu(k, &u);
+            free(out);
+        }
+    bfs__plan_free(p);
+}
+
+void fz_open_and_exercise(const char *path, const fz_opts *o)
+{
+    bfs_input *in = NULL;
+    bfs__err_clear();
+    if (bfs__input_open(path, &in) != 0) {
+        if (!bfs__err_is_set() || in)
+            abort();
+        return;
+    }
+    fz_isolate(in);
+    fz_exercise(in, o);
+    fz_release(in);
+    bfs__input_free(in);
+}

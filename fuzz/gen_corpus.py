@@ -1,0 +1,300 @@
+#!/usr/bin/env python3
+"""Write the seed corpora of the fuzz targets into fuzz/corpus/<target>/.
+
+Deterministic: run from the repository root (`python3 fuzz/gen_corpus.py`), it
+rewrites the same files. Seeds are the fixtures' headers and small synthetic
+checkpoints of every kind bfshard plans (MXFP4 3-d/4-d, bnb NF4/FP4 with and
+without double quant, casts, passthrough, scalars, empty tensors), plus hand-made
+edge cases. Code tables are copied from the fixtures (bitsandbytes' own bytes).
+Input formats: see the comment at the top of each fuzz/fuzz_<target>.c.
+"""
+import json
+import os
+import shutil
+import struct
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.path.join(ROOT, "fuzz", "corpus")
+SEP = b"\n--bfs--\n"
+DTSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "U16": 2, "I16": 2, "F16": 2, "BF16": 2, "U32": 4, "I32": 4,
+          "F32": 4, "U64": 8, "I64": 8, "F64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def read_st(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    return b, n, json.loads(b[8:8 + n])
+
+
+def tensor_bytes(path, name):
+    b, n, h = read_st(path)
+    s, e = h[name]["data_offsets"]
+    return b[8 + n + s:8 + n + e]
+
+
+def st(tensors, meta=None, pad=8):
+    """tensors: list of (name, dtype, shape, bytes) in file order -> safetensors bytes."""
+    hdr, pos = {}, 0
+    if meta is not None:
+        hdr["__metadata__"] = meta
+    for name, dt, shape, data in tensors:
+        hdr[name] = {"dtype": dt, "shape": shape, "data_offsets": [pos, pos + len(data)]}
+        pos += len(data)
+    h = json.dumps(hdr, separators=(",", ":")).encode()
+    h += b" " * ((-len(h)) % pad)
+    return struct.pack("<Q", len(h)) + h + b"".join(t[3] for t in tensors)
+
+
+def nelem(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def pattern(n, seed=1):
+    return bytes(((i * 37 + seed * 11) ^ (i >> 3)) & 0xFF for i in range(n))
+
+
+NF4_QM = tensor_bytes(f"{ROOT}/fixtures/bnb-nf4/model.safetensors", "model.layers.0.self_attn.k_proj.weight.quant_map")
+FP4_QM = tensor_bytes(f"{ROOT}/fixtures/bnb-fp4/model.safetensors", "model.layers.0.self_attn.k_proj.weight.quant_map")
+NESTED_QM = tensor_bytes(f"{ROOT}/fixtures/bnb-nf4-dq/model.safetensors",
+                         "model.layers.0.self_attn.k_proj.weight.nested_quant_map")
+
+
+def f32s(vals):
+    return b"".join(struct.pack("<f", v) for v in vals)
+
+
+def bnb(prefix, qt, shape, bs=64, dq=False, nbs=256):
+    """The tensors of one bitsandbytes 4-bit weight, F32 ones first (aligned)."""
+    n = nelem(shape)
+    nblocks = -(-n // bs)
+    blob = {"quant_type": qt, "blocksize": bs, "dtype": "bfloat16", "shape": shape}
+    f32, u8 = [], []
+    f32.append((prefix + ".quant_map", "F32", [16], NF4_QM if qt == "nf4" else FP4_QM))
+    if dq:
+        nn = -(-nblocks // nbs)
+        blob.update({"nested_blocksize": nbs, "nested_dtype": "float32", "nested_offset": 0.125})
+        f32.append((prefix + ".nested_absmax", "F32", [nn], f32s([0.5 + i for i in range(nn)])))
+        f32.append((prefix + ".nested_quant_map", "F32", [256], NESTED_QM))
+        u8.append((prefix + ".absmax", "U8", [nblocks], pattern(nblocks, 3)))
+    else:
+        f32.append((prefix + ".absmax", "F32", [nblocks], f32s([0.25 * (i + 1) for i in range(nblocks)])))
+    u8.append((prefix, "U8", [(n + 1) // 2, 1], pattern((n + 1) // 2, 5)))
+    b = json.dumps(blob).encode()
+    u8.append((prefix + ".quant_state.bitsandbytes__" + qt, "U8", [len(b)], b))
+    return f32, u8
+
+
+def mx(prefix, shape):
+    """MXFP4 blocks + scales, shape = blocks' shape ([E,R,G,16] or [R,G,16])."""
+    return [(prefix + "_blocks", "U8", shape, pattern(nelem(shape), 7)),
+            (prefix + "_scales", "U8", shape[:-1], bytes(120 + (i % 16) for i in range(nelem(shape[:-1]))))]
+
+
+def plain(name, dt, shape, seed=9):
+    return (name, dt, shape, pattern(nelem(shape) * DTSIZE[dt], seed))
+
+
+def synthetic_models():
+    """name -> safetensors bytes, small and valid."""
+    m = {}
+    m["mxfp4_4d"] = st(mx("model.layers.0.mlp.experts.gate_up_proj", [2, 6, 2, 16])
+                       + mx("model.layers.0.mlp.experts.down_proj", [2, 3, 1, 16])
+                       + [plain("model.layers.0.mlp.experts.down_proj_bias", "BF16", [2, 3])],
+                       meta={"format": "pt"})
+    m["mxfp4_3d"] = st(mx("w", [5, 1, 16]) + [plain("norm.weight", "F32", [4])])
+    f32, u8 = bnb("model.layers.0.mlp.down_proj.weight", "nf4", [5, 33])
+    m["bnb_nf4"] = st(f32 + [plain("model.norm.weight", "BF16", [33])] + u8, meta={"format": "pt"})
+    f32, u8 = bnb("model.layers.0.self_attn.q_proj.weight", "fp4", [7, 40], bs=32, dq=True, nbs=4)
+    m["bnb_fp4_dq"] = st(f32 + u8)
+    f32a, u8a = bnb("a.weight", "nf4", [3, 3], dq=True)
+    f32b, u8b = bnb("b.weight", "fp4", [1], bs=64)
+    m["bnb_mixed_odd"] = st(f32a + f32b + u8a + u8b)
+    m["casts"] = st([plain("f64", "F64", [2, 3]), plain("f32", "F32", [3, 2]), plain("f16", "F16", [5]),
+                     plain("bf16", "BF16", [2, 2]), plain("i64", "I64", [2]), plain("u8", "U8", [3]),
+                     plain("bool", "BOOL", [2]), plain("e4m3", "F8_E4M3", [4])])
+    m["scalars_empty"] = st([plain("s32", "F32", []), ("empty", "F16", [0, 4], b""), ("e2", "BF16", [3, 0], b""),
+                             plain("s16", "BF16", [])])
+    m["empty_file"] = st([])
+    m["mixed"] = st([plain("lm_head.weight", "F32", [9, 4])] + mx("m.experts.x", [3, 9, 1, 16]))
+    return m
+
+
+def write(target, name, data):
+    d = os.path.join(OUT, target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+FIXTURE_FILES = ["mxfp4-tiny/model-00001-of-00002.safetensors", "mxfp4-tiny/model-00002-of-00002.safetensors",
+                 "bnb-nf4/model.safetensors", "bnb-nf4-dq/model.safetensors", "bnb-fp4/model.safetensors",
+                 "bnb-fp4-dq/model.safetensors", "bnb-nf4-dq-bs128/model.safetensors"]
+
+
+def gen_st_parse(models):
+    # the fixtures' headers; V = the size of their data section
+    for f in FIXTURE_FILES:
+        b, n, _ = read_st(f"{ROOT}/fixtures/{f}")
+        write("st_parse", "fixture_" + f.replace("/", "_").replace(".safetensors", ""),
+              struct.pack("<Q", len(b) - 8 - n) + b[:8 + n])
+    for k, v in models.items():
+        write("st_parse", "synth_" + k, struct.pack("<Q", 0) + v)
+
+    def hdr(h, data_len=0, hl=None):
+        hb = h.encode("utf-8", "surrogatepass") if isinstance(h, str) else h
+        return struct.pack("<Q", 0) + struct.pack("<Q", len(hb) if hl is None else hl) + hb + b"\0" * data_len
+
+    edge = {
+        "empty_obj": hdr("{}"),
+        "padded": hdr('{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}      ', 2),
+        "zero_size_same_offset": hdr('{"z":{"dtype":"F32","shape":[0,4],"data_offsets":[0,0]},'
+                                     '"a":{"dtype":"U8","shape":[3],"data_offsets":[0,3]}}', 3),
+        "dup_key": hdr('{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}', 2),
+        "overlap": hdr('{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}}', 3),
+        "gap": hdr('{"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}', 2),
+        "overflow_shape": hdr('{"a":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,4]}}', 4),
+        "huge_offsets": hdr('{"a":{"dtype":"U8","shape":[1],"data_offsets":[18446744073709551615,0]}}'),
+        "neg_shape": hdr('{"a":{"dtype":"U8","shape":[-1],"data_offsets":[0,1]}}', 1),
+        "nine_dims": hdr('{"a":{"dtype":"U8","shape":[1,1,1,1,1,1,1,1,1],"data_offsets":[0,1]}}', 1),
+        "nul_in_name": hdr('{"a\\u0000b":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a\\u0000c":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}', 2),
+        "metadata_nonstring": hdr('{"__metadata__":{"k":1}}'),
+        "metadata_nested": hdr('{"__metadata__":{"k":"v","DCP_SHARDING_INFO":"{\\"a\\":1}"}}'),
+        "bad_utf8": hdr(b'{"\xff":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}', 1),
+        "hlen_past_eof": hdr("{}", 0, 1000),
+        "hlen_over_limit": hdr("{}", 0, 100000001),
+        "not_object": hdr("[1,2]"),
+        "deep": hdr("{" + '"a":' * 1 + "[" * 3000 + "]" * 3000 + "}"),
+        "unsupported_dtype": hdr('{"a":{"dtype":"F8_E8M0","shape":[1],"data_offsets":[0,1]}}', 1),
+        "float_offset": hdr('{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1.0]}}', 1),
+        "big_int": hdr('{"a":{"dtype":"U8","shape":[99999999999999999999],"data_offsets":[0,1]}}', 1),
+    }
+    for k, v in edge.items():
+        write("st_parse", "edge_" + k, v)
+    # a large virtual data section behind a small header
+    h = b'{"big":{"dtype":"U8","shape":[4294967296],"data_offsets":[0,4294967296]}}'
+    write("st_parse", "edge_virtual_4g", struct.pack("<Q", 1 << 32) + struct.pack("<Q", len(h)) + h)
+
+
+def gen_plan(models):
+    for k, v in models.items():
+        write("plan", "synth_" + k, bytes([0x02]) + v)            # W = 3, hf MXFP4 layout, scalar
+    write("plan", "synth_mxfp4_4d_openai_w16", bytes([0x1F | 0x80]) + models["mxfp4_4d"])
+    write("plan", "synth_bnb_fp4_dq_hf", bytes([0x40 | 0x03]) + models["bnb_fp4_dq"])
+    write("plan", "synth_casts_keep_w2", bytes([0x21]) + models["casts"])
+    # edge cases of grouping
+    write("plan", "edge_blocks_without_scales", b"\x01" + st(mx("x", [1, 2, 1, 16])[:1]))
+    write("plan", "edge_scales_shape", b"\x01" + st([mx("x", [1, 2, 1, 16])[0], ("x_scales", "U8", [1, 3, 1], b"abc")]))
+    write("plan", "edge_bare_suffix", b"\x01" + st(mx("", [1, 1, 1, 16])))
+    write("plan", "edge_metadata_name", b"\x01" + st(mx("__metadata__", [1, 1, 1, 16])))
+    write("plan", "edge_name_clash", b"\x01" + st(mx("x", [1, 1, 1, 16]) + [plain("x", "BF16", [1])]))
+    f32, u8 = bnb("p.weight", "nf4", [4, 4])
+    write("plan", "edge_bnb_no_state", b"\x01" + st(f32 + u8[:-1]))
+    write("plan", "edge_bnb_path_name", b"\x01" + st([plain("../../etc/passwd", "BF16", [2]), plain("/abs/x", "F32", [1])]))
+
+
+def gen_input(models):
+    cfg_mx = open(f"{ROOT}/fixtures/mxfp4-tiny/config.json", "rb").read()
+    cfg_bnb = open(f"{ROOT}/fixtures/bnb-nf4-dq/config.json", "rb").read()
+    a = st(mx("model.layers.0.mlp.experts.down_proj", [2, 3, 1, 16]) + [plain("model.norm.weight", "BF16", [4])])
+    b = st([plain("lm_head.weight", "F32", [3, 4])] + bnb("model.layers.0.q.weight", "nf4", [3, 5])[0]
+           + bnb("model.layers.0.q.weight", "nf4", [3, 5])[1])
+    names_a = ["model.layers.0.mlp.experts.down_proj_blocks", "model.layers.0.mlp.experts.down_proj_scales",
+               "model.norm.weight"]
+    _, _, hb = read_st_bytes(b)
+    wm = {n: "model-00001-of-00003.safetensors" for n in names_a}
+    wm.update({n: "model-00002-of-00003.safetensors" for n in hb if n != "__metadata__"})
+    index = json.dumps({"metadata": {"total_size": len(a) + len(b)}, "weight_map": wm}, indent=2).encode()
+
+    def inp(flags, opts, parts):
+        return bytes([flags, opts]) + SEP.join(parts)
+
+    # flags: bit0 index, bit1 config, bits2-3 number of .safetensors parts, bit4 open the first file
+    write("input", "index_config_2files", inp(0b1011, 0x02, [index, cfg_mx, a, b]))
+    write("input", "index_config_bnb_w5", inp(0b1011, 0x04, [index, cfg_bnb, a, b]))
+    write("input", "noindex_config_2files", inp(0b1010, 0x01, [b"", cfg_mx, a, b]))
+    write("input", "noindex_noconfig_1file", inp(0b0100, 0x00, [b"", b"", a]))
+    write("input", "single_file_with_config", inp(0b10110, 0x00, [b"", cfg_bnb, b]))
+    write("input", "real_index_missing_files", inp(0b0011, 0x00,
+                                                   [open(f"{ROOT}/fixtures/mxfp4-tiny/model.safetensors.index.json", "rb").read(), cfg_mx]))
+    bad = {
+        "index_path_escape": {"weight_map": {"model.norm.weight": "../model-00001-of-00003.safetensors"}},
+        "index_abs_path": {"weight_map": {"model.norm.weight": "/etc/passwd"}},
+        "index_wrong_file": dict(weight_map={**wm, "model.norm.weight": "model-00002-of-00003.safetensors"}),
+        "index_unlisted": {"weight_map": {k: v for k, v in wm.items() if k != "lm_head.weight"}},
+        "index_extra": dict(weight_map={**wm, "ghost": "model-00001-of-00003.safetensors"}),
+        "index_not_string": {"weight_map": {"model.norm.weight": 3}},
+        "index_no_map": {"metadata": {}},
+        "index_empty_map": {"weight_map": {}},
+    }
+    for k, v in bad.items():
+        write("input", k, inp(0b1011, 0x01, [json.dumps(v).encode(), cfg_mx, a, b]))
+    write("input", "index_dup_keys", inp(0b1011, 0x01, [b'{"weight_map":{"a":"x","a":"y"}}', cfg_mx, a, b]))
+    write("input", "config_not_object", inp(0b1010, 0x01, [b"", b"[1,2,3]", a, b]))
+    write("input", "config_invalid", inp(0b1010, 0x01, [b"", b'{"quantization_config": {', a, b]))
+    write("input", "config_dup", inp(0b1010, 0x01, [b"", b'{"torch_dtype":"a","torch_dtype":"b"}', a, b]))
+    write("input", "config_nul", inp(0b1010, 0x01, [b"", b'{"a":"\\u0000"}\x00junk', a, b]))
+
+
+def read_st_bytes(b):
+    n = struct.unpack("<Q", b[:8])[0]
+    return b, n, json.loads(b[8:8 + n])
+
+
+def gen_bnb_blob():
+    def blob(opts, sel, text):
+        return bytes([opts, sel]) + (text.encode() if isinstance(text, str) else text)
+
+    # sel bits 6-7: 0 bnb-nf4-dq, 1 bnb-nf4, 2 bnb-fp4-dq, 3 bnb-fp4; bits 0-5: which blob
+    fx = ["bnb-nf4-dq", "bnb-nf4", "bnb-fp4-dq", "bnb-fp4"]
+    for i, f in enumerate(fx):
+        b, n, h = read_st(f"{ROOT}/fixtures/{f}/model.safetensors")
+        blobs = sorted(k for k in h if "quant_state" in k)
+        s, e = h[blobs[0]]["data_offsets"]
+        write("bnb_blob", f"fixture_{f}", bytes([0x02, i << 6]) + b[8 + n + s:8 + n + e])
+    dq = ('{"quant_type": "nf4", "blocksize": 64, "dtype": "bfloat16", "shape": [45, 401], '
+          '"nested_blocksize": 256, "nested_dtype": "float32", "nested_offset": 0.13110871613025665}')
+    edge = {
+        "blocksize_0": dq.replace('"blocksize": 64', '"blocksize": 0'),
+        "blocksize_huge": dq.replace('"blocksize": 64', '"blocksize": 1048576'),
+        "blocksize_neg": dq.replace('"blocksize": 64', '"blocksize": -64'),
+        "nested_bs_1": dq.replace('"nested_blocksize": 256', '"nested_blocksize": 1'),
+        "nested_bs_0": dq.replace('"nested_blocksize": 256', '"nested_blocksize": 0'),
+        "shape_scalar": dq.replace('[45, 401]', '[]'),
+        "shape_flat": dq.replace('[45, 401]', '[18045]'),
+        "shape_3d": dq.replace('[45, 401]', '[5, 9, 401]'),
+        "shape_zero": dq.replace('[45, 401]', '[0, 401]'),
+        "shape_overflow": dq.replace('[45, 401]', '[4611686018427387904, 4]'),
+        "shape_neg": dq.replace('[45, 401]', '[-45, -401]'),
+        "qt_mismatch": dq.replace('"quant_type": "nf4"', '"quant_type": "fp4"'),
+        "dtype_unknown": dq.replace('"bfloat16"', '"int8"'),
+        "nested_dtype_f16": dq.replace('"nested_dtype": "float32"', '"nested_dtype": "float16"'),
+        "offset_string": dq.replace('0.13110871613025665', '"x"'),
+        "offset_inf": dq.replace('0.13110871613025665', '1e999'),
+        "no_nested_offset": dq.replace(', "nested_offset": 0.13110871613025665', ''),
+        "not_object": "[1, 2]",
+        "truncated": dq[:40],
+        "dup_key": dq.replace('{"quant_type": "nf4",', '{"quant_type": "nf4", "quant_type": "nf4",'),
+        "nul": dq[:20] + "\0" + dq[21:],
+        "empty": "",
+    }
+    for k, v in edge.items():
+        write("bnb_blob", "edge_" + k, blob(0x02, 0, v))
+
+
+def main():
+    if os.path.isdir(OUT):
+        shutil.rmtree(OUT)
+    models = synthetic_models()
+    gen_st_parse(models)
+    gen_plan(models)
+    gen_input(models)
+    gen_bnb_blob()
+    total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(OUT) for f in fs)
+    print(f"fuzz/corpus: {total} bytes")
+
+
+if __name__ == "__main__":
+    main()
