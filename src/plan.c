@@ -94,6 +94,9 @@ static int bfs__plan_mxfp4(const bfs_input *in, const bfs_convert_opts *o, bfs_r
     sname = bfs__strcat2(base, "_scales");
     if (!sname)
         BFS_FAIL(BFS_ENOMEM, "out of memory");
+    if (nl == 0 || strcmp(base, "__metadata__") == 0)
+        BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): MXFP4 output name \"%s\" is not a valid safetensors tensor name",
+                 bfs__fname(in, blk), b->name, (unsigned long long)blk->file_offset, base);
     bfs_raw *sc = (bfs_raw *)bfs__input_find(in, sname);
     if (!sc)
         BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): MXFP4 blocks without their scales \"%s\"",
