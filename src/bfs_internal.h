@@ -103,6 +103,9 @@ typedef struct bfs_input {
 int bfs__input_open(const char *path, bfs_input **out);
 void bfs__input_free(bfs_input *in);
 const bfs_raw *bfs__input_find(const bfs_input *in, const char *name);
+/* BFS_EINPUT when input file `file` (every file when < 0) changed size or was
+ * truncated under its mapping since it was opened (input.c: the SIGBUS handler). */
+int bfs__input_check(const bfs_input *in, int file);
 
 /* ---- plan ---------------------------------------------------------------------- */
 typedef enum bfs_kind { BFS_K_PASS = 0, BFS_K_CAST, BFS_K_MXFP4, BFS_K_BNB4 } bfs_kind;

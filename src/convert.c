@@ -584,6 +584,18 @@ static void bfs__progress(bfs_run *r, const char *tensor)
     r->o->progress(&p, r->o->progress_user);
 }
 
+/* An input truncated or rewritten under us fails the run before a unit reads it,
+ * and after it ran (input.c's SIGBUS handler gave it zeros for vanished pages). */
+static int bfs__check_sources(const bfs_run *r, const bfs_ltensor *t)
+{
+    for (int k = 0; k < t->nsrc; k++) {
+        const int rc = bfs__input_check(r->in, t->src[k]->file);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
 static int bfs__write_file(bfs_run *r, int fidx)
 {
     int rc = 0, fd = -1;
@@ -642,7 +654,9 @@ static int bfs__write_file(bfs_run *r, int fidx)
                 const bfs_unit next = {.t = t, .row0 = row + n, .row1 = pc->row1 < row + 2 * n ? pc->row1 : row + 2 * n};
                 bfs__advise_sources(r->in, &next, false);
             }
+            BFS_TRY(bfs__check_sources(r, t));
             BFS_TRY(r->be->run(r->be, &u));
+            BFS_TRY(bfs__check_sources(r, t));
             bfs__advise_sources(r->in, &u, true);
             const bfs_wjob j = {.buf = r->buf[slot], .len = (size_t)(n * row_bytes), .off = off, .piece = (int)pi,
                                 .piece_end = row + n == pc->row1};
@@ -1019,6 +1033,7 @@ int bfs_convert(const char *input, const char *outdir, const bfs_convert_opts *o
     }
 
     bfs__fingerprint(r);
+    BFS_TRY(bfs__input_check(r->in, -1));
     if (!o->force && bfs__already_done(r)) {
         bfs__log(r, "%s: already holds this conversion (same input and options) and it verifies: nothing to do", outdir);
         if (res) {

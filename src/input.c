@@ -10,6 +10,9 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <libgen.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -52,6 +55,116 @@ const bfs_raw *bfs__input_find(const bfs_input *in, const char *name)
     return NULL;
 }
 
+/* ---- an input truncated while mapped ------------------------------------------------
+ * Reading a page of a MAP_SHARED mapping that lies past the current end of its file
+ * raises SIGBUS on whichever thread touches it: the main thread, a CPU worker, a
+ * thread copying to the GPU. The run must end with an error, not die. So one
+ * process-wide handler, installed once, looks the faulting address up in a
+ * lock-free table of the input mappings; when it is one of ours it maps a zero page
+ * over the vanished page (the faulting read then completes, with zeros) and marks
+ * the mapping. bfs__input_check(), called before and after every unit, fails the
+ * run with BFS_EINPUT naming the file, so the zeros never reach a finished file.
+ * A fault at any other address goes to the handler that was there before us, or to
+ * the default action (the crash it would have been). */
+#define BFS_MAX_MAPS 4096
+
+static struct {
+    atomic_int used;          /* slot claimed */
+    atomic_uintptr_t base;    /* 0 while not published */
+    atomic_size_t len;
+    atomic_int faulted;
+} bfs__maps[BFS_MAX_MAPS];
+static struct sigaction bfs__old_bus;
+static uintptr_t bfs__page = 4096;
+static pthread_once_t bfs__bus_once = PTHREAD_ONCE_INIT;
+
+static void bfs__on_sigbus(int sig, siginfo_t *si, void *ctx)
+{
+    const uintptr_t a = (uintptr_t)si->si_addr;
+    for (int i = 0; i < BFS_MAX_MAPS; i++) {
+        const uintptr_t b = atomic_load(&bfs__maps[i].base);
+        if (b && a >= b && a - b < atomic_load(&bfs__maps[i].len)) {
+            atomic_store(&bfs__maps[i].faulted, 1);
+            const uintptr_t pg = a & ~(bfs__page - 1);
+            if (mmap((void *)pg, (size_t)bfs__page, PROT_READ, MAP_PRIVATE | MAP_FIXED | MAP_ANONYMOUS, -1, 0) !=
+                MAP_FAILED)
+                return;
+            break;
+        }
+    }
+    if (bfs__old_bus.sa_flags & SA_SIGINFO) {
+        if (bfs__old_bus.sa_sigaction) {
+            bfs__old_bus.sa_sigaction(sig, si, ctx);
+            return;
+        }
+    } else if (bfs__old_bus.sa_handler != SIG_DFL && bfs__old_bus.sa_handler != SIG_IGN) {
+        bfs__old_bus.sa_handler(sig);
+        return;
+    }
+    signal(SIGBUS, SIG_DFL); /* returning re-executes the access: the default action */
+}
+
+static void bfs__bus_install(void)
+{
+    struct sigaction sa;
+    const long pg = sysconf(_SC_PAGESIZE);
+    if (pg > 0)
+        bfs__page = (uintptr_t)pg;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = bfs__on_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, &bfs__old_bus);
+}
+
+static void bfs__map_register(const void *base, size_t len)
+{
+    for (int i = 0; i < BFS_MAX_MAPS; i++) {
+        int want = 0;
+        if (atomic_compare_exchange_strong(&bfs__maps[i].used, &want, 1)) {
+            atomic_store(&bfs__maps[i].faulted, 0);
+            atomic_store(&bfs__maps[i].len, len);
+            atomic_store(&bfs__maps[i].base, (uintptr_t)base);
+            return;
+        }
+    }
+    /* table full: this mapping is not covered, a truncation of it is fatal as before */
+}
+
+static int bfs__map_slot(const void *base)
+{
+    for (int i = 0; i < BFS_MAX_MAPS; i++)
+        if (atomic_load(&bfs__maps[i].base) == (uintptr_t)base)
+            return i;
+    return -1;
+}
+
+static void bfs__map_unregister(const void *base)
+{
+    const int i = bfs__map_slot(base);
+    if (i >= 0) {
+        atomic_store(&bfs__maps[i].base, 0);
+        atomic_store(&bfs__maps[i].used, 0);
+    }
+}
+
+/* BFS_EINPUT when input file `file` (all files when < 0) changed size or lost
+ * mapped pages since it was opened. */
+int bfs__input_check(const bfs_input *in, int file)
+{
+    for (int i = file < 0 ? 0 : file; i < in->nfiles && (file < 0 || i == file); i++) {
+        const bfs_infile *f = &in->files[i];
+        struct stat st;
+        const int slot = f->map ? bfs__map_slot(f->map) : -1;
+        if (fstat(f->fd, &st) != 0)
+            return bfs__errno(BFS_EIO, errno, "%s: cannot stat", f->path);
+        if ((uint64_t)st.st_size != f->size || (slot >= 0 && atomic_load(&bfs__maps[slot].faulted)))
+            return bfs__err(BFS_EINPUT, "%s: changed while being read (now %llu bytes, was %llu; truncated or rewritten by another process?)",
+                            f->path, (unsigned long long)st.st_size, (unsigned long long)f->size);
+    }
+    return 0;
+}
+
 static int bfs__open_one(bfs_infile *f, const char *path)
 {
     int rc = 0;
@@ -80,6 +193,7 @@ static int bfs__open_one(bfs_infile *f, const char *path)
     if (m == MAP_FAILED)
         return bfs__errno(BFS_EIO, errno, "%s: mmap of %llu bytes failed", path, (unsigned long long)f->size);
     f->map = m;
+    bfs__map_register(m, (size_t)f->size);
     BFS_TRY(bfs__st_parse(f->map, f->size, path, &f->h));
 cleanup:
     return rc;
@@ -186,8 +300,10 @@ void bfs__input_free(bfs_input *in)
         return;
     for (int i = 0; i < in->nfiles; i++) {
         bfs_infile *f = &in->files[i];
-        if (f->map)
+        if (f->map) {
+            bfs__map_unregister(f->map);
             munmap((void *)f->map, (size_t)f->size);
+        }
         if (f->fd >= 0)
             close(f->fd);
         bfs__st_header_free(&f->h);
@@ -212,6 +328,7 @@ int bfs__input_open(const char *path, bfs_input **out)
     struct stat st;
 
     *out = NULL;
+    pthread_once(&bfs__bus_once, bfs__bus_install);
     if (stat(path, &st) != 0)
         return bfs__errno(BFS_EINPUT, errno, "%s: cannot access input", path);
     in = calloc(1, sizeof *in);
@@ -303,8 +420,20 @@ int bfs__input_open(const char *path, bfs_input **out)
     cfg_path = bfs__path_join(in->root, "config.json");
     if (!cfg_path)
         BFS_FAIL(BFS_ENOMEM, "out of memory");
-    if (access(cfg_path, F_OK) == 0)
-        BFS_TRY(bfs__read_small_file(cfg_path, BFS_MAX_JSON_FILE, &in->config_json, NULL));
+    if (access(cfg_path, F_OK) == 0) {
+        /* validated now: it is rewritten after the weights, when failing would waste the run */
+        size_t clen = 0;
+        json_error_t jerr;
+        BFS_TRY(bfs__read_small_file(cfg_path, BFS_MAX_JSON_FILE, &in->config_json, &clen));
+        json_t *cfg = json_loadb(in->config_json, clen, JSON_REJECT_DUPLICATES, &jerr);
+        const bool obj = json_is_object(cfg);
+        json_decref(cfg);
+        if (!cfg)
+            BFS_FAIL(BFS_EINPUT, "%s: not valid JSON at line %d column %d: %s", cfg_path, jerr.line, jerr.column, jerr.text);
+        if (!obj)
+            BFS_FAIL(BFS_EINPUT, "%s: not a JSON object", cfg_path);
+    }
+    BFS_TRY(bfs__input_check(in, -1));
 
     *out = in;
     in = NULL;
