@@ -27,6 +27,103 @@ static void bfs__report(FILE *out, const char *fmt, ...)
     fputc('\n', out);
 }
 
+/* ---- the manifest's and the sums file's own integrity ---------------------------------
+ * bfshard.manifest.json carries "manifest_xxh3_128": the XXH3-128 of the whole file as
+ * written with that value set to 32 '0's. Any changed byte of the manifest shows:
+ * its hash no longer matches, or the seal is gone. Whoever writes or rewrites a
+ * manifest calls bfs__manifest_seal() on its final bytes.
+ * xxh128sums.txt may hold only lines "HASH  NAME\n" that agree with the manifest. */
+#define BFS_SEAL_KEY "\"manifest_xxh3_128\": \""
+
+static char *bfs__seal_find(char *text, size_t len)
+{
+    const size_t kl = strlen(BFS_SEAL_KEY);
+    char *hit = NULL;
+    for (char *p = text; (p = memmem(p, len - (size_t)(p - text), BFS_SEAL_KEY, kl)) != NULL; p += kl)
+        hit = p + kl;
+    if (!hit || (size_t)(hit - text) + 33 > len || hit[32] != '"')
+        return NULL;
+    return hit;
+}
+
+int bfs__manifest_seal(char *text, size_t len)
+{
+    char *v = bfs__seal_find(text, len), hex[33];
+    if (!v)
+        return bfs__err(BFS_EINTERNAL, "manifest without a \"manifest_xxh3_128\" field to seal");
+    memset(v, '0', 32);
+    bfs__hash_hex(XXH3_128bits(text, len), hex);
+    memcpy(v, hex, 32);
+    return 0;
+}
+
+/* 1 when the seal is missing or wrong (reported), else 0 */
+static int bfs__verify_seal(const char *mpath, const char *text, size_t len, const json_t *m, FILE *report)
+{
+    char *copy = malloc(len + 1), got[33] = "", want[33] = "";
+    char *v = copy ? bfs__seal_find(memcpy(copy, text, len), len) : NULL;
+    const char *jv = json_string_value(json_object_get(m, "manifest_xxh3_128"));
+    if (v) {
+        memcpy(want, v, 32);
+        memset(v, '0', 32);
+        bfs__hash_hex(XXH3_128bits(copy, len), got);
+    }
+    free(copy);
+    if (v && jv && strcmp(jv, want) == 0 && strcmp(got, want) == 0)
+        return 0;
+    if (!v || !jv)
+        bfs__report(report, "%s: BAD manifest: no \"manifest_xxh3_128\" seal", mpath);
+    else
+        bfs__report(report, "%s: BAD manifest: its bytes hash to %s, its seal says %s", mpath, got, want);
+    return 1;
+}
+
+static bool bfs__sums_entry(const json_t *files, const char *name, size_t nlen, const char *hash)
+{
+    for (size_t i = 0; i < json_array_size(files); i++) {
+        const json_t *f = json_array_get(files, i), *z = json_object_get(f, "zst");
+        const char *n1 = json_string_value(json_object_get(f, "name")), *h1 = json_string_value(json_object_get(f, "xxh3_128"));
+        const char *n2 = json_string_value(json_object_get(z, "name")), *h2 = json_string_value(json_object_get(z, "xxh3_128"));
+        if (n1 && h1 && strlen(n1) == nlen && !memcmp(n1, name, nlen) && !strncmp(h1, hash, 32) && strlen(h1) == 32)
+            return true;
+        if (n2 && h2 && strlen(n2) == nlen && !memcmp(n2, name, nlen) && !strncmp(h2, hash, 32) && strlen(h2) == 32)
+            return true;
+    }
+    return false;
+}
+
+/* number of bad lines of xxh128sums.txt (1 when it is missing) */
+static int bfs__verify_sums(const char *outdir, const json_t *files, FILE *report)
+{
+    char *path = bfs__path_join(outdir, BFS_SUMS_NAME), *text = NULL;
+    size_t len = 0, pos = 0;
+    int bad = 0, line = 0;
+    if (!path)
+        return 1;
+    if (bfs__read_small_file(path, 1u << 30, &text, &len) != 0) {
+        bfs__report(report, "%s: MISSING or unreadable (%s)", path, bfs_last_error());
+        bfs__err_clear();
+        free(path);
+        return 1;
+    }
+    while (pos < len) {
+        const char *l = text + pos, *nl = memchr(l, '\n', len - pos);
+        const size_t ll = nl ? (size_t)(nl - l) : len - pos;
+        bool ok = nl && ll > 34 && l[32] == ' ' && l[33] == ' ';
+        for (int i = 0; ok && i < 32; i++)
+            ok = (l[i] >= '0' && l[i] <= '9') || (l[i] >= 'a' && l[i] <= 'f');
+        line++;
+        if (!ok || !bfs__sums_entry(files, l + 34, ll - 34, l)) {
+            bfs__report(report, "%s: BAD line %d: not \"HASH  NAME\" of a file in the manifest", path, line);
+            bad++;
+        }
+        pos += ll + 1;
+    }
+    free(text);
+    free(path);
+    return bad;
+}
+
 int bfs_verify(const char *outdir, FILE *report, uint64_t *bytes_checked)
 {
     int rc = 0, bad = 0;
@@ -45,12 +142,19 @@ int bfs_verify(const char *outdir, FILE *report, uint64_t *bytes_checked)
     mpath = bfs__path_join(outdir, BFS_MANIFEST_NAME);
     if (!mpath)
         BFS_FAIL(BFS_ENOMEM, "out of memory");
-    BFS_TRY(bfs__read_small_file(mpath, 1u << 30, &text, NULL));
+    size_t tlen = 0;
+    BFS_TRY(bfs__read_small_file(mpath, 1u << 30, &text, &tlen));
     m = json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
     if (!m || !json_is_object(m) || !json_is_array(json_object_get(m, "files")) ||
         !json_is_array(json_object_get(m, "tensors")))
         BFS_FAIL(BFS_EINPUT, "%s: not a bfshard manifest (%s)", mpath, m ? "missing files/tensors" : jerr.text);
     json_t *files = json_object_get(m, "files"), *tensors = json_object_get(m, "tensors");
+    bool compressed = false; /* ISSUE 7's compress rewrites the manifest: seal-checked once it re-seals */
+    for (size_t i = 0; i < json_array_size(files); i++)
+        compressed = compressed || json_object_get(json_array_get(files, i), "zst");
+    if (!compressed)
+        bad += bfs__verify_seal(mpath, text, tlen, m, report);
+    bad += bfs__verify_sums(outdir, files, report);
 
     for (size_t i = 0; i < json_array_size(files); i++) {
         json_t *f = json_array_get(files, i);
