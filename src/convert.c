@@ -887,6 +887,7 @@ static int bfs__write_manifest(bfs_run *r)
         json_array_append_new(tensors, e);
     }
     json_object_set_new(m, "tensors", tensors);
+    json_object_set_new(m, "manifest_xxh3_128", json_string("00000000000000000000000000000000")); /* sealed below */
     text = json_dumps(m, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     if (!text)
         BFS_FAIL(BFS_ENOMEM, "out of memory building the manifest");
@@ -912,6 +913,7 @@ static int bfs__write_manifest(bfs_run *r)
     text = t2;
     text[n] = '\n';
     text[n + 1] = '\0';
+    BFS_TRY(bfs__manifest_seal(text, n + 1));
     BFS_TRY(bfs__write_small(r, BFS_MANIFEST_NAME, text, n + 1, NULL));
     if (fsync(r->dirfd) != 0)
         BFS_FAIL(BFS_EIO, "%s: fsync of the directory failed: %s", r->outdir, strerror(errno));
