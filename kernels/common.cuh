@@ -1,0 +1,140 @@
+/*
+ * Shared by the CUDA kernels (the .cu files beside it, C++ under nvcc) and the
+ * CUDA backend's host side (src/backend_cuda.c, C under gcc): the error macros, the
+ * launchers' C interface, and on the device side a few helpers.
+ *
+ * Launchers take device pointers and a stream, enqueue, and return 0 or
+ * BFS_EDEVICE (message through bfs__err naming the kernel). Every device
+ * pointer they take must be 256-byte aligned (cudaMalloc'd arena offsets), so
+ * vector loads and stores never need a check on the host side.
+ *
+ * Building with -DBFS_CUDA_EMULATE turns every launcher into a host emulation
+ * of the same kernel code (each block's threads run phase by phase, with the
+ * same shared memory layout), enqueued on the fake runtime of dev/cuda/emu/.
+ * That is how the index arithmetic is tested on machines without a GPU.
+ */
+#ifndef BFS_KERNELS_COMMON_CUH
+#define BFS_KERNELS_COMMON_CUH
+
+/* System headers first, outside extern "C", so the includes below are no-ops. */
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "../src/bfs_internal.h"
+
+/* ---- errors ---------------------------------------------------------------
+ * BFS_CUDA_ERR(e, "what") records "CUDA error in what: cudaErrorX (text) at
+ * file:line" and evaluates to BFS_EDEVICE.
+ * CUDA_CHECK(call) needs `int rc` and a `cleanup:` label (as BFS_TRY does);
+ * CUDA_CHECK_RET(call) returns BFS_EDEVICE from the enclosing function. */
+#define BFS_CUDA_ERR(e, what)                                                              \
+    bfs__err(BFS_EDEVICE, "CUDA error in %s: %s (%s) at %s:%d", (what), cudaGetErrorName(e), \
+             cudaGetErrorString(e), __FILE__, __LINE__)
+
+#define CUDA_CHECK(call)                                                                   \
+    do {                                                                                   \
+        const cudaError_t bfs_cu_e_ = (call);                                              \
+        if (bfs_cu_e_ != cudaSuccess) {                                                    \
+            rc = BFS_CUDA_ERR(bfs_cu_e_, #call);                                           \
+            goto cleanup;                                                                  \
+        }                                                                                  \
+    } while (0)
+
+#define CUDA_CHECK_RET(call)                                                               \
+    do {                                                                                   \
+        const cudaError_t bfs_cu_e_ = (call);                                              \
+        if (bfs_cu_e_ != cudaSuccess)                                                      \
+            return BFS_CUDA_ERR(bfs_cu_e_, #call);                                         \
+    } while (0)
+
+/* Alignment of every device pointer passed to a launcher. */
+#define BFS_CU_PTR_ALIGN 256u
+
+/* ---- launchers ---------------------------------------------------------------- */
+
+/* MXFP4 -> BF16 of n_items items, each blocks [R][G][16] and scales [R][G],
+ * contiguous (item i at blocks + i*R*G*16, scales + i*R*G). Output, contiguous:
+ * transpose = 0: per item [R][G*32];  transpose = 1: per item [G*32][R]. */
+int bfs__cu_mxfp4(const uint8_t *blocks, const uint8_t *scales, size_t n_items, size_t R,
+                  size_t G, int transpose, uint16_t *out, cudaStream_t stream);
+
+/* bitsandbytes 4-bit -> BF16 of n consecutive elements of a tensor, elements
+ * [i0, i0 + n) of the whole tensor; every array is base-adjusted: */
+typedef struct bfs_cu_bnb4_args {
+    const uint8_t *codes;       /* byte 0 = byte i0 / 2 of the tensor */
+    unsigned parity;            /* i0 & 1: element i0 is the low nibble of codes[0] */
+    size_t n;                   /* elements */
+    const float *absmax_f32;    /* without double quant; [0] = block b0 = i0 / blocksize */
+    const uint8_t *absmax_u8;   /* with double quant; [0] = block b0 */
+    uint64_t block_off;         /* i0 - b0 * blocksize */
+    size_t blocksize;
+    const float *nested_absmax; /* [0] = nested block b0 / nested_blocksize */
+    uint64_t nested_off;        /* b0 % nested_blocksize */
+    size_t nested_blocksize;
+    float offset;
+    const float *table;         /* 16 floats, on the device */
+    const float *nested_code;   /* 256 floats, on the device (double quant) */
+    uint16_t *out;              /* n bf16 */
+} bfs_cu_bnb4_args;
+
+int bfs__cu_bnb4(const bfs_cu_bnb4_args *a, cudaStream_t stream);
+
+/* n elements of F32, F16 or F64 (bfs_dtype) -> BF16. */
+int bfs__cu_cast(const void *in, int src_dtype, size_t n, uint16_t *out, cudaStream_t stream);
+
+#ifdef BFS_CUDA_EMULATE
+/* Provided by the fake runtime (dev/cuda/emu/fake_cudart.c): run fn(arg) on
+ * the stream's worker, in stream order; arg (size bytes) is copied. */
+int bfs__emu_enqueue(cudaStream_t stream, void (*fn)(void *arg), const void *arg, size_t size);
+/* The n-th copy or kernel enqueued from now fails as a kernel fault would
+ * (sticky, like cudaErrorLaunchFailure); n <= 0 clears the fault. */
+void bfs__emu_fail_at(long n);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+/* ---- device side ------------------------------------------------------------------ */
+#ifdef __CUDACC__
+#include "ref.h"
+
+#define BFS_CU_THREADS 256
+
+static inline unsigned bfs_cu_grid(size_t work_items, size_t per_thread)
+{
+    const size_t threads = (work_items + per_thread - 1) / per_thread;
+    size_t blocks = (threads + BFS_CU_THREADS - 1) / BFS_CU_THREADS;
+    /* grid-stride loops cover the rest; 2^16 blocks keep every SM busy */
+    if (blocks > 65536)
+        blocks = 65536;
+    return blocks ? (unsigned)blocks : 1u;
+}
+
+/* Two bf16 in one 32-bit word, the first at the lower address. */
+BFS_HD uint32_t bfs_cu_pack2(uint16_t lo, uint16_t hi) { return (uint32_t)lo | ((uint32_t)hi << 16); }
+
+/* Kernel launch epilogue: report a bad configuration at once (faults in the
+ * kernel itself surface at the next synchronisation, through CUDA_CHECK). */
+#ifndef BFS_CUDA_EMULATE
+#define BFS_CU_LAUNCHED(name)                                                              \
+    do {                                                                                   \
+        const cudaError_t bfs_cu_e_ = cudaGetLastError();                                  \
+        if (bfs_cu_e_ != cudaSuccess)                                                      \
+            return BFS_CUDA_ERR(bfs_cu_e_, "launch of " name);                             \
+    } while (0)
+#endif
+
+#endif /* __CUDACC__ */
+
+#endif

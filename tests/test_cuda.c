@@ -1,0 +1,962 @@
+/*
+ * CUDA backend: every output bit against a scalar reference written here over
+ * kernels/ref.h; chunking under small budgets; the device-memory bound; errors.
+ *
+ * Without a CUDA device (or without CUDA in the build) it prints
+ * "SKIP: no CUDA device", checks that creating the backend fails cleanly with
+ * BFS_EDEVICE, and passes.
+ *
+ * Knobs (environment): BFS_TEST_GPTOSS_ITEMS (experts in the gpt-oss-20b-shaped
+ * test, default 32 as in the real model); BFS_TEST_CUDA_QUICK=1 skips the
+ * largest budgets. Built against dev/cuda/emu's fake runtime with
+ * -DBFS_CUDA_EMULATE, the same tests run the kernels' host emulation.
+ */
+#include "testutil.h"
+
+#include "bfs_internal.h"
+#include "../kernels/ref.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#ifdef BFS_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+#ifdef BFS_CUDA_EMULATE
+void bfs__emu_fail_at(long n);
+#endif
+
+#define MiB ((uint64_t)1 << 20)
+
+/* ---- data ------------------------------------------------------------------------------- */
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint64_t rnd(void)
+{
+    uint64_t x = rng_state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    rng_state = x;
+    return x * 0x2545F4914F6CDD1Dull;
+}
+static void fill_random(uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = (uint8_t)(rnd() >> 56);
+}
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    assert_non_null(p);
+    return p;
+}
+static double env_num(const char *name, double dflt)
+{
+    const char *s = getenv(name);
+    return s && *s ? atof(s) : dflt;
+}
+
+/* ---- the reference (FORMATS.md, through ref.h; scalar loops) ------------------------------- */
+static void ref_mx_rows(const bfs_mxfp4_desc *d, size_t item, size_t r0, size_t r1, uint16_t *out)
+{
+    const size_t G = d->G, C = G * 32;
+    for (size_t r = r0; r < r1; r++)
+        for (size_t g = 0; g < G; g++) {
+            const size_t blk = (item * d->R + r) * G + g;
+            const float s = bfs_e8m0_to_f32(d->scales[blk]);
+            for (size_t k = 0; k < 16; k++) {
+                const uint8_t byte = d->blocks[blk * 16 + k];
+                out[(r - r0) * C + g * 32 + 2 * k] = bfs_mxfp4_value(byte & 15u, s);     /* low = even */
+                out[(r - r0) * C + g * 32 + 2 * k + 1] = bfs_mxfp4_value(byte >> 4, s);
+            }
+        }
+}
+
+/* One item, transposed: out[c][r]. */
+static void ref_mx_item_t(const bfs_mxfp4_desc *d, size_t item, uint16_t *tmp, uint16_t *out)
+{
+    const size_t R = d->R, C = d->G * 32;
+    ref_mx_rows(d, item, 0, R, tmp);
+    for (size_t rb = 0; rb < R; rb += 32)
+        for (size_t cb = 0; cb < C; cb += 32)
+            for (size_t r = rb; r < rb + 32 && r < R; r++)
+                for (size_t c = cb; c < cb + 32 && c < C; c++)
+                    out[c * R + r] = tmp[r * C + c];
+}
+
+static float ref_bnb_scale(const bfs_bnb4_desc *q, size_t b)
+{
+    if (q->absmax_u8)
+        return bfs_bnb4_dq_scale(q->nested_code[q->absmax_u8[b]], q->nested_absmax[b / q->nested_blocksize],
+                                 q->offset);
+    return q->absmax_f32[b];
+}
+
+static float load_f32(const uint8_t *p) { float f; memcpy(&f, p, 4); return f; }
+static double load_f64(const uint8_t *p) { double f; memcpy(&f, p, 8); return f; }
+static uint16_t load_u16(const uint8_t *p) { uint16_t h; memcpy(&h, p, 2); return h; }
+
+/* Rows [row0, row1) of t as the CPU must write them. */
+static void ref_unit(const bfs_ltensor *t, uint64_t row0, uint64_t row1, void *outv)
+{
+    const uint64_t re = t->row_elems;
+    uint16_t *out = outv;
+    switch (t->kind) {
+    case BFS_K_MXFP4:
+        if (!t->mx_items) {
+            ref_mx_rows(&t->mx, 0, row0, row1, out);
+        } else if (!t->mx.transpose) {
+            for (uint64_t e = row0; e < row1; e++)
+                ref_mx_rows(&t->mx, e, 0, t->mx.R, out + (e - row0) * re);
+        } else {
+            uint16_t *tmp = xmalloc(re * 2);
+            for (uint64_t e = row0; e < row1; e++)
+                ref_mx_item_t(&t->mx, e, tmp, out + (e - row0) * re);
+            free(tmp);
+        }
+        break;
+    case BFS_K_BNB4:
+        for (uint64_t i = row0 * re; i < row1 * re; i++) {
+            const float s = ref_bnb_scale(&t->bnb, i / t->bnb.blocksize);
+            out[i - row0 * re] = bfs_bnb4_value(t->bnb.table[bfs_bnb4_code(t->bnb.codes, i)], s);
+        }
+        break;
+    case BFS_K_CAST: {
+        const uint8_t *src = t->src[0]->data;
+        for (uint64_t i = row0 * re; i < row1 * re; i++) {
+            float f;
+            if (t->src_dtype == BFS_DT_F32)
+                f = load_f32(src + i * 4);
+            else if (t->src_dtype == BFS_DT_F16)
+                f = bfs_f32_from_f16(load_u16(src + i * 2));
+            else
+                f = (float)load_f64(src + i * 8);
+            out[i - row0 * re] = bfs_bf16_from_f32(f);
+        }
+        break;
+    }
+    case BFS_K_PASS: {
+        const size_t es = t->out_dtype == BFS_DT_I32 ? 4 : 2;
+        memcpy(outv, t->src[0]->data + row0 * re * es, (row1 - row0) * re * es);
+        break;
+    }
+    }
+}
+
+/* ---- tensors built by hand ------------------------------------------------------------------ */
+static bfs_ltensor mk_mx(const char *name, const uint8_t *blocks, const uint8_t *scales, size_t E, size_t R,
+                         size_t G, int transpose, int items)
+{
+    bfs_ltensor t;
+    memset(&t, 0, sizeof t);
+    t.name = (char *)name;
+    t.kind = BFS_K_MXFP4;
+    t.out_dtype = BFS_DT_BF16;
+    const size_t C = G * 32;
+    if (items) {
+        t.ndim = 3;
+        t.shape[0] = E;
+        t.shape[1] = transpose ? C : R;
+        t.shape[2] = transpose ? R : C;
+        t.d0 = E;
+        t.row_elems = R * C;
+    } else {
+        t.ndim = 2;
+        t.shape[0] = R;
+        t.shape[1] = C;
+        t.d0 = R;
+        t.row_elems = C;
+    }
+    t.mx.blocks = blocks;
+    t.mx.scales = scales;
+    t.mx.R = R;
+    t.mx.G = G;
+    t.mx.transpose = transpose;
+    t.mx_items = items;
+    t.transform = transpose ? "mxfp4->bf16 transpose(1,2)" : "mxfp4->bf16";
+    return t;
+}
+
+static const float nf4_table[16] = BFS_NF4_TABLE_INIT;
+static const float fp4_table[16] = BFS_FP4_TABLE_INIT;
+
+/* ---- running units --------------------------------------------------------------------------- */
+static int g_ndev;
+
+static bfs_backend *make_backend(const char *spec, uint64_t gpu_mem, uint64_t max_unit)
+{
+    bfs_backend *b = NULL;
+    bfs__err_clear();
+    const int rc = bfs__backend_cuda_create(spec, gpu_mem, max_unit, &b);
+    if (rc != 0)
+        fail_msg("bfs__backend_cuda_create(%s, %" PRIu64 ", %" PRIu64 ") = %d: %s", spec, gpu_mem, max_unit, rc,
+                 bfs_last_error());
+    assert_non_null(b);
+    assert_true(b->device_bytes <= (gpu_mem ? gpu_mem : 256 * MiB) * (uint64_t)(g_ndev ? g_ndev : 1));
+    return b;
+}
+
+static size_t out_es(const bfs_ltensor *t) { return t->kind == BFS_K_PASS && t->out_dtype == BFS_DT_I32 ? 4 : 2; }
+
+static void compare(const char *what, const uint16_t *got, const uint16_t *want, size_t n)
+{
+    if (memcmp(got, want, n * 2) == 0)
+        return;
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != want[i])
+            fail_msg("%s: element %zu of %zu is 0x%04x, want 0x%04x", what, i, n, got[i], want[i]);
+}
+
+/* Run rows [row0, row1) and compare with want (or the reference when NULL); 64 guard bytes after. */
+static void check_unit(bfs_backend *b, const bfs_ltensor *t, uint64_t row0, uint64_t row1, const void *want)
+{
+    const size_t bytes = (size_t)((row1 - row0) * t->row_elems * out_es(t));
+    uint8_t *got = xmalloc(bytes + 64);
+    void *ref = NULL;
+    memset(got, 0x5A, bytes + 64);
+    if (!want) {
+        ref = xmalloc(bytes);
+        ref_unit(t, row0, row1, ref);
+        want = ref;
+    }
+    const bfs_unit u = {t, row0, row1, got};
+    bfs__err_clear();
+    const int rc = b->run(b, &u);
+    if (rc != 0)
+        fail_msg("%s rows [%" PRIu64 ", %" PRIu64 ") on %s: rc %d: %s", t->name, row0, row1, b->name, rc,
+                 bfs_last_error());
+    char what[256];
+    snprintf(what, sizeof what, "%s rows [%" PRIu64 ", %" PRIu64 ") on %s", t->name, row0, row1, b->name);
+    compare(what, (const uint16_t *)got, want, bytes / 2);
+    for (size_t i = 0; i < 64; i++)
+        if (got[bytes + i] != 0x5A)
+            fail_msg("%s: wrote past the end of the unit", what);
+    free(got);
+    free(ref);
+}
+
+/* "... at least N bytes ..." -> N */
+static uint64_t number_after(const char *msg, const char *key)
+{
+    const char *p = strstr(msg, key);
+    if (!p)
+        fail_msg("no '%s' in: %s", key, msg);
+    return strtoull(p + strlen(key), NULL, 10);
+}
+
+/* ---- tests ------------------------------------------------------------------------------------ */
+
+/* Always runs: without a device (or without CUDA) creation fails cleanly. */
+static void test_no_device(void **state)
+{
+    (void)state;
+    if (g_ndev > 0)
+        skip();
+    bfs_backend *b = (bfs_backend *)0x1;
+    bfs__err_clear();
+    const int rc = bfs__backend_cuda_create("cuda", 64 * MiB, MiB, &b);
+    assert_int_equal(rc, BFS_EDEVICE);
+    assert_null(b);
+    assert_true(strlen(bfs_last_error()) > 10);
+    printf("  create(\"cuda\") without a device: %s\n", bfs_last_error());
+}
+
+/* The reference itself, on values worked out by hand from FORMATS.md. */
+static void test_reference_spot_values(void **state)
+{
+    (void)state;
+    /* MXFP4: byte 0x71 = low nibble 1 (+0.5, element 0), high nibble 7 (+6, element 1) */
+    uint8_t blocks[16] = {0x71, 0xF8}, scales[1] = {128}; /* scale 2 */
+    const bfs_ltensor t = mk_mx("spot", blocks, scales, 1, 1, 1, 0, 1);
+    uint16_t out[32];
+    ref_unit(&t, 0, 1, out);
+    assert_int_equal(out[0], 0x3F80); /* 0.5 * 2 = 1 */
+    assert_int_equal(out[1], 0x4140); /* 6 * 2 = 12 */
+    assert_int_equal(out[2], 0x8000); /* code 8: -0 */
+    assert_int_equal(out[3], 0xC140); /* code 15: -6 * 2 */
+    scales[0] = 255; /* 2^128, a true ldexp (ref.h, transformers >= 5): never NaN */
+    ref_unit(&t, 0, 1, out);
+    assert_int_equal(out[0], 0x7F00); /* 0.5 * 2^128 = 2^127, finite */
+    assert_int_equal(out[1], 0x7F80); /* 6 * 2^128 overflows: +inf */
+    assert_int_equal(out[2], 0x8000); /* -0 */
+    assert_int_equal(out[3], 0xFF80); /* -inf */
+    assert_int_equal(out[4], 0x0000); /* 0 * 2^128 = 0 */
+    scales[0] = 0; /* 2^-127 (float32 0x00400000): subnormal products, kept (no FTZ) */
+    ref_unit(&t, 0, 1, out);
+    assert_int_equal(out[0], 0x0020); /* 0.5 * 2^-127 = 2^-128 = float32 0x00200000 */
+    assert_int_equal(out[1], 0x0140); /* 6 * 2^-127 = 1.5 * 2^-125 = float32 0x01400000 */
+    /* bnb: element 0 = high nibble */
+    uint8_t codes[1] = {0xF0};
+    float absmax[1] = {2.0f};
+    bfs_ltensor q;
+    memset(&q, 0, sizeof q);
+    q.kind = BFS_K_BNB4;
+    q.out_dtype = BFS_DT_BF16;
+    q.d0 = 2;
+    q.row_elems = 1;
+    q.bnb.codes = codes;
+    q.bnb.table = nf4_table;
+    q.bnb.blocksize = 64;
+    q.bnb.absmax_f32 = absmax;
+    ref_unit(&q, 0, 2, out);
+    assert_int_equal(out[0], 0x4000); /* nf4[15] = 1.0 * 2 */
+    assert_int_equal(out[1], 0xC000); /* nf4[0] = -1.0 * 2 */
+}
+
+/* The loops above agree with the project's CPU scalar kernels (kernels/cpu_scalar.c),
+ * so the GPU is held to the same definition as the CPU backend. */
+static void test_reference_matches_cpu_kernels(void **state)
+{
+    (void)state;
+    const bfs_kernel_ops *k = bfs_kernels_cpu(BFS_CPU_SCALAR);
+    assert_non_null(k);
+    const size_t E = 2, R = 37, G = 3, C = G * 32, nblk = E * R * G;
+    uint8_t *blocks = xmalloc(nblk * 16), *scales = xmalloc(nblk);
+    fill_random(blocks, nblk * 16);
+    for (size_t i = 0; i < nblk; i++)
+        scales[i] = (uint8_t)(i * 7); /* 0 and 255 included */
+    uint16_t *a = xmalloc(E * R * C * 2), *b = xmalloc(E * R * C * 2);
+    for (int tr = 0; tr < 2; tr++) {
+        const bfs_ltensor t = mk_mx("xcheck", blocks, scales, E, R, G, tr, 1);
+        ref_unit(&t, 0, E, a);
+        for (size_t e = 0; e < E; e++)
+            k->mxfp4(&t.mx, e, 0, tr ? C : R, b + e * R * C);
+        compare(tr ? "reference vs cpu_scalar, mxfp4 transposed" : "reference vs cpu_scalar, mxfp4", b, a, E * R * C);
+    }
+    /* bnb nf4 with double quant, from an odd element */
+    const size_t n = 3001, bs = 64, nb = (n + bs - 1) / bs;
+    uint8_t *codes = xmalloc(n / 2 + 1), *q8 = xmalloc(nb);
+    float ncode[256], nabs[1] = {0.37f};
+    fill_random(codes, n / 2 + 1);
+    fill_random(q8, nb);
+    for (size_t i = 0; i < 256; i++)
+        ncode[i] = (float)(int)(rnd() >> 48) / 65536.0f - 0.5f;
+    bfs_ltensor q;
+    memset(&q, 0, sizeof q);
+    q.kind = BFS_K_BNB4;
+    q.out_dtype = BFS_DT_BF16;
+    q.d0 = n;
+    q.row_elems = 1;
+    q.bnb = (bfs_bnb4_desc){codes, nf4_table, bs, NULL, q8, ncode, nabs, 256, 0.011f};
+    ref_unit(&q, 1, n, a);
+    k->bnb4(&q.bnb, 1, n, b);
+    compare("reference vs cpu_scalar, bnb nf4 dq", b, a, n - 1);
+    /* every half */
+    uint16_t *h = xmalloc(65536 * 2);
+    for (size_t i = 0; i < 65536; i++)
+        h[i] = (uint16_t)i;
+    bfs_raw raw;
+    memset(&raw, 0, sizeof raw);
+    raw.data = (const uint8_t *)h;
+    bfs_ltensor c;
+    memset(&c, 0, sizeof c);
+    c.kind = BFS_K_CAST;
+    c.out_dtype = BFS_DT_BF16;
+    c.src_dtype = BFS_DT_F16;
+    c.d0 = 65536;
+    c.row_elems = 1;
+    c.src[0] = &raw;
+    c.nsrc = 1;
+    uint16_t *ca = xmalloc(65536 * 2), *cb = xmalloc(65536 * 2);
+    ref_unit(&c, 0, 65536, ca);
+    k->f16_to_bf16(h, 65536, cb);
+    compare("reference vs cpu_scalar, f16", cb, ca, 65536);
+    free(blocks);
+    free(scales);
+    free(a);
+    free(b);
+    free(codes);
+    free(q8);
+    free(h);
+    free(ca);
+    free(cb);
+}
+
+/* Every scale byte with every code byte, both layouts, tiles cut at odd places. */
+static void mx_all_codes(size_t E, size_t R, size_t G)
+{
+    const size_t nblk = E * R * G;
+    uint8_t *blocks = xmalloc(nblk * 16), *scales = xmalloc(nblk);
+    for (size_t i = 0; i < nblk; i++) {
+        scales[i] = (uint8_t)(i * 7 + i / 256); /* all 256 values, in varying places */
+        for (size_t k = 0; k < 16; k++)
+            blocks[i * 16 + k] = (uint8_t)(i * 16 + k + i / 16); /* all 256 bytes under each scale */
+    }
+    const uint64_t budgets[] = {0, 2 * MiB, 64 * 1024};
+    for (int tr = 0; tr < 2; tr++) {
+        const bfs_ltensor t = mk_mx(tr ? "all_codes.T" : "all_codes", blocks, scales, E, R, G, tr, 1);
+        for (size_t bi = 0; bi < sizeof budgets / sizeof *budgets; bi++) {
+            bfs_backend *b = make_backend("cuda", budgets[bi], E * t.row_elems * 2);
+            check_unit(b, &t, 0, E, NULL);
+            for (size_t e = 0; e < E; e++)
+                check_unit(b, &t, e, e + 1, NULL);
+            if (E > 2)
+                check_unit(b, &t, 1, E - 1, NULL);
+            b->destroy(b);
+        }
+    }
+    /* 3-d: dim 0 is the rows */
+    const bfs_ltensor t3 = mk_mx("all_codes.3d", blocks, scales, 1, R, G, 0, 0);
+    for (size_t bi = 0; bi < sizeof budgets / sizeof *budgets; bi++) {
+        bfs_backend *b = make_backend("cuda", budgets[bi], t3.d0 * t3.row_elems * 2);
+        check_unit(b, &t3, 0, R, NULL);
+        if (R >= 8) {
+            check_unit(b, &t3, 1, 2, NULL);
+            check_unit(b, &t3, 3, R - 5, NULL);
+        }
+        b->destroy(b);
+    }
+    free(blocks);
+    free(scales);
+}
+
+static void test_mxfp4_all_codes(void **state)
+{
+    (void)state;
+    if (g_ndev == 0)
+        skip();
+    mx_all_codes(3, 261, 3);  /* R % 8 != 0: element stores; partial r and group tiles */
+    mx_all_codes(2, 128, 5);  /* R % 8 == 0: 16-byte stores; partial group tile */
+    mx_all_codes(1, 64, 4);   /* exactly one tile */
+    mx_all_codes(2, 1, 1);    /* degenerate */
+}
+
+/* gpt-oss-20b's mlp.experts.gate_up_proj: blocks [32, 5760, 90, 16], scales [32, 5760, 90]. */
+static void test_mxfp4_gptoss_layer(void **state)
+{
+    (void)state;
+    if (g_ndev == 0)
+        skip();
+    const size_t E = (size_t)env_num("BFS_TEST_GPTOSS_ITEMS", 32), R = 5760, G = 90, C = G * 32;
+    const size_t nblk = E * R * G;
+    uint8_t *blocks = xmalloc(nblk * 16), *scales = xmalloc(nblk);
+    fill_random(blocks, nblk * 16);
+    for (size_t i = 0; i < nblk; i++) /* trained-weight-like scales, and now and then anything */
+        scales[i] = (i % 97 == 0) ? (uint8_t)(rnd() >> 56) : (uint8_t)(112 + (rnd() >> 60));
+    uint16_t *want = xmalloc(E * R * C * 2);
+    for (int tr = 1; tr >= 0; tr--) {
+        const bfs_ltensor t = mk_mx(tr ? "model.layers.0.mlp.experts.gate_up_proj"
+                                       : "model.layers.0.mlp.experts.gate_up_proj(openai)",
+                                    blocks, scales, E, R, G, tr, 1);
+        ref_unit(&t, 0, E, want);
+        /* default budget, whole layer; then a rank's rows for W = 8 and W = 3 under a 24 MiB budget */
+        bfs_backend *b = make_backend("cuda", 0, E * t.row_elems * 2);
+        check_unit(b, &t, 0, E, want);
+        b->destroy(b);
+        b = make_backend("cuda", 24 * MiB, E * t.row_elems * 2);
+        const uint64_t worlds[] = {8, 3};
+        for (size_t wi = 0; wi < 2; wi++)
+            for (uint64_t r = 0; r < worlds[wi]; r++) {
+                uint64_t r0, r1;
+                bfs__chunk_rows(E, worlds[wi], r, &r0, &r1);
+                if (r1 > r0)
+                    check_unit(b, &t, r0, r1, want + r0 * t.row_elems);
+            }
+        b->destroy(b);
+    }
+    free(want);
+    free(blocks);
+    free(scales);
+}
+
+/* bnb 4-bit: [333, 301] (odd element count, odd row length: units start on odd elements). */
+static void bnb_case(const char *qt, int dq, size_t bs, const uint64_t *budgets, size_t nbudgets)
+{
+    const size_t rows = 333, cols = 301, n = rows * cols, nb = (n + bs - 1) / bs, nbs = 256;
+    const size_t nnb = (nb + nbs - 1) / nbs;
+    uint8_t *codes = xmalloc((n + 1) / 2), *absmax_u8 = xmalloc(nb);
+    float *absmax = xmalloc(nb * 4), *ncode = xmalloc(256 * 4), *nabs = xmalloc(nnb * 4);
+    fill_random(codes, (n + 1) / 2);
+    fill_random(absmax_u8, nb);
+    for (size_t i = 0; i < nb; i++)
+        absmax[i] = (float)(rnd() >> 40) / (float)(1 << 24) * 0.25f;
+    absmax[0] = 0.0f; /* and a few values that must come out as the reference's */
+    if (nb > 4) {
+        absmax[1] = 1e-40f;
+        absmax[2] = -3.5f;
+        memcpy(&absmax[3], &(uint32_t){0x7F800000u}, 4);
+        memcpy(&absmax[4], &(uint32_t){0x7FC00001u}, 4);
+    }
+    for (size_t i = 0; i < 256; i++)
+        ncode[i] = ((float)(rnd() >> 40) / (float)(1 << 24)) * 2.0f - 1.0f;
+    for (size_t i = 0; i < nnb; i++)
+        nabs[i] = (float)(rnd() >> 40) / (float)(1 << 24) * 0.1f;
+    bfs_ltensor t;
+    memset(&t, 0, sizeof t);
+    char name[64];
+    snprintf(name, sizeof name, "bnb.%s%s.bs%zu.weight", qt, dq ? ".dq" : "", bs);
+    t.name = name;
+    t.kind = BFS_K_BNB4;
+    t.out_dtype = BFS_DT_BF16;
+    t.ndim = 2;
+    t.shape[0] = rows;
+    t.shape[1] = cols;
+    t.d0 = rows;
+    t.row_elems = cols;
+    snprintf(t.quant_type, sizeof t.quant_type, "%s", qt);
+    t.double_quant = dq;
+    t.src_dtype = BFS_DT_F16;
+    t.bnb.codes = codes;
+    t.bnb.table = strcmp(qt, "fp4") == 0 ? fp4_table : nf4_table;
+    t.bnb.blocksize = bs;
+    if (dq) {
+        t.bnb.absmax_u8 = absmax_u8;
+        t.bnb.nested_code = ncode;
+        t.bnb.nested_absmax = nabs;
+        t.bnb.nested_blocksize = nbs;
+        t.bnb.offset = 0.0135f;
+    } else {
+        t.bnb.absmax_f32 = absmax;
+    }
+    for (size_t bi = 0; bi < nbudgets; bi++) {
+        bfs_backend *b = make_backend("cuda", budgets[bi], n * 2);
+        check_unit(b, &t, 0, rows, NULL);
+        check_unit(b, &t, 0, 1, NULL);
+        check_unit(b, &t, 1, 8, NULL);    /* starts on element 301: odd, mid-byte, mid-block */
+        check_unit(b, &t, 8, 100, NULL);
+        check_unit(b, &t, 101, 333, NULL);
+        check_unit(b, &t, 332, 333, NULL);
+        b->destroy(b);
+    }
+    free(codes);
+    free(absmax_u8);
+    free(absmax);
+    free(ncode);
+    free(nabs);
+}
+
+static void test_bnb4(void **state)
+{
+    (void)state;
+    if (g_ndev == 0)
+        skip();
+    const uint64_t budgets[] = {0, 16 * 1024, 40 * 1024 + 512};
+    const size_t bss[] = {64, 4096, 32, 100 /* not a power of two: the general division path */};
+    for (int q = 0; q < 2; q++)
+        for (int dq = 0; dq < 2; dq++)
+            for (size_t i = 0; i < sizeof bss / sizeof *bss; i++)
+                bnb_case(q ? "fp4" : "nf4", dq, bss[i], budgets, 3);
+}
+
+static void cast_case(bfs_dtype dt, size_t n, const uint64_t *budgets, size_t nbudgets)
+{
+    const size_t es = dt == BFS_DT_F64 ? 8 : dt == BFS_DT_F32 ? 4 : 2;
+    uint8_t *buf = xmalloc(n * es + 1), *data = buf + 1; /* unaligned, as in a safetensors file */
+    fill_random(data, n * es);
+    if (dt == BFS_DT_F16) {
+        for (size_t i = 0; i < n; i++) /* every half, then random */
+            if (i < 65536)
+                memcpy(data + i * 2, &(uint16_t){(uint16_t)i}, 2);
+    } else if (dt == BFS_DT_F32) {
+        const uint32_t special[] = {0, 0x80000000u, 1, 0x807FFFFFu, 0x7F800000u, 0xFF800000u, 0x7FC00000u,
+                                    0xFFFFFFFFu, 0x7F7FFFFFu, 0x3F808000u /* tie to even */,
+                                    0x3F818000u /* tie to odd */, 0x7F7F8000u /* rounds to inf */};
+        for (size_t i = 0; i < sizeof special / sizeof *special && i < n; i++)
+            memcpy(data + i * 4, &special[i], 4);
+    } else {
+        const double special[] = {0.0, -0.0, 1e-310, 1.0 + 0x1p-24 + 0x1p-60, /* double rounding */
+                                  3.4028235677973366e38, 1e300, -1e300, 1.401298464324817e-45 * 0.75};
+        for (size_t i = 0; i < sizeof special / sizeof *special && i < n; i++)
+            memcpy(data + i * 8, &special[i], 8);
+    }
+    bfs_raw raw;
+    memset(&raw, 0, sizeof raw);
+    raw.data = data;
+    raw.nbytes = n * es;
+    bfs_ltensor t;
+    memset(&t, 0, sizeof t);
+    char name[64];
+    snprintf(name, sizeof name, "cast.%s.%zu", dt == BFS_DT_F64 ? "f64" : dt == BFS_DT_F32 ? "f32" : "f16", n);
+    t.name = name;
+    t.kind = BFS_K_CAST;
+    t.out_dtype = BFS_DT_BF16;
+    t.src_dtype = dt;
+    t.ndim = 1;
+    t.shape[0] = n;
+    t.d0 = n;
+    t.row_elems = 1;
+    t.src[0] = &raw;
+    t.nsrc = 1;
+    for (size_t bi = 0; bi < nbudgets; bi++) {
+        bfs_backend *b = make_backend("cuda", budgets[bi], n * 2);
+        check_unit(b, &t, 0, n, NULL);
+        check_unit(b, &t, 1, n / 2 + 1, NULL);
+        check_unit(b, &t, n - 3, n, NULL);
+        b->destroy(b);
+    }
+    free(buf);
+}
+
+static void test_casts(void **state)
+{
+    (void)state;
+    if (g_ndev == 0)
+        skip();
+    const uint64_t budgets[] = {0, 16 * 1024};
+    cast_case(BFS_DT_F16, 65536 + 8 * 1000 + 3, budgets, 2);
+    cast_case(BFS_DT_F32, 100003, budgets, 2);
+    cast_case(BFS_DT_F64, 50001, budgets, 2);
+    cast_case(BFS_DT_F32, 5, budgets, 2);
+}
+
+static void test_passthrough(void **state)
+{
+    (void)state;
+    if (g_ndev == 0)
+        skip();
+    const size_t rows = 17, cols = 9;
+    uint8_t *data = xmalloc(rows * cols * 4);
+    fill_random(data, rows * cols * 4);
+    bfs_raw raw;
+    memset(&raw, 0, sizeof raw);
+    raw.data = data;
+    bfs_ltensor t;
+    memset(&t, 0, sizeof t);
+    t.name = "pass.i32";
+    t.kind = BFS_K_PASS;
+    t.out_dtype = t.src_dtype = BFS_DT_I32;
+    t.ndim = 2;
+    t.shape[0] = rows;
+    t.shape[1] = cols;
+    t.d0 = rows;
+    t.row_elems = cols;
+    t.src[0] = &raw;
+    t.nsrc = 1;
+    bfs_backend *b = make_backend("cuda", 0, 0);
+    check_unit(b, &t, 0, rows, NULL);
+    check_unit(b, &t, 3, 4, NULL);
+    check_unit(b, &t, 5, 5, NULL);
+    b->destroy(b);
+    free(data);
+}
+
+#ifdef BFS_HAVE_CUDA
+/* ---- the memory bound ----------------------------------------------------------------------- */
+typedef struct mem_poll {
+    int dev;
+    atomic_int stop;
+    size_t min_free;
+    unsigned samples;
+} mem_poll;
+
+static void *mem_poll_main(void *p)
+{
+    mem_poll *m = p;
+    if (cudaSetDevice(m->dev) != cudaSuccess)
+        return NULL;
+    while (!atomic_load(&m->stop)) {
+        size_t f = 0, tot = 0;
+        if (cudaMemGetInfo(&f, &tot) == cudaSuccess && f < m->min_free)
+            m->min_free = f;
+        m->samples++;
+        usleep(200);
+    }
+    return NULL;
+}
+
+static size_t free_now(void)
+{
+    size_t f = 0, tot = 0;
+    assert_int_equal(cudaMemGetInfo(&f, &tot), cudaSuccess);
+    return f;
+}
+
+/* Used device memory never exceeds the budget, plus an allowance for what the
+ * driver takes besides our one cudaMalloc: the CUDA context exists before the
+ * first sample (cudaFree(0)) and our kernels' module is loaded by a warm-up
+ * run, so what remains is the allocation's rounding to the driver's 2 MiB
+ * pages and the three streams' and six events' bookkeeping, a few MiB at most.
+ * 16 MiB is well under the 1 GiB+ a per-unit allocation of this layer would show. */
+#define CTX_ALLOWANCE (16 * MiB)
+
+static void test_memory_bound(void **state)
+{
+    (void)state;
+    if (g_ndev == 0)
+        skip();
+    const size_t E = 8, R = 2880, G = 90; /* down_proj-shaped, 8 experts: 133 MB out, 40 MB in */
+    const size_t nblk = E * R * G;
+    uint8_t *blocks = xmalloc(nblk * 16), *scales = xmalloc(nblk);
+    fill_random(blocks, nblk * 16);
+    for (size_t i = 0; i < nblk; i++)
+        scales[i] = (uint8_t)(118 + (rnd() >> 61));
+    const bfs_ltensor t = mk_mx("mlp.experts.down_proj", blocks, scales, E, R, G, 1, 1);
+    const bfs_ltensor tn = mk_mx("mlp.experts.down_proj(openai)", blocks, scales, E, R, G, 0, 1);
+    const uint64_t unit = E * t.row_elems * 2;
+
+    assert_int_equal(cudaSetDevice(0), cudaSuccess);
+    assert_int_equal(cudaFree(0), cudaSuccess); /* the context, before the first sample */
+    {                                           /* warm-up: load every kernel once */
+        bfs_backend *w = make_backend("cuda:0", 4 * MiB, unit);
+        check_unit(w, &t, 0, 1, NULL);
+        check_unit(w, &tn, 0, 1, NULL);
+        w->destroy(w);
+    }
+    const uint64_t budgets[] = {24 * MiB, 64 * MiB, 5 * MiB};
+    for (size_t bi = 0; bi < 3; bi++) {
+        const uint64_t B = budgets[bi];
+        const size_t free0 = free_now();
+        mem_poll m = {.dev = 0, .min_free = free0};
+        atomic_init(&m.stop, 0);
+        pthread_t th;
+        assert_int_equal(pthread_create(&th, NULL, mem_poll_main, &m), 0);
+        bfs_backend *b = make_backend("cuda:0", B, unit);
+        const size_t free1 = free_now();
+        check_unit(b, &t, 0, E, NULL);
+        check_unit(b, &tn, 0, E, NULL);
+        check_unit(b, &t, 3, 7, NULL);
+        const size_t free2 = free_now();
+        atomic_store(&m.stop, 1);
+        pthread_join(th, NULL);
+        const uint64_t dev_bytes = b->device_bytes;
+        b->destroy(b);
+        const size_t free3 = free_now();
+        size_t lo = m.min_free < free1 ? m.min_free : free1;
+        lo = lo < free2 ? lo : free2;
+        const uint64_t peak = free0 > lo ? free0 - lo : 0;
+        printf("  budget %" PRIu64 " MiB: device_bytes %" PRIu64 ", peak used delta %" PRIu64
+               " bytes over %u samples (unit %" PRIu64 " MiB), after destroy %+" PRId64 "\n",
+               B / MiB, dev_bytes, peak, m.samples, unit / MiB, (int64_t)free0 - (int64_t)free3);
+        assert_true(dev_bytes <= B);
+        if (peak > B + CTX_ALLOWANCE)
+            fail_msg("device memory used %" PRIu64 " > budget %" PRIu64 " + %" PRIu64, peak, B, CTX_ALLOWANCE);
+        if (free0 > free3 && free0 - free3 > CTX_ALLOWANCE) /* destroy gave it back */
+            fail_msg("%" PRIu64 " bytes of device memory not returned by destroy", (uint64_t)(free0 - free3));
+    }
+    free(blocks);
+    free(scales);
+}
+#endif
+
+/* ---- budgets and errors ------------------------------------------------------------------------ */
+static void test_budget_errors(void **state)
+{
+    (void)state;
+    if (g_ndev == 0)
+        skip();
+    bfs_backend *b = NULL;
+    /* a budget below the backend's minimum: create says what works, and that does */
+    bfs__err_clear();
+    assert_int_equal(bfs__backend_cuda_create("cuda", 1000, MiB, &b), BFS_ENOMEM);
+    assert_null(b);
+    const uint64_t min_create = number_after(bfs_last_error(), "at least ");
+    printf("  %s\n", bfs_last_error());
+    b = make_backend("cuda", min_create, MiB);
+    b->destroy(b);
+
+    /* a budget that cannot hold one 32-column group of a 5760-row item */
+    const size_t R = 5760, G = 2;
+    uint8_t *blocks = xmalloc(R * G * 16), *scales = xmalloc(R * G);
+    fill_random(blocks, R * G * 16);
+    fill_random(scales, R * G);
+    const bfs_ltensor t = mk_mx("too_big.T", blocks, scales, 1, R, G, 1, 1);
+    uint16_t *out = xmalloc(t.row_elems * 2);
+    b = make_backend("cuda", 256 * 1024, t.row_elems * 2);
+    const bfs_unit u = {&t, 0, 1, out};
+    bfs__err_clear();
+    assert_int_equal(b->run(b, &u), BFS_ENOMEM);
+    printf("  %s\n", bfs_last_error());
+    const uint64_t need = number_after(bfs_last_error(), "at least ");
+    assert_true(strstr(bfs_last_error(), "too_big.T") != NULL);
+    b->destroy(b);
+    b = make_backend("cuda", need, t.row_elems * 2); /* the number it gave works */
+    check_unit(b, &t, 0, 1, NULL);
+    b->destroy(b);
+    free(out);
+    free(blocks);
+    free(scales);
+}
+
+static void test_spec_errors(void **state)
+{
+    (void)state;
+    if (!bfs__cuda_built())
+        skip();
+    const char *bad[] = {"cuda:x", "cuda:", "cuda:0,", "cuda:0,0", "gpu", "cudax", "cuda:-1"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        bfs_backend *b = NULL;
+        bfs__err_clear();
+        const int rc = bfs__backend_cuda_create(bad[i], 64 * MiB, MiB, &b);
+        if (rc != BFS_EUSAGE)
+            fail_msg("spec '%s': %d (%s), want BFS_EUSAGE", bad[i], rc, bfs_last_error());
+        assert_null(b);
+    }
+    if (g_ndev > 0) {
+        bfs_backend *b = NULL;
+        bfs__err_clear();
+        assert_int_equal(bfs__backend_cuda_create("cuda:99", 64 * MiB, MiB, &b), BFS_EDEVICE);
+        assert_null(b);
+        printf("  %s\n", bfs_last_error());
+    }
+}
+
+/* ---- concurrency and several devices ------------------------------------------------------------ */
+typedef struct par_arg {
+    bfs_backend *b;
+    const bfs_ltensor *t;
+    int id;
+    int failed;
+} par_arg;
+
+static void *par_main(void *p)
+{
+    par_arg *a = p;
+    const bfs_ltensor *t = a->t;
+    uint16_t *got = malloc(t->row_elems * 2), *want = malloc(t->row_elems * 2);
+    if (!got || !want) {
+        a->failed = 1;
+        goto out;
+    }
+    for (int k = 0; k < 6; k++) {
+        const uint64_t e = (uint64_t)(a->id + k) % t->d0;
+        const bfs_unit u = {t, e, e + 1, got};
+        ref_unit(t, e, e + 1, want);
+        if (a->b->run(a->b, &u) != 0 || memcmp(got, want, t->row_elems * 2) != 0)
+            a->failed = 1;
+    }
+out:
+    free(got);
+    free(want);
+    return NULL;
+}
+
+static void run_parallel(const char *spec, uint64_t budget)
+{
+    const size_t E = 6, R = 200, G = 7;
+    uint8_t *blocks = xmalloc(E * R * G * 16), *scales = xmalloc(E * R * G);
+    fill_random(blocks, E * R * G * 16);
+    for (size_t i = 0; i < E * R * G; i++)
+        scales[i] = (uint8_t)(100 + (rnd() >> 58));
+    const bfs_ltensor t = mk_mx("parallel.T", blocks, scales, E, R, G, 1, 1);
+    bfs_backend *b = make_backend(spec, budget, t.row_elems * 2);
+    par_arg a[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        a[i] = (par_arg){b, &t, i, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, par_main, &a[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(a[i].failed, 0);
+    }
+    b->destroy(b);
+    free(blocks);
+    free(scales);
+}
+
+static void test_concurrent_runs(void **state)
+{
+    (void)state;
+    if (g_ndev == 0)
+        skip();
+    run_parallel("cuda", 96 * 1024);
+}
+
+static void test_multi_gpu(void **state)
+{
+    (void)state;
+    if (g_ndev < 2)
+        skip();
+    bfs_backend *b = make_backend("cuda:1,0", 8 * MiB, MiB);
+    assert_string_equal(b->name, "cuda:1,0");
+    b->destroy(b);
+    run_parallel("cuda:0,1", 96 * 1024);
+
+    /* units large enough to be split across the two devices */
+    const size_t E = 5, R = 1024, G = 90, nblk = E * R * G;
+    uint8_t *blocks = xmalloc(nblk * 16), *scales = xmalloc(nblk);
+    fill_random(blocks, nblk * 16);
+    fill_random(scales, nblk);
+    const bfs_ltensor t = mk_mx("split.T", blocks, scales, E, R, G, 1, 1);
+    const bfs_ltensor tn = mk_mx("split", blocks, scales, E, R, G, 0, 1);
+    b = make_backend("cuda:0,1", 16 * MiB, E * t.row_elems * 2);
+    check_unit(b, &t, 0, E, NULL);
+    check_unit(b, &t, 1, E, NULL);
+    check_unit(b, &tn, 0, E, NULL);
+#ifdef BFS_CUDA_EMULATE
+    { /* a fault on one device's share: the caller gets its message */
+        uint16_t *out = xmalloc(E * t.row_elems * 2);
+        const bfs_unit u = {&t, 0, E, out};
+        bfs__emu_fail_at(9);
+        bfs__err_clear();
+        assert_int_equal(b->run(b, &u), BFS_EDEVICE);
+        assert_non_null(strstr(bfs_last_error(), "cudaErrorLaunchFailure"));
+        bfs__emu_fail_at(0);
+        free(out);
+    }
+#endif
+    b->destroy(b);
+    free(blocks);
+    free(scales);
+}
+
+#ifdef BFS_CUDA_EMULATE
+/* A fault in the middle of a unit: BFS_EDEVICE naming the call; the backend still destroys. */
+static void test_injected_fault(void **state)
+{
+    (void)state;
+    if (g_ndev == 0)
+        skip();
+    const size_t E = 4, R = 64, G = 4;
+    uint8_t *blocks = xmalloc(E * R * G * 16), *scales = xmalloc(E * R * G);
+    fill_random(blocks, E * R * G * 16);
+    fill_random(scales, E * R * G);
+    const bfs_ltensor t = mk_mx("fault.T", blocks, scales, E, R, G, 1, 1);
+    uint16_t *out = xmalloc(E * t.row_elems * 2);
+    for (long at = 1; at <= 7; at += 3) {
+        bfs_backend *b = make_backend("cuda", 64 * 1024, E * t.row_elems * 2);
+        bfs__emu_fail_at(at);
+        const bfs_unit u = {&t, 0, E, out};
+        bfs__err_clear();
+        assert_int_equal(b->run(b, &u), BFS_EDEVICE);
+        assert_non_null(strstr(bfs_last_error(), "cudaErrorLaunchFailure"));
+        if (at == 1)
+            printf("  %s\n", bfs_last_error());
+        b->destroy(b);
+        bfs__emu_fail_at(0);
+    }
+    free(out);
+    free(blocks);
+    free(scales);
+}
+#endif
+
+int main(void)
+{
+    g_ndev = bfs__cuda_device_count();
+    printf("test_cuda: CUDA built: %s, usable devices: %d%s\n", bfs__cuda_built() ? "yes" : "no", g_ndev,
+#ifdef BFS_CUDA_EMULATE
+           " (fake runtime: kernels emulated on the host)"
+#else
+           ""
+#endif
+    );
+    if (g_ndev == 0)
+        printf("SKIP: no CUDA device: only the no-device checks run\n");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_no_device),
+        cmocka_unit_test(test_reference_spot_values),
+        cmocka_unit_test(test_reference_matches_cpu_kernels),
+        cmocka_unit_test(test_spec_errors),
+        cmocka_unit_test(test_mxfp4_all_codes),
+        cmocka_unit_test(test_bnb4),
+        cmocka_unit_test(test_casts),
+        cmocka_unit_test(test_passthrough),
+        cmocka_unit_test(test_budget_errors),
+        cmocka_unit_test(test_concurrent_runs),
+        cmocka_unit_test(test_multi_gpu),
+#ifdef BFS_HAVE_CUDA
+        cmocka_unit_test(test_memory_bound),
+#endif
+#ifdef BFS_CUDA_EMULATE
+        cmocka_unit_test(test_injected_fault),
+#endif
+        cmocka_unit_test(test_mxfp4_gptoss_layer),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
