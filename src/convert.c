@@ -728,7 +728,9 @@ static int bfs__write_small(bfs_run *r, const char *name, const void *data, size
     const int fd = openat(r->dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0)
         return bfs__errno(BFS_EIO, errno, "%s/%s: cannot create", r->outdir, tmp);
-    rc = bfs__pwrite_all(fd, data, len, 0, name);
+    char what[PATH_MAX + 600];
+    snprintf(what, sizeof what, "%s/%s", r->outdir, tmp);
+    rc = bfs__pwrite_all(fd, data, len, 0, what);
     if (rc == 0 && fdatasync(fd) != 0)
         rc = bfs__errno(BFS_EIO, errno, "%s/%s: fdatasync failed", r->outdir, tmp);
     close(fd);
