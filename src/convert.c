@@ -1040,6 +1040,11 @@ int bfs_convert(const char *input, const char *outdir, const bfs_convert_opts *o
     BFS_TRY(bfs__input_check(r->in, -1));
     if (!o->force && bfs__already_done(r)) {
         bfs__log(r, "%s: already holds this conversion (same input and options) and it verifies: nothing to do", outdir);
+        /* a run killed between its manifest and removing its journal leaves the journal */
+        char *jp = bfs__path_join(outdir, BFS_JOURNAL_NAME);
+        if (jp)
+            unlink(jp);
+        free(jp);
         if (res) {
             res->files_reused = (uint64_t)nf;
             res->tensors = r->plan->nt;
