@@ -486,9 +486,15 @@ static int bfs__prepare_outdir(bfs_run *r)
         BFS_FAIL(BFS_EIO, "%s: cannot list output directory", r->outdir);
     struct dirent *e;
     bool nonempty = false;
+    /* a run killed while starting leaves a journal without its fingerprint line: debris */
+    const bool torn = journal && !(strlen(journal) >= 33 && journal[32] == '\n');
     while ((e = readdir(d)) != NULL) {
+        const size_t n = strlen(e->d_name);
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
             continue;
+        if ((e->d_name[0] == '.' && n > 8 && !strcmp(e->d_name + n - 8, ".partial")) ||
+            (torn && !strcmp(e->d_name, BFS_JOURNAL_NAME)))
+            continue; /* an interrupted run's temporary files are not the user's */
         nonempty = true;
     }
     if (nonempty && !resume && !r->o->force) {
