@@ -1174,12 +1174,8 @@ int bfs_decompress_file(const char *in_path, const char *out_path)
         return bfs__err(BFS_EUSAGE, "decompress needs an input and an output path");
     BFS_TRY(bfs__zst_reader_open(in_path, &r));
     BFS_TRY(bfs__zst_open_out(out_path, tmp, sizeof tmp, &fd));
+    /* no preallocation: the size comes from the (untrusted) seek table */
     const uint64_t total = bfs__zst_reader_size(r);
-    if (tmp[0]) {
-        const int fe = posix_fallocate(fd, 0, (off_t)total);
-        if (fe == ENOSPC || fe == EFBIG || fe == EDQUOT)
-            BFS_FAIL(BFS_EIO, "%s: cannot reserve %llu bytes: %s", out_path, (unsigned long long)total, strerror(fe));
-    }
     bfs_zst_fdsink s = {.fd = fd, .pipe = !tmp[0], .what = tmp[0] ? tmp : out_path};
     BFS_TRY(bfs__zst_read_range(r, 0, total, bfs__zst_sink_fd, &s));
     BFS_TRY(bfs__zst_commit_out(out_path, tmp, fd));
