@@ -166,3 +166,39 @@ valgrind: all $(BUILD)/tests/test_safetensors
 	        --threads 2 --mem 64K --force --quiet; \
 	    $(VALGRIND) $(BUILD)/bfshard verify $(BUILD)/valgrind-out --quiet; \
 	done; rm -rf $(BUILD)/valgrind-out
+
+# ---- benchmark: `make bench` (README "Benchmark"; bench/bench.py says what each figure is).
+# Knobs: LAYERS (gpt-oss MXFP4 layers, 24 = gpt-oss-20b), BNB_LAYERS (Llama-3-8B-shaped NF4
+# layers, 32 = the real model), VOCAB (embedding rows, 0 = the real models'), WORLD (ranks),
+# REPEAT (rounds of every timed run), PY=0 (skip the upstream Python path), PY_LAYERS (layers
+# the Python path converts, 0 = all), CHECK=1 (bit-compare upstream and bfshard), RSS_LAYERS,
+# KEEP_DATA=0 (delete build/bench-data afterwards), BENCH_VENV (an existing venv to use).
+LAYERS     ?= 2
+BNB_LAYERS ?= 2
+VOCAB      ?= 32000
+WORLD      ?= 8
+REPEAT     ?= 1
+PY         ?= 1
+PY_LAYERS  ?= 1
+CHECK      ?= 0
+RSS_LAYERS ?= 1,4
+KEEP_DATA  ?= 1
+BENCH_VENV ?= $(BUILD)/bench-venv
+bench: all
+	@bench/setup.sh $(BENCH_VENV)
+	@mkdir -p $(BUILD)/bench
+	$(CC) $(CFLAGS) -Ikernels -o $(BUILD)/bench/threads_bench bench/threads_bench.c $(BUILD)/libbfshard.a $(LIBS) $(LDFLAGS)
+	@if [ -f bench/kernels_bench.c ]; then \
+	    $(CC) $(CFLAGS) -Ikernels -o $(BUILD)/bench/kernels_bench bench/kernels_bench.c $(BUILD)/libbfshard.a $(LIBS) $(LDFLAGS) \
+	    || { rm -f $(BUILD)/bench/kernels_bench; echo "bench: bench/kernels_bench.c does not build yet: skipped"; }; \
+	else rm -f $(BUILD)/bench/kernels_bench; fi
+	$(BENCH_VENV)/bin/python bench/bench.py --build $(BUILD) --python $(BENCH_VENV)/bin/python \
+	    --layers $(LAYERS) --bnb-layers $(BNB_LAYERS) --vocab $(VOCAB) --world $(WORLD) --repeat $(REPEAT) \
+	    --py $(PY) --py-layers $(PY_LAYERS) --check $(CHECK) --rss-layers "$(RSS_LAYERS)" --keep-data $(KEEP_DATA)
+
+# ---- interop: `make interop` proves the output loads in the real consumers
+# (safetensors, FSDP2 + torch.distributed.checkpoint, transformers, torch's own
+# consolidation) against the upstream dequant. Creates $(BUILD)/interop-venv from PyPI
+# on first use (~3 GB, the only step that needs the network). See tests/interop/run.sh.
+interop: all
+	@tests/interop/run.sh $(BUILD)

@@ -1,0 +1,638 @@
+#!/usr/bin/env python3
+"""`make bench`: bfshard against memcpy, a plain write and the upstream Python path.
+
+Everything runs on the same synthetic checkpoints (bench/gen_synth.py: gpt-oss-20b
+MXFP4 shapes, and a Llama-3-8B-shaped bitsandbytes NF4 model with double quant),
+cached under build/bench-data. One table on stdout; the same figures as JSON in
+bench/out/bench-<time>.json and bench/out/latest.json (text: latest.txt).
+
+  (a) in-memory dequant rate per kernel level, one thread (bench/kernels_bench.c),
+      vs memcpy of the same output bytes; thread scaling 1..nproc of the kernels
+      (bench/threads_bench.c) and of `bfshard convert --threads N` tmpfs -> tmpfs
+  (b) `bfshard convert --device cpu --world-size W` to tmpfs and to disk, vs dd of
+      the same number of bytes (bs=8M, conv=fdatasync) to each
+  (c) the upstream Python path (bench/upstream.py) to disk, same input
+  (d) peak RSS of each (/usr/bin/time -v), and bfshard's peak RSS for a checkpoint
+      and one 4x larger
+
+Only the standard library: run it with any python3 (the venv is for the children).
+"""
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+TIME = "/usr/bin/time"
+
+TARGETS = {
+    "kernel_vs_memcpy": 0.5,   # best level, one thread, >= 0.5x memcpy of the output bytes
+    "disk_vs_dd": 0.9,         # end to end to disk >= 0.9x a plain sequential write
+    "vs_python_speed": 10.0,   # >= 10x faster than the upstream Python path end to end
+    "vs_python_rss": 10.0,     # >= 10x lower peak RSS
+    "thread_efficiency": 0.8,  # "near-linear": rate(N) >= 0.8 * N * rate(1) at N = nproc
+    "rss_growth": 1.10,        # peak RSS of the 4x larger checkpoint <= 1.1x the smaller one's
+}
+
+
+def log(*a):
+    print("bench:", *a, file=sys.stderr, flush=True)
+
+
+def loadavg():
+    try:
+        return float(open("/proc/loadavg").read().split()[0])
+    except OSError:
+        return None
+
+
+def du(path):
+    total = 0
+    for dp, _, fs in os.walk(path):
+        for f in fs:
+            try:
+                total += os.path.getsize(os.path.join(dp, f))
+            except OSError:
+                pass
+    return total
+
+
+def free_bytes(path):
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def rmtree(p):
+    if os.path.lexists(p):
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def parse_time_v(text):
+    """GNU time -v output -> dict"""
+    keys = {
+        "Maximum resident set size (kbytes)": ("max_rss_kb", int),
+        "User time (seconds)": ("user_s", float),
+        "System time (seconds)": ("sys_s", float),
+        "File system inputs": ("fs_in_blocks", int),
+        "File system outputs": ("fs_out_blocks", int),
+        "Involuntary context switches": ("invol_cs", int),
+        "Major (requiring I/O) page faults": ("major_faults", int),
+        "Exit status": ("exit_status", int),
+    }
+    out = {}
+    for line in text.splitlines():
+        line = line.strip()
+        for k, (name, conv) in keys.items():
+            if line.startswith(k + ":"):
+                try:
+                    out[name] = conv(line.split(":", 1)[1].strip())
+                except ValueError:
+                    pass
+    return out
+
+
+def timed(cmd, env=None, cwd=ROOT, quiet=True):
+    """run cmd under /usr/bin/time -v; wall measured here. Returns dict (+ stdout)."""
+    with tempfile.NamedTemporaryFile("r", suffix=".time", delete=False) as tf:
+        tpath = tf.name
+    la = loadavg()
+    t0 = time.monotonic()
+    p = subprocess.run([TIME, "-v", "-o", tpath] + cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE if quiet else None, text=True)
+    wall = time.monotonic() - t0
+    with open(tpath) as f:
+        r = parse_time_v(f.read())
+    os.unlink(tpath)
+    r.update(wall_s=wall, rc=p.returncode, loadavg=la)
+    r["stdout"] = p.stdout
+    if p.returncode != 0:
+        r["stderr"] = (p.stderr or "")[-2000:]
+    return r
+
+
+def drop_cache(paths):
+    """evict these files from the page cache (a cold start for everyone); needs nothing special"""
+    for root in paths:
+        for dp, _, fs in os.walk(root):
+            for f in fs:
+                try:
+                    fd = os.open(os.path.join(dp, f), os.O_RDONLY)
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                    os.close(fd)
+                except OSError:
+                    pass
+
+
+def warm_cache(paths):
+    """read these files once, so every contender starts with the input in the page cache"""
+    buf = bytearray(8 << 20)
+    for root in paths:
+        for dp, _, fs in os.walk(root):
+            for f in fs:
+                with open(os.path.join(dp, f), "rb", buffering=0) as fh:
+                    while fh.readinto(buf):
+                        pass
+
+
+# ------------------------------------------------------------------------------------
+class Bench:
+    def __init__(self, a):
+        self.a = a
+        self.build = os.path.join(ROOT, a.build) if not os.path.isabs(a.build) else a.build
+        self.bfshard = os.path.join(self.build, "bfshard")
+        self.py = a.python
+        self.data = os.path.abspath(a.data)
+        self.disk = os.path.abspath(a.disk_dir)
+        self.shm = a.shm
+        self.nproc = os.cpu_count() or 1
+        self.res = {"meta": {}, "kernels": {}, "models": {}, "rss_scaling": {}, "targets": {}, "notes": []}
+        self.shm_inputs = []
+
+    def note(self, s):
+        log(s)
+        self.res["notes"].append(s)
+
+    # ---- environment ----
+    def meta(self):
+        cpu = ""
+        try:
+            for line in open("/proc/cpuinfo"):
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+            flags = open("/proc/cpuinfo").read()
+            isa = [f for f in ("avx2", "avx512f", "avx512bw") if re.search(r"\b%s\b" % f, flags)]
+        except OSError:
+            isa = []
+        mem = 0
+        try:
+            for line in open("/proc/meminfo"):
+                if line.startswith("MemTotal"):
+                    mem = int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                               text=True).stdout.strip() != ""
+        ver = subprocess.run([self.bfshard, "--version"], capture_output=True, text=True).stdout.strip()
+        self.res["meta"] = {
+            "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "host": platform.node(), "cpu": cpu, "isa": isa, "nproc": self.nproc, "mem_bytes": mem,
+            "git": rev + ("-dirty" if dirty else ""), "bfshard": ver, "kernel": platform.release(),
+            "args": vars(self.a), "loadavg_start": loadavg(),
+            "disk_dir": self.disk, "shm_dir": self.shm,
+        }
+
+    # ---- data ----
+    def dataset(self, kind, layers):
+        vocab = self.a.vocab
+        vtag = "real" if vocab == 0 else str(vocab)
+        d = os.path.join(self.data, f"{kind}-L{layers}-V{vtag}")
+        if not os.path.isdir(d):
+            os.makedirs(self.data, exist_ok=True)
+            need = layers * (480e6 if kind == "gpt-oss" else 120e6) + 2.4e9
+            if free_bytes(self.data) < need * 1.2:
+                raise SystemExit(f"bench: not enough space in {self.data} for {kind} x{layers} (~{need / 1e9:.1f} GB)")
+            log(f"generating {d}")
+            subprocess.run([self.py, os.path.join(HERE, "gen_synth.py"), kind, d, "--layers", str(layers),
+                            "--vocab", str(vocab)], check=True)
+        return d
+
+    # ---- (a) kernels ----
+    def kernels(self):
+        kb = os.path.join(self.build, "bench", "kernels_bench")
+        if os.path.exists(kb):
+            log("kernels_bench (one thread, every level)")
+            p = subprocess.run([kb, str(self.a.kreps)], capture_output=True, text=True)
+            parsed, op = {}, None
+            for line in p.stdout.splitlines():
+                m = re.match(r"^(\S.*?)\s+([\d.]+) MB out\s*$", line)
+                if m:
+                    op = m.group(1)
+                    parsed[op] = {"out_mb": float(m.group(2))}
+                    continue
+                m = re.match(r"^\s+(\w+)\s+([\d.]+) GB/s", line)
+                if m and op:
+                    parsed[op][m.group(1)] = float(m.group(2))
+            self.res["kernels"]["kernels_bench"] = {"rc": p.returncode, "text": p.stdout + p.stderr[-2000:],
+                                                    "gbs": parsed}
+            if p.returncode != 0:
+                self.note(f"kernels_bench exited {p.returncode} (a level differs from scalar, or it failed)")
+        else:
+            self.note("kernels_bench: not built (bench/kernels_bench.c missing or not compiling yet): skipped; "
+                      "the one-thread rates below come from threads_bench")
+        tb = os.path.join(self.build, "bench", "threads_bench")
+        log(f"threads_bench (1..{self.nproc} threads)")
+        p = subprocess.run([tb, "--json", "--reps", str(self.a.kreps), "--threads-max", str(self.nproc)],
+                           capture_output=True, text=True)
+        if p.returncode == 0:
+            self.res["kernels"]["threads_bench"] = json.loads(p.stdout)
+        else:
+            self.note(f"threads_bench failed: {p.stderr.strip()[:300]}")
+
+    # ---- (b) (c) one model ----
+    def convert_cmd(self, inp, out, threads=None, level=None):
+        c = [self.bfshard, "convert", inp, out, "--device", "cpu", "--world-size", str(self.a.world),
+             "--quiet", "--json", "--force"]
+        if threads:
+            c += ["--threads", str(threads)]
+        if level:
+            c += ["--cpu-level", level]
+        return c
+
+    def run_bfshard(self, inp, out, **kw):
+        rmtree(out)
+        os.sync()
+        r = timed(self.convert_cmd(inp, out, **kw))
+        try:
+            j = json.loads(r["stdout"].strip().splitlines()[-1])
+            r.update(bytes=j.get("bytes_written"), internal_s=j.get("seconds"), backend=j.get("backend"))
+        except (ValueError, IndexError):
+            r["bytes"] = None
+        r["out_bytes_on_disk"] = du(out)
+        rmtree(out)
+        del r["stdout"]
+        if r["rc"] != 0:
+            self.note(f"bfshard convert {inp} failed (rc {r['rc']}): {r.get('stderr', '')[-300:]}")
+        return r
+
+    def run_dd(self, out_dir, nbytes):
+        os.makedirs(out_dir, exist_ok=True)
+        f = os.path.join(out_dir, "dd.bin")
+        rmtree(f) if os.path.isdir(f) else (os.path.exists(f) and os.unlink(f))
+        os.sync()
+        r = timed(["dd", "if=/dev/zero", f"of={f}", "bs=8M", f"count={nbytes}", "iflag=count_bytes",
+                   "conv=fdatasync"])
+        r["bytes"] = os.path.getsize(f)
+        os.unlink(f)
+        del r["stdout"]
+        return r
+
+    def run_python(self, inp, out, layers):
+        rmtree(out)
+        os.sync()
+        cmd = [self.py, os.path.join(HERE, "upstream.py"), inp, out, "--world-size", str(self.a.world)]
+        if layers:
+            cmd += ["--layers", str(layers)]
+        r = timed(cmd)
+        try:
+            j = json.loads(r["stdout"].strip().splitlines()[-1])
+            r.update(bytes=j["bytes_out"], internal=j)
+        except (ValueError, IndexError, KeyError):
+            r["bytes"] = None
+            self.note(f"upstream.py failed on {inp} (rc {r['rc']}): {r.get('stderr', '')[-500:]}")
+        del r["stdout"]
+        rmtree(out)
+        return r
+
+    def model(self, kind, layers):
+        a = self.a
+        inp = self.dataset(kind, layers)
+        M = {"input": inp, "layers": layers, "input_bytes": du(inp), "runs": {}}
+        self.res["models"][kind] = M
+        # output size from the plan
+        p = subprocess.run([self.bfshard, "inspect", inp, "--world-size", str(a.world), "--json"], capture_output=True,
+                           text=True)
+        out_bytes = None
+        try:
+            j = json.loads(p.stdout)
+            out_bytes = j.get("output_bytes")
+        except ValueError:
+            pass
+        runs = M["runs"]
+
+        def add(name, r):
+            runs.setdefault(name, []).append(r)
+
+        # tmpfs: the input copied there too, when it fits, so the run is all in memory
+        shm_ok = os.path.isdir(self.shm) or os.path.isdir(os.path.dirname(self.shm))
+        shm_in = None
+        if shm_ok:
+            os.makedirs(self.shm, exist_ok=True)
+            est_out = out_bytes or 3 * M["input_bytes"]
+            if free_bytes(self.shm) > M["input_bytes"] + est_out + (1 << 30):
+                shm_in = os.path.join(self.shm, "in-" + os.path.basename(inp))
+                if not os.path.isdir(shm_in):
+                    shutil.copytree(inp, shm_in)
+                self.shm_inputs.append(shm_in)
+            else:
+                self.note(f"{kind}: {self.shm} has no room for input + output: tmpfs runs skipped")
+        shm_out = os.path.join(self.shm, "out")
+        disk_out = os.path.join(self.disk, "out")
+        os.makedirs(self.disk, exist_ok=True)
+        threads = list(range(1, self.nproc + 1))
+        levels = ["scalar"] + (["avx2"] if "avx2" in self.res["meta"]["isa"] else [])
+        if "avx512f" in self.res["meta"]["isa"] and "avx512bw" in self.res["meta"]["isa"]:
+            levels.append("avx512")
+
+        for rep in range(a.repeat):
+            log(f"{kind}: round {rep + 1}/{a.repeat}")
+            if shm_in:
+                for t in threads:
+                    add(f"bfshard_shm_t{t}", self.run_bfshard(shm_in, shm_out, threads=t))
+                for lv in levels[:-1]:  # the best level is the runs above
+                    add(f"bfshard_shm_{lv}", self.run_bfshard(shm_in, shm_out, level=lv))
+                nb = (runs[f"bfshard_shm_t{threads[-1]}"][-1].get("out_bytes_on_disk") or out_bytes or 0)
+                add("dd_shm", self.run_dd(self.shm, nb))
+            if free_bytes(self.disk) < (out_bytes or 3 * M["input_bytes"]) + (1 << 30):
+                self.note(f"{kind}: {self.disk} has {free_bytes(self.disk) / 1e9:.0f} GB free, the output needs "
+                          f"{(out_bytes or 0) / 1e9:.0f} GB: disk runs skipped")
+            else:
+                warm_cache([inp])
+                r = self.run_bfshard(inp, disk_out)
+                add("bfshard_disk", r)
+                nb = r.get("out_bytes_on_disk") or out_bytes or 0
+                add("dd_disk", self.run_dd(self.disk, nb))
+            if a.py and (rep == 0 or a.py_repeat):
+                warm_cache([inp])
+                pl = a.py_layers if a.py_layers and a.py_layers < layers else None
+                add("python_disk", self.run_python(inp, os.path.join(self.disk, "py-out"), pl))
+                if pl:
+                    M["python_subset_layers"] = pl
+        if a.check and a.py:
+            # bit-for-bit: the upstream slices vs bfshard's rank files (layer 0 + the rest)
+            rmtree(disk_out)
+            subprocess.run(self.convert_cmd(inp, disk_out), capture_output=True)
+            p = subprocess.run([self.py, os.path.join(HERE, "upstream.py"), inp, "-", "--world-size", str(a.world),
+                                "--layers", "1", "--check", disk_out], capture_output=True, text=True)
+            try:
+                M["check"] = json.loads(p.stdout.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                M["check"] = {"error": p.stderr[-500:]}
+            rmtree(disk_out)
+
+    # ---- (d) RSS vs model size ----
+    def rss_scaling(self):
+        out = {}
+        for L in self.a.rss_layers:
+            inp = self.dataset("gpt-oss", L)
+            target = self.shm if free_bytes(self.shm) > 3 * du(inp) + (1 << 30) else self.disk
+            r = self.run_bfshard(inp, os.path.join(target, "rss-out"))
+            out[str(L)] = {"input_bytes": du(inp), "bytes": r.get("bytes"), "max_rss_kb": r.get("max_rss_kb"),
+                           "wall_s": r["wall_s"], "to": target}
+        self.res["rss_scaling"] = out
+
+    # ---- summary ----
+    @staticmethod
+    def stat(runs, key="wall_s"):
+        v = [r[key] for r in runs if r.get(key) is not None and r.get("rc", 0) == 0]
+        if not v:
+            return None
+        return {"best": min(v), "worst": max(v), "n": len(v), "spread": (max(v) - min(v)) / min(v) if min(v) else 0}
+
+    def rate(self, runs):
+        ok = [r for r in runs if r.get("rc", 0) == 0 and r.get("bytes")]
+        if not ok:
+            return None
+        rates = [r["bytes"] / r["wall_s"] / 1e9 for r in ok]
+        return {"best_gbs": max(rates), "worst_gbs": min(rates), "n": len(rates),
+                "spread": (max(rates) - min(rates)) / max(rates)}
+
+    def summarize(self):
+        R = self.res
+        lines = []
+        P = lines.append
+        m = R["meta"]
+        P(f"bfshard benchmark  {m['date']}  git {m['git']}  {m['cpu']} ({m['nproc']} CPUs, "
+          f"{'/'.join(m['isa']) or 'no AVX2'}), {m['mem_bytes'] / 2**30:.0f} GiB; load avg at start {m['loadavg_start']}")
+        busy = max(x for x in (m.get("loadavg_start") or 0, m.get("loadavg_end") or 0))
+        if busy > 0.5 * m["nproc"]:
+            P(f"WARNING: the machine was busy (load average {m.get('loadavg_start')} at start, {m.get('loadavg_end')} at end, "
+              f"{m['nproc']} CPUs): wall-clock rates and thread scaling are pessimistic and noisy; CPU seconds less so")
+        P(f"world size {self.a.world}; rounds {self.a.repeat}; GB = 1e9 bytes; rates are BF16 output bytes / wall time; "
+          f"best of rounds, spread = (best-worst)/best")
+        # (a) kernels
+        P("")
+        P("(a) in-memory dequant, GB/s of BF16 output")
+        kb = R["kernels"].get("kernels_bench")
+        tb = R["kernels"].get("threads_bench")
+        targ = R["targets"]
+        if kb and kb["gbs"]:
+            P("  kernels_bench, one thread (out bytes per op):")
+            for op, d in kb["gbs"].items():
+                lv = [(k, v) for k, v in d.items() if k not in ("out_mb", "memcpy")]
+                best = max(lv, key=lambda kv: kv[1]) if lv else None
+                s = "  ".join(f"{k} {v:6.2f}" for k, v in lv)
+                ratio = best[1] / d["memcpy"] if best and d.get("memcpy") else None
+                P(f"    {op:36s} memcpy {d.get('memcpy', 0):6.2f}  {s}" + (f"   best/memcpy {ratio:4.2f}x" if ratio else ""))
+                if ratio is not None and ("mxfp4" in op or "bnb" in op):
+                    targ.setdefault("kernel_vs_memcpy", []).append({"op": op, "source": "kernels_bench", "ratio": ratio})
+        elif not kb:
+            P("  kernels_bench: skipped (not built)")
+        if tb:
+            res = tb["results"]
+            P(f"  threads_bench, level {tb['level']}, best (median) of {tb['reps']}:")
+            ops = []
+            for r in res:
+                if r["op"] not in ops:
+                    ops.append(r["op"])
+            hdr = "    threads " + "".join(f"{o:>24s}" for o in ops)
+            P(hdr)
+            for T in range(1, self.nproc + 1):
+                row = [r for r in res if r["threads"] == T]
+                P(f"    {T:7d} " + "".join(f"{r['best_gbs']:15.2f} ({r['median_gbs']:5.2f})" for r in row))
+            by = {(r["op"], r["threads"]): r["best_gbs"] for r in res}
+            for o in ops:
+                if o == "memcpy":
+                    continue
+                if by.get(("memcpy", 1)):
+                    targ.setdefault("kernel_vs_memcpy", []).append(
+                        {"op": o, "source": "threads_bench", "ratio": by[(o, 1)] / by[("memcpy", 1)]})
+                N = self.nproc
+                if N > 1 and by.get((o, 1)):
+                    targ.setdefault("thread_efficiency", []).append(
+                        {"what": f"kernel {o}", "threads": N, "efficiency": by[(o, N)] / (N * by[(o, 1)])})
+            if self.nproc > 1 and by.get(("memcpy", 1)):
+                N = self.nproc
+                targ.setdefault("thread_efficiency_memcpy", []).append(
+                    {"what": "memcpy", "threads": N, "efficiency": by[("memcpy", N)] / (N * by[("memcpy", 1)])})
+        # (b)(c)(d) per model
+        for kind, M in R["models"].items():
+            runs = M["runs"]
+            P("")
+            ob = next((r.get("bytes") for v in runs.values() for r in v if r.get("bytes")), 0)
+            P(f"(b,c,d) {kind}: {M['layers']} layers, input {M['input_bytes'] / 1e9:.2f} GB -> "
+              f"{ob / 1e9:.2f} GB BF16 in {self.a.world} rank files")
+            P(f"    {'run':34s} {'wall s':>8s} {'GB/s':>7s} {'spread':>7s} {'peak RSS':>10s} {'CPU s':>7s} "
+              f"{'GB/CPUs':>7s} {'read MB':>8s} {'vs ref':>16s}")
+            dd_disk = self.rate(runs.get("dd_disk", []))
+            dd_shm = self.rate(runs.get("dd_shm", []))
+            bf_disk = self.rate(runs.get("bfshard_disk", []))
+            py = self.rate(runs.get("python_disk", []))
+            t1 = self.rate(runs.get("bfshard_shm_t1", []))
+            memcpy1 = None
+            if tb:
+                memcpy1 = next((r["best_gbs"] for r in tb["results"] if r["op"] == "memcpy" and r["threads"] == 1), None)
+            for name, rs in runs.items():
+                rt = self.rate(rs)
+                if not rt:
+                    P(f"    {name:34s} failed")
+                    continue
+                best = max((r for r in rs if r.get("rc", 0) == 0 and r.get("bytes")),
+                           key=lambda r: r["bytes"] / r["wall_s"])
+                rss = max(r.get("max_rss_kb", 0) for r in rs) / 1024
+                cpu = (best.get("user_s", 0) + best.get("sys_s", 0))
+                rd = best.get("fs_in_blocks", 0) * 512 / 1e6
+                ref = ""
+                if name.startswith("bfshard_shm") and dd_shm:
+                    ref = f"{rt['best_gbs'] / dd_shm['best_gbs']:5.2f}x dd shm"
+                elif name == "bfshard_disk" and dd_disk:
+                    ref = f"{rt['best_gbs'] / dd_disk['best_gbs']:5.2f}x dd disk"
+                elif name == "python_disk" and bf_disk:
+                    ref = f"bfshard {bf_disk['best_gbs'] / rt['best_gbs']:5.1f}x"
+                elif name == "dd_shm" and memcpy1:
+                    ref = f"{rt['best_gbs'] / memcpy1:5.2f}x memcpy"
+                label = name
+                if name == "python_disk" and M.get("python_subset_layers"):
+                    label += f" ({M['python_subset_layers']} layer subset)"
+                P(f"    {label:34s} {best['wall_s']:8.2f} {rt['best_gbs']:7.3f} {rt['spread'] * 100:6.0f}% {rss:8.0f} MB "
+                  f"{cpu:7.2f} {best['bytes'] / 1e9 / cpu if cpu else 0:7.2f} {rd:8.0f} {ref:>16s}")
+            for r in runs.get("python_disk", [])[:1]:
+                j = r.get("internal")
+                if j:
+                    P(f"    python: dequant {j['dequant_s']:.1f} s, save_file {j['save_s']:.1f} s, fdatasync "
+                      f"{j['sync_s']:.1f} s, start-up and imports {r['wall_s'] - j['total_s']:.1f} s "
+                      f"(torch {j['torch']}, {j['threads']} threads)")
+            if bf_disk and dd_disk:
+                targ.setdefault("disk_vs_dd", []).append({"model": kind, "ratio": bf_disk["best_gbs"] / dd_disk["best_gbs"]})
+            if bf_disk and py:
+                targ.setdefault("vs_python_speed", []).append({"model": kind, "ratio": bf_disk["best_gbs"] / py["best_gbs"],
+                                                               "python_subset_layers": M.get("python_subset_layers")})
+                rb = max(r.get("max_rss_kb", 0) for r in runs["bfshard_disk"])
+                rp = max(r.get("max_rss_kb", 0) for r in runs["python_disk"])
+                if rb:
+                    targ.setdefault("vs_python_rss", []).append({"model": kind, "ratio": rp / rb, "bfshard_kb": rb,
+                                                                 "python_kb": rp})
+            N = self.nproc
+            tN = self.rate(runs.get(f"bfshard_shm_t{N}", []))
+            if N > 1 and t1 and tN:
+                targ.setdefault("thread_efficiency", []).append(
+                    {"what": f"bfshard convert tmpfs {kind}", "threads": N,
+                     "efficiency": tN["best_gbs"] / (N * t1["best_gbs"])})
+            if "check" in M:
+                c = M["check"]
+                P(f"    bit-for-bit vs upstream (layer 0 + non-layer tensors, every rank): "
+                  f"{c.get('checked', '?')} slices, {c.get('mismatches', '?')} mismatches")
+        # RSS scaling
+        rs = R["rss_scaling"]
+        if rs:
+            P("")
+            P("(d) bfshard peak RSS vs checkpoint size (gpt-oss shapes):")
+            vals = []
+            for L, d in rs.items():
+                P(f"    {L:>3s} layers: input {d['input_bytes'] / 1e9:6.2f} GB, output {(d['bytes'] or 0) / 1e9:6.2f} GB, "
+                  f"peak RSS {(d['max_rss_kb'] or 0) / 1024:7.1f} MB ({d['wall_s']:.1f} s, to {d['to']})")
+                vals.append(d["max_rss_kb"] or 0)
+            if len(vals) >= 2 and vals[0]:
+                targ["rss_growth"] = [{"ratio": vals[-1] / vals[0], "layers": list(rs.keys())}]
+        # targets
+        P("")
+        P("targets")
+        verdicts = {}
+        for key, lim in TARGETS.items():
+            items = targ.get(key)
+            if not items:
+                P(f"    {key:22s} (not measured)")
+                continue
+            field = "efficiency" if key == "thread_efficiency" else "ratio"
+            worst = min(items, key=lambda x: x[field]) if key != "rss_growth" else max(items, key=lambda x: x[field])
+            ok = worst[field] <= lim if key == "rss_growth" else worst[field] >= lim
+            verdicts[key] = ok
+            desc = {"kernel_vs_memcpy": ">= %.1fx memcpy (best level, 1 thread)",
+                    "disk_vs_dd": ">= %.1fx dd to disk",
+                    "vs_python_speed": ">= %.0fx faster than Python",
+                    "vs_python_rss": ">= %.0fx lower peak RSS",
+                    "thread_efficiency": ">= %.1f of linear at nproc",
+                    "rss_growth": "4x model: peak RSS <= %.2fx"}[key] % lim
+            detail = ", ".join(
+                f"{x.get('op') or x.get('model') or x.get('what') or ''} {x[field]:.2f}".strip() for x in items)
+            P(f"    {'PASS' if ok else 'FAIL'}  {desc:40s} {detail}")
+        if "thread_efficiency_memcpy" in targ:
+            x = targ["thread_efficiency_memcpy"][0]
+            P(f"          (memcpy itself scales {x['efficiency']:.2f} of linear on {x['threads']} threads here)")
+        R["verdicts"] = verdicts
+        for n in R["notes"]:
+            P(f"note: {n}")
+        return "\n".join(lines)
+
+    def run(self):
+        a = self.a
+        self.meta()
+        for p in (self.disk, self.shm):
+            os.makedirs(p, exist_ok=True)
+        log(f"df: {self.disk} {free_bytes(self.disk) / 1e9:.0f} GB free, {self.shm} {free_bytes(self.shm) / 1e9:.0f} GB free")
+        try:
+            if a.kernels:
+                self.kernels()
+            if a.layers:
+                self.model("gpt-oss", a.layers)
+            if a.bnb_layers:
+                self.model("bnb-nf4", a.bnb_layers)
+            if a.rss_layers:
+                self.rss_scaling()
+        finally:
+            for d in self.shm_inputs:
+                rmtree(d)
+            for d in (os.path.join(self.shm, "out"), os.path.join(self.shm, "rss-out"), os.path.join(self.disk, "out"),
+                      os.path.join(self.disk, "rss-out"), os.path.join(self.disk, "py-out")):
+                rmtree(d)
+            try:
+                os.rmdir(self.shm)
+            except OSError:
+                pass
+            if not a.keep_data:
+                rmtree(self.data)
+        self.res["meta"]["loadavg_end"] = loadavg()
+        text = self.summarize()
+        print(text)
+        os.makedirs(a.out, exist_ok=True)
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        for name in (f"bench-{stamp}.json", "latest.json"):
+            with open(os.path.join(a.out, name), "w") as f:
+                json.dump(self.res, f, indent=1)
+        with open(os.path.join(a.out, "latest.txt"), "w") as f:
+            f.write(text + "\n")
+        log(f"wrote {os.path.join(a.out, f'bench-{stamp}.json')} (and latest.json, latest.txt)")
+        return 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description="bfshard benchmark (make bench)")
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--python", default=os.path.join(ROOT, "build", "bench-venv", "bin", "python"))
+    ap.add_argument("--layers", type=int, default=2, help="gpt-oss layers (24 = gpt-oss-20b; 0 skips)")
+    ap.add_argument("--bnb-layers", type=int, default=2, help="Llama NF4 layers (32 = Llama-3-8B; 0 skips)")
+    ap.add_argument("--vocab", type=int, default=32000, help="embedding rows; 0 = the real models' (201088, 128256)")
+    ap.add_argument("--world", type=int, default=8)
+    ap.add_argument("--repeat", type=int, default=1, help="rounds of every timed run")
+    ap.add_argument("--py", type=int, default=1, help="0 skips the upstream Python path")
+    ap.add_argument("--py-layers", type=int, default=1, help="layers the Python path converts (0 = all)")
+    ap.add_argument("--py-repeat", type=int, default=0, help="1 repeats the Python path every round")
+    ap.add_argument("--rss-layers", default="1,4", help="gpt-oss sizes for the RSS test ('' skips)")
+    ap.add_argument("--kernels", type=int, default=1)
+    ap.add_argument("--kreps", type=int, default=5)
+    ap.add_argument("--check", type=int, default=0, help="1: check the upstream output equals bfshard's")
+    ap.add_argument("--data", default=os.path.join(ROOT, "build", "bench-data"))
+    ap.add_argument("--disk-dir", default=os.path.join(ROOT, "build", "bench-tmp"))
+    ap.add_argument("--shm", default="/dev/shm/bfshard-bench")
+    ap.add_argument("--keep-data", type=int, default=1)
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "out"))
+    a = ap.parse_args()
+    a.rss_layers = [int(x) for x in a.rss_layers.replace(" ", ",").split(",") if x.strip()]
+    if not os.path.exists(TIME):
+        raise SystemExit("bench: /usr/bin/time is missing (Debian package `time`; bench/setup.sh installs it)")
+    return Bench(a).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
