@@ -59,7 +59,7 @@ const bfs_raw *bfs__input_find(const bfs_input *in, const char *name)
  * Reading a page of a MAP_SHARED mapping that lies past the current end of its file
  * raises SIGBUS on whichever thread touches it: the main thread, a CPU worker, a
  * thread copying to the GPU. The run must end with an error, not die. So one
- * process-wide handler, installed once, looks the faulting address up in a
+ * process-wide handler, (re)installed at every open, looks the faulting address up in a
  * lock-free table of the input mappings; when it is one of ours it maps a zero page
  * over the vanished page (the faulting read then completes, with zeros) and marks
  * the mapping. bfs__input_check(), called before and after every unit, fails the
@@ -76,12 +76,13 @@ static struct {
 } bfs__maps[BFS_MAX_MAPS];
 static struct sigaction bfs__old_bus;
 static uintptr_t bfs__page = 4096;
-static pthread_once_t bfs__bus_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t bfs__bus_mu = PTHREAD_MUTEX_INITIALIZER;
+static _Thread_local int bfs__bus_depth; /* > 0 while this thread runs the chained handler */
 
 static void bfs__on_sigbus(int sig, siginfo_t *si, void *ctx)
 {
     const uintptr_t a = (uintptr_t)si->si_addr;
-    for (int i = 0; i < BFS_MAX_MAPS; i++) {
+    for (int i = 0; si->si_code > 0 && i < BFS_MAX_MAPS; i++) { /* a fault, not a kill() */
         const uintptr_t b = atomic_load(&bfs__maps[i].base);
         if (b && a >= b && a - b < atomic_load(&bfs__maps[i].len)) {
             atomic_store(&bfs__maps[i].faulted, 1);
@@ -92,29 +93,41 @@ static void bfs__on_sigbus(int sig, siginfo_t *si, void *ctx)
             break;
         }
     }
-    if (bfs__old_bus.sa_flags & SA_SIGINFO) {
-        if (bfs__old_bus.sa_sigaction) {
-            bfs__old_bus.sa_sigaction(sig, si, ctx);
+    /* not ours: the handler before us, once (it may chain back to us), else the default */
+    const struct sigaction old = bfs__old_bus;
+    if (bfs__bus_depth++ == 0) {
+        if ((old.sa_flags & SA_SIGINFO) && old.sa_sigaction) {
+            old.sa_sigaction(sig, si, ctx);
+            bfs__bus_depth--;
             return;
         }
-    } else if (bfs__old_bus.sa_handler != SIG_DFL && bfs__old_bus.sa_handler != SIG_IGN) {
-        bfs__old_bus.sa_handler(sig);
-        return;
+        if (!(old.sa_flags & SA_SIGINFO) && old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN) {
+            old.sa_handler(sig);
+            bfs__bus_depth--;
+            return;
+        }
     }
+    bfs__bus_depth = 0;
     signal(SIGBUS, SIG_DFL); /* returning re-executes the access: the default action */
 }
 
+/* (Re)install the handler when another one replaced it since (checked at every open). */
 static void bfs__bus_install(void)
 {
-    struct sigaction sa;
+    struct sigaction sa, cur;
+    pthread_mutex_lock(&bfs__bus_mu);
     const long pg = sysconf(_SC_PAGESIZE);
     if (pg > 0)
         bfs__page = (uintptr_t)pg;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_sigaction = bfs__on_sigbus;
-    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGBUS, &sa, &bfs__old_bus);
+    if (sigaction(SIGBUS, NULL, &cur) == 0 && !((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == bfs__on_sigbus)) {
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = bfs__on_sigbus;
+        sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+        sigemptyset(&sa.sa_mask);
+        bfs__old_bus = cur;
+        sigaction(SIGBUS, &sa, NULL);
+    }
+    pthread_mutex_unlock(&bfs__bus_mu);
 }
 
 static void bfs__map_register(const void *base, size_t len)
@@ -328,7 +341,7 @@ int bfs__input_open(const char *path, bfs_input **out)
     struct stat st;
 
     *out = NULL;
-    pthread_once(&bfs__bus_once, bfs__bus_install);
+    bfs__bus_install();
     if (stat(path, &st) != 0)
         return bfs__errno(BFS_EINPUT, errno, "%s: cannot access input", path);
     in = calloc(1, sizeof *in);
