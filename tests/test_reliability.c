@@ -1,0 +1,964 @@
+/*
+ * Reliability: what happens to unattended runs on files from strangers.
+ *
+ *   kill -9 at many points of a real CLI conversion (time steps and file-system
+ *       events: journal, temp files, renames, manifest) -> no incomplete file under
+ *       a final name; the same command again finishes byte-identical to a clean run;
+ *   a full disk (a small tmpfs, when we may mount one) and RLIMIT_FSIZE -> exit 4,
+ *       one line, no temp files, the input untouched, and a rerun with room finishes;
+ *   an input truncated while mapped -> BFS_EINPUT naming the file, never SIGBUS
+ *       (main thread, CPU workers, a second process truncating);
+ *   symlinks in OUTDIR are replaced, never followed; tensor names never become paths;
+ *   verify catches every single flipped bit of every output file and names it;
+ *   the fuzz corpora (fuzz/corpus, fuzz/regress) replay without a report.
+ *
+ * $BFS_RELIABILITY_MB sets the size of the generated MXFP4 input of the kill test
+ * (default 48).
+ */
+#include "testutil.h"
+#include "bfs_internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/inotify.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- the fuzz targets, replayed as plain functions -------------------------------- */
+#define LLVMFuzzerTestOneInput fz_st_parse_one
+#include "../fuzz/fuzz_st_parse.c"
+#undef LLVMFuzzerTestOneInput
+#define LLVMFuzzerTestOneInput fz_plan_one
+#include "../fuzz/fuzz_plan.c"
+#undef LLVMFuzzerTestOneInput
+#define LLVMFuzzerTestOneInput fz_input_one
+#include "../fuzz/fuzz_input.c"
+#undef LLVMFuzzerTestOneInput
+#define LLVMFuzzerTestOneInput fz_bnb_blob_one
+#define LLVMFuzzerInitialize fz_bnb_blob_init
+#include "../fuzz/fuzz_bnb_blob.c"
+#undef LLVMFuzzerTestOneInput
+#undef LLVMFuzzerInitialize
+#include "../fuzz/fuzz_common.c"
+
+/* ---- small helpers ------------------------------------------------------------------ */
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint64_t rng(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void write_st(const char *path, const char *header, const uint8_t *data, size_t data_len)
+{
+    const size_t hl = strlen(header);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    uint8_t len[8];
+    for (int i = 0; i < 8; i++)
+        len[i] = (uint8_t)((uint64_t)hl >> (8 * i));
+    assert_int_equal(fwrite(len, 1, 8, f), 8);
+    assert_int_equal(fwrite(header, 1, hl, f), hl);
+    if (data_len)
+        assert_int_equal(fwrite(data, 1, data_len, f), data_len);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* A gpt-oss-shaped MXFP4 checkpoint of about `mb` MB: L layers of experts
+ * gate_up_proj_blocks [4, 256, 90, 16] + scales + a BF16 bias; config + tokenizer. */
+static void gen_mxfp4(const char *dir, int mb)
+{
+    enum { E = 4, R = 256, G = 90 };
+    const size_t nb = (size_t)E * R * G * 16, ns = (size_t)E * R * G, nbias = (size_t)E * 512 * 2;
+    const int L = mb * 1000000 / (int)(nb + ns + nbias) + 1;
+    char path[4096];
+    size_t cap = (size_t)L * 600 + 64, k = 0;
+    char *hdr = malloc(cap);
+    uint64_t pos = 0;
+    k += (size_t)snprintf(hdr + k, cap - k, "{\"__metadata__\":{\"format\":\"pt\"}");
+    for (int l = 0; l < L; l++) {
+        k += (size_t)snprintf(hdr + k, cap - k,
+                              ",\"model.layers.%d.mlp.experts.gate_up_proj_blocks\":{\"dtype\":\"U8\",\"shape\":[%d,%d,%d,16],\"data_offsets\":[%llu,%llu]}"
+                              ",\"model.layers.%d.mlp.experts.gate_up_proj_scales\":{\"dtype\":\"U8\",\"shape\":[%d,%d,%d],\"data_offsets\":[%llu,%llu]}"
+                              ",\"model.layers.%d.mlp.experts.gate_up_proj_bias\":{\"dtype\":\"BF16\",\"shape\":[%d,512],\"data_offsets\":[%llu,%llu]}",
+                              l, E, R, G, (unsigned long long)pos, (unsigned long long)(pos + nb), l, E, R, G,
+                              (unsigned long long)(pos + nb), (unsigned long long)(pos + nb + ns), l, E,
+                              (unsigned long long)(pos + nb + ns), (unsigned long long)(pos + nb + ns + nbias));
+        pos += nb + ns + nbias;
+    }
+    k += (size_t)snprintf(hdr + k, cap - k, "}");
+    while (k % 8)
+        hdr[k++] = ' ';
+    hdr[k] = '\0';
+    uint8_t *data = malloc((size_t)pos);
+    assert_non_null(data);
+    uint64_t x = 12345;
+    for (uint64_t i = 0; i < pos; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        data[i] = (uint8_t)(x >> 56);
+    }
+    /* scales in a sane range (2^-27 .. 2^13) */
+    for (int l = 0; l < L; l++) {
+        uint8_t *s = data + (uint64_t)l * (nb + ns + nbias) + nb;
+        for (size_t i = 0; i < ns; i++)
+            s[i] = (uint8_t)(100 + s[i] % 40);
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    write_st(path, hdr, data, (size_t)pos);
+    free(data);
+    free(hdr);
+    assert_int_equal(tu_sh("cp fixtures/mxfp4-tiny/config.json fixtures/mxfp4-tiny/tokenizer.json %s/", dir), 0);
+}
+
+/* Start the CLI; stdout/stderr to errfile (or /dev/null). fsize: RLIMIT_FSIZE, 0 = none;
+ * the limit would cut the error message short in a file too, so then stderr goes
+ * through a pipe to a `cat` that writes errfile (reaped by run_cli). */
+static pid_t cat_pid;
+static pid_t spawn(char *const argv[], const char *errfile, rlim_t fsize)
+{
+    int pfd[2] = {-1, -1};
+    if (fsize && errfile) {
+        assert_int_equal(pipe(pfd), 0);
+        cat_pid = fork();
+        assert_true(cat_pid >= 0);
+        if (cat_pid == 0) {
+            const int fd = open(errfile, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+            dup2(pfd[0], 0);
+            dup2(fd, 1);
+            close(pfd[0]);
+            close(pfd[1]);
+            execlp("cat", "cat", (char *)NULL);
+            _exit(127);
+        }
+    }
+    const pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        const int fd = pfd[1] >= 0 ? pfd[1] : open(errfile ? errfile : "/dev/null", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) {
+            dup2(fd, 2);
+            close(fd);
+        }
+        if (pfd[0] >= 0)
+            close(pfd[0]);
+        const int nul = open("/dev/null", O_WRONLY);
+        if (nul >= 0)
+            dup2(nul, 1);
+        signal(SIGXFSZ, SIG_IGN); /* a file-size limit is an error to report, not a death */
+        if (fsize) {
+            const struct rlimit rl = {fsize, fsize};
+            setrlimit(RLIMIT_FSIZE, &rl);
+        }
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    if (pfd[0] >= 0) {
+        close(pfd[0]);
+        close(pfd[1]);
+    }
+    return pid;
+}
+
+static int wait_exit(pid_t pid)
+{
+    int st;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    if (WIFSIGNALED(st))
+        return 1000 + WTERMSIG(st);
+    return WEXITSTATUS(st);
+}
+
+static int run_cli(char *const argv[], const char *errfile, rlim_t fsize)
+{
+    const int rc = wait_exit(spawn(argv, errfile, fsize));
+    if (cat_pid > 0)
+        wait_exit(cat_pid);
+    cat_pid = 0;
+    return rc;
+}
+
+static int count_lines_file(const char *path, char *text, size_t cap)
+{
+    size_t n = 0;
+    uint8_t *b = tu_read_file(path, &n);
+    int lines = 0;
+    for (size_t i = 0; b && i < n; i++)
+        lines += b[i] == '\n';
+    if (text)
+        snprintf(text, cap, "%.*s", (int)n, b ? (char *)b : "");
+    free(b);
+    return lines;
+}
+
+static bool has_partial(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    bool found = false;
+    if (!d)
+        return false;
+    while ((e = readdir(d)) != NULL) {
+        const size_t n = strlen(e->d_name);
+        found = found || (n > 8 && !strcmp(e->d_name + n - 8, ".partial"));
+    }
+    closedir(d);
+    return found;
+}
+
+/* After a kill: every name in out is either bfshard's temp/journal (hidden) or a
+ * final name whose content equals ref's file of that name. */
+static void check_no_incomplete(const char *out, const char *ref, const char *when)
+{
+    DIR *d = opendir(out);
+    struct dirent *e;
+    if (!d)
+        return; /* killed before it made OUTDIR */
+    while ((e = readdir(d)) != NULL) {
+        const char *nm = e->d_name;
+        const size_t n = strlen(nm);
+        if (!strcmp(nm, ".") || !strcmp(nm, ".."))
+            continue;
+        if (nm[0] == '.') {
+            if (strcmp(nm, ".bfshard-inprogress") != 0 && !(n > 8 && !strcmp(nm + n - 8, ".partial")))
+                fail_msg("%s: unexpected hidden file %s/%s", when, out, nm);
+            continue;
+        }
+        if (tu_sh("cmp -s '%s/%s' '%s/%s'", out, nm, ref, nm) != 0)
+            fail_msg("%s: %s/%s is under its final name but differs from a clean run's", when, out, nm);
+    }
+    closedir(d);
+}
+
+/* ---- kill -9 ---------------------------------------------------------------------------- */
+typedef struct {
+    char in[4096], out[4096], ref[4096];
+    char *argv[16];
+    double t_ref;
+} killctx;
+
+static void kill_setup(killctx *k, const char *tmp)
+{
+    const char *mbs = getenv("BFS_RELIABILITY_MB");
+    const int mb = mbs && atoi(mbs) > 0 ? atoi(mbs) : 48;
+    snprintf(k->in, sizeof k->in, "%s/in", tmp);
+    snprintf(k->out, sizeof k->out, "%s/out", tmp);
+    snprintf(k->ref, sizeof k->ref, "%s/ref", tmp);
+    assert_int_equal(mkdir(k->in, 0755), 0);
+    gen_mxfp4(k->in, mb);
+    static char *const tmpl[] = {NULL, "convert", NULL, NULL, "--world-size", "3", "--device", "cpu",
+                                 "--threads", "2", "--mem", "8M", "--quiet", NULL};
+    memcpy(k->argv, tmpl, sizeof tmpl);
+    k->argv[0] = (char *)tu_bfshard();
+    k->argv[2] = k->in;
+    k->argv[3] = k->ref;
+    const double t0 = now_s();
+    assert_int_equal(run_cli(k->argv, NULL, 0), 0);
+    k->t_ref = now_s() - t0;
+    k->argv[3] = k->out;
+    fprintf(stderr, "  reference conversion of a %d MB MXFP4 input: %.2f s\n", mb, k->t_ref);
+}
+
+/* Rerun the same command to the end: exit 0 and byte-identical to the reference. */
+static void finish_and_compare(killctx *k, const char *when)
+{
+    const int rc = run_cli(k->argv, NULL, 0);
+    if (rc != 0)
+        fail_msg("%s: rerunning the same command exited %d", when, rc);
+    if (tu_sh("diff -r '%s' '%s' >/dev/null", k->ref, k->out) != 0)
+        fail_msg("%s: the finished OUTDIR differs from a clean run's", when);
+}
+
+/* SIGKILL the CLI when `name` gets event `mask` in OUTDIR. Returns true when it was
+ * killed, false when it exited first. */
+static bool kill_on_event(killctx *k, const char *name, uint32_t mask)
+{
+    const int ifd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+    assert_true(ifd >= 0);
+    assert_true(inotify_add_watch(ifd, k->out, IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE | IN_DELETE) >= 0);
+    const pid_t pid = spawn(k->argv, NULL, 0);
+    bool killed = false;
+    char buf[65536] __attribute__((aligned(8)));
+    const double deadline = now_s() + 60 + 10 * k->t_ref;
+    while (!killed && now_s() < deadline) {
+        struct pollfd p = {.fd = ifd, .events = POLLIN};
+        if (poll(&p, 1, 20) > 0) {
+            const ssize_t n = read(ifd, buf, sizeof buf);
+            for (ssize_t off = 0; n > 0 && off < n && !killed;) {
+                const struct inotify_event *ev = (const struct inotify_event *)(buf + off);
+                if ((ev->mask & mask) && ev->len && !strcmp(ev->name, name)) {
+                    kill(pid, SIGKILL);
+                    killed = true;
+                }
+                off += (ssize_t)(sizeof *ev + ev->len);
+            }
+        }
+        if (!killed && waitpid(pid, NULL, WNOHANG) == pid) {
+            close(ifd);
+            return false;
+        }
+    }
+    if (!killed)
+        kill(pid, SIGKILL);
+    const int rc = wait_exit(pid);
+    close(ifd);
+    assert_true(rc == 1000 + SIGKILL || rc == 0);
+    return rc != 0;
+}
+
+static void kill9_on_events(void **s)
+{
+    (void)s;
+    char *tmp = tu_tmpdir("kill9ev");
+    killctx k;
+    kill_setup(&k, tmp);
+    static const struct {
+        const char *name;
+        uint32_t mask;
+    } evs[] = {
+        {".bfshard-inprogress", IN_CREATE},
+        {".bfshard-inprogress", IN_CLOSE_WRITE},
+        {".shard-00001-model-00001-of-00001.safetensors.partial", IN_CREATE},
+        {"shard-00001-model-00001-of-00001.safetensors", IN_MOVED_TO},
+        {".shard-00002-model-00001-of-00001.safetensors.partial", IN_CREATE},
+        {"shard-00003-model-00001-of-00001.safetensors", IN_MOVED_TO},
+        {".config.json.partial", IN_CREATE},
+        {"config.json", IN_MOVED_TO},
+        {".tokenizer.json.partial", IN_CLOSE_WRITE},
+        {".xxh128sums.txt.partial", IN_CREATE},
+        {".bfshard.manifest.json.partial", IN_CREATE},
+        {".bfshard.manifest.json.partial", IN_CLOSE_WRITE},
+        {"bfshard.manifest.json", IN_MOVED_TO},
+        {".bfshard-inprogress", IN_DELETE},
+    };
+    int killed = 0;
+    for (size_t i = 0; i < sizeof evs / sizeof *evs; i++) {
+        char when[256];
+        snprintf(when, sizeof when, "kill -9 at %s %s", evs[i].name,
+                 evs[i].mask == IN_CREATE ? "created" : evs[i].mask == IN_MOVED_TO ? "renamed into place"
+                 : evs[i].mask == IN_DELETE ? "deleted" : "closed");
+        tu_rmrf(k.out);
+        assert_int_equal(mkdir(k.out, 0755), 0);
+        killed += kill_on_event(&k, evs[i].name, evs[i].mask);
+        check_no_incomplete(k.out, k.ref, when);
+        finish_and_compare(&k, when);
+    }
+    fprintf(stderr, "  %d of %zu event kills landed before the run ended\n", killed, sizeof evs / sizeof *evs);
+    assert_true(killed >= 10);
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
+static void kill9_stepped_and_random(void **s)
+{
+    (void)s;
+    char *tmp = tu_tmpdir("kill9t");
+    killctx k;
+    kill_setup(&k, tmp);
+    /* independent kills at stepped and random delays, each rerun to the end */
+    for (int i = 0; i < 8; i++) {
+        const double frac = i < 5 ? 0.05 + 0.2 * i : (double)(rng() % 1000) / 1000.0;
+        char when[128];
+        snprintf(when, sizeof when, "kill -9 after %.0f%% of a clean run's time", frac * 100);
+        tu_rmrf(k.out);
+        const pid_t pid = spawn(k.argv, NULL, 0);
+        usleep((useconds_t)(frac * k.t_ref * 1e6));
+        kill(pid, SIGKILL);
+        wait_exit(pid);
+        check_no_incomplete(k.out, k.ref, when);
+        finish_and_compare(&k, when);
+    }
+    /* a chain: every rerun is killed again (resume of a resume, rehash of reused files) */
+    tu_rmrf(k.out);
+    for (int i = 0; i < 6; i++) {
+        char when[128];
+        snprintf(when, sizeof when, "kill -9 chain, step %d", i);
+        const pid_t pid = spawn(k.argv, NULL, 0);
+        usleep((useconds_t)((0.1 + (double)(rng() % 400) / 1000.0) * k.t_ref * 1e6));
+        kill(pid, SIGKILL);
+        wait_exit(pid);
+        check_no_incomplete(k.out, k.ref, when);
+    }
+    finish_and_compare(&k, "kill -9 chain");
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
+/* ---- full disk ------------------------------------------------------------------------ */
+static char *hash_tree(const char *dir)
+{
+    char *tmp = tu_tmpdir("hash"), f[4096];
+    snprintf(f, sizeof f, "%s/h", tmp);
+    tu_sh("cd '%s' && find . -type f | sort | xargs xxh128sum > '%s' 2>/dev/null", dir, f);
+    size_t n;
+    char *h = (char *)tu_read_file(f, &n);
+    h[n] = '\0';
+    tu_rmrf(tmp);
+    free(tmp);
+    return h;
+}
+
+/* One run that must end with exit 0, or 4 with one clear line and no temp files. */
+static int full_disk_run(char *const argv[], const char *out, const char *errf, rlim_t fsize, const char *what)
+{
+    const int rc = run_cli(argv, errf, fsize);
+    char err[4096];
+    const int lines = count_lines_file(errf, err, sizeof err);
+    if (rc != 0 && rc != 4)
+        fail_msg("%s: exit %d, expected 0 or 4: %s", what, rc, err);
+    if (rc == 4) {
+        if (lines != 1 || strncmp(err, "bfshard: error: ", 16) != 0 ||
+            !(strstr(err, "No space left") || strstr(err, "disk full") || strstr(err, "File too large")) ||
+            !strstr(err, out))
+            fail_msg("%s: the error is not one clear line naming the file: %s", what, err);
+        if (has_partial(out))
+            fail_msg("%s: temporary files left in %s", what, out);
+    }
+    return rc;
+}
+
+static char mounted[4096];
+static int unmount_teardown(void **s)
+{
+    (void)s;
+    if (mounted[0])
+        umount2(mounted, MNT_DETACH);
+    mounted[0] = '\0';
+    return 0;
+}
+
+static void enospc_tmpfs(void **s)
+{
+    (void)s;
+    char *tmp = tu_tmpdir("enospc");
+    char mnt[4096], in[4096], out[4096], ref[4096], filler[4096], errf[4096];
+    snprintf(mnt, sizeof mnt, "%s/mnt", tmp);
+    snprintf(in, sizeof in, "%s/in", tmp);
+    snprintf(out, sizeof out, "%s/out", mnt);
+    snprintf(ref, sizeof ref, "%s/ref", tmp);
+    snprintf(filler, sizeof filler, "%s/filler", mnt);
+    snprintf(errf, sizeof errf, "%s/err", tmp);
+    assert_int_equal(mkdir(mnt, 0755), 0);
+    if (mount("tmpfs", mnt, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m") != 0) {
+        fprintf(stderr, "  cannot mount a tmpfs here (%s): ENOSPC sweep skipped (RLIMIT_FSIZE still runs)\n",
+                strerror(errno));
+        tu_rmrf(tmp);
+        free(tmp);
+        skip();
+    }
+    snprintf(mounted, sizeof mounted, "%s", mnt);
+    assert_int_equal(tu_sh("cp -r fixtures/mxfp4-tiny %s", in), 0);
+    char *h0 = hash_tree(in);
+    char *argv[] = {(char *)tu_bfshard(), "convert", in, out, "--world-size", "2", "--device", "cpu", "--quiet", NULL};
+    char *argv_ref[] = {(char *)tu_bfshard(), "convert", in, ref, "--world-size", "2", "--device", "cpu", "--quiet", NULL};
+    assert_int_equal(run_cli(argv_ref, NULL, 0), 0);
+    uint64_t need = 0;
+    struct stat sb;
+    DIR *d = opendir(ref);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        char p[8192];
+        snprintf(p, sizeof p, "%s/%s", ref, e->d_name);
+        if (e->d_name[0] != '.' && stat(p, &sb) == 0)
+            need += ((uint64_t)sb.st_size + 4095) / 4096 * 4096;
+    }
+    closedir(d);
+    int fails = 0, oks = 0;
+    for (uint64_t room = 0; room <= need + 16384; room += 4096) {
+        char what[128];
+        snprintf(what, sizeof what, "full disk with %llu bytes free", (unsigned long long)room);
+        tu_rmrf(out);
+        unlink(filler);
+        struct statvfs v;
+        assert_int_equal(statvfs(mnt, &v), 0);
+        const uint64_t avail = (uint64_t)v.f_bavail * v.f_frsize;
+        /* the output directory itself takes a page */
+        const uint64_t fill = avail > room + 4096 ? avail - room - 4096 : 0;
+        if (fill) {
+            const int fd = open(filler, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+            assert_true(fd >= 0);
+            assert_int_equal(posix_fallocate(fd, 0, (off_t)fill), 0);
+            close(fd);
+        }
+        const int rc = full_disk_run(argv, out, errf, 0, what);
+        fails += rc == 4;
+        oks += rc == 0;
+        if (rc == 4) {
+            /* make room: the same command finishes, identical to a clean run */
+            unlink(filler);
+            if (run_cli(argv, NULL, 0) != 0 || tu_sh("diff -r '%s' '%s' >/dev/null", ref, out) != 0)
+                fail_msg("%s: after freeing space, the rerun did not finish identical to a clean run", what);
+        }
+    }
+    fprintf(stderr, "  ENOSPC sweep: %d runs failed cleanly with exit 4, %d fit\n", fails, oks);
+    assert_true(fails > 10 && oks > 0);
+    char *h1 = hash_tree(in);
+    assert_string_equal(h0, h1);
+    free(h0);
+    free(h1);
+    unmount_teardown(NULL);
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
+static void efbig_rlimit(void **s)
+{
+    (void)s;
+    char *tmp = tu_tmpdir("efbig");
+    char in[4096], out[4096], errf[4096];
+    snprintf(in, sizeof in, "%s/in", tmp);
+    snprintf(out, sizeof out, "%s/out", tmp);
+    snprintf(errf, sizeof errf, "%s/err", tmp);
+    assert_int_equal(tu_sh("cp -r fixtures/bnb-nf4-dq %s", in), 0);
+    char *h0 = hash_tree(in);
+    char *argv[] = {(char *)tu_bfshard(), "convert", in, out, "--world-size", "1", "--device", "cpu", "--quiet", "--force", NULL};
+    static const rlim_t limits[] = {1, 20, 40, 100, 1000, 4096, 65536, 200000, 290000, 1 << 20};
+    int fails = 0;
+    for (size_t i = 0; i < sizeof limits / sizeof *limits; i++) {
+        char what[128];
+        snprintf(what, sizeof what, "RLIMIT_FSIZE %llu", (unsigned long long)limits[i]);
+        fails += full_disk_run(argv, out, errf, limits[i], what) == 4;
+    }
+    assert_true(fails >= 7);
+    char *h1 = hash_tree(in);
+    assert_string_equal(h0, h1);
+    free(h0);
+    free(h1);
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
+/* ---- an input truncated while mapped ---------------------------------------------------- */
+static bfs_input *bus_in;
+static void *bus_touch(void *p)
+{
+    volatile unsigned sum = 0;
+    for (size_t i = 0; i < bus_in->nraw; i++)
+        for (uint64_t k = 0; k < bus_in->raw[i].nbytes; k += 1024)
+            sum += bus_in->raw[i].data[k];
+    return (void *)(uintptr_t)sum;
+}
+
+/* The handler, on several threads at once: reads of vanished pages complete, and
+ * the input reports the truncation. */
+static void sigbus_threads(void **s)
+{
+    (void)s;
+    char *tmp = tu_tmpdir("bus");
+    char f[4096];
+    snprintf(f, sizeof f, "%s/m.safetensors", tmp);
+    assert_int_equal(tu_sh("cp fixtures/bnb-nf4-dq/model.safetensors %s", f), 0);
+    const pid_t pid = fork();
+    if (pid == 0) {
+        if (bfs__input_open(f, &bus_in) != 0)
+            _exit(10);
+        if (truncate(f, 4096) != 0)
+            _exit(11);
+        pthread_t t[4];
+        for (int i = 0; i < 4; i++)
+            pthread_create(&t[i], NULL, bus_touch, NULL);
+        for (int i = 0; i < 4; i++)
+            pthread_join(t[i], NULL);
+        bus_touch(NULL);
+        bfs__err_clear();
+        const int rc = bfs__input_check(bus_in, -1);
+        bfs__input_free(bus_in);
+        _exit(rc == BFS_EINPUT && strstr(bfs_last_error(), "m.safetensors") ? 0 : 12);
+    }
+    const int rc = wait_exit(pid);
+    if (rc != 0)
+        fail_msg("reading a truncated mapping from 5 threads: %s %d", rc > 1000 ? "killed by signal" : "exit", rc % 1000);
+    /* a fault outside our mappings is never swallowed: it still kills (a fresh process,
+     * so the handler before ours is the default action, not cmocka's) */
+    const pid_t p2 = fork();
+    if (p2 == 0) {
+        setenv("BFS_RELIABILITY_CHILD", "foreign-sigbus", 1);
+        snprintf(f, sizeof f, "%s/other", tmp);
+        execl("/proc/self/exe", "test_reliability", f, (char *)NULL);
+        _exit(127);
+    }
+    assert_int_equal(wait_exit(p2), 1000 + SIGBUS);
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
+static const char *trunc_path;
+static int trunc_calls;
+static void truncate_cb(const bfs_progress *p, void *u)
+{
+    (void)p;
+    (void)u;
+    if (++trunc_calls == 2)
+        truncate(trunc_path, 1 << 20);
+}
+
+/* The library, CPU workers on: the input shrinks after the first units. */
+static void truncated_during_convert(void **s)
+{
+    (void)s;
+    char *tmp = tu_tmpdir("trunc");
+    char in[4096], out[4096], f[4096];
+    snprintf(in, sizeof in, "%s/in", tmp);
+    snprintf(out, sizeof out, "%s/out", tmp);
+    snprintf(f, sizeof f, "%s/model.safetensors", in);
+    assert_int_equal(mkdir(in, 0755), 0);
+    gen_mxfp4(in, 8);
+    for (int threads = 1; threads <= 4; threads += 3) {
+        const pid_t pid = fork();
+        if (pid == 0) {
+            bfs_convert_opts o;
+            bfs_convert_opts_init(&o);
+            o.world_size = 2;
+            o.device = "cpu";
+            o.threads = threads;
+            o.mem = 4 << 20;
+            o.force = 1;
+            o.progress = truncate_cb;
+            trunc_path = f;
+            const int rc = bfs_convert(in, out, &o, NULL);
+            if (rc == BFS_EINPUT && strstr(bfs_last_error(), "model.safetensors") && !has_partial(out))
+                _exit(0);
+            fprintf(stderr, "  rc %d: %s\n", rc, bfs_last_error());
+            _exit(20);
+        }
+        const int rc = wait_exit(pid);
+        if (rc != 0)
+            fail_msg("threads=%d: input truncated during the conversion: %s %d", threads,
+                     rc > 1000 ? "killed by signal" : "exit", rc % 1000);
+        gen_mxfp4(in, 8);
+    }
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
+/* The CLI, and a second process truncating the input at stepped times. */
+static void truncated_by_other_process(void **s)
+{
+    (void)s;
+    char *tmp = tu_tmpdir("trunc2");
+    char in[4096], out[4096], f[4096], errf[4096];
+    snprintf(in, sizeof in, "%s/in", tmp);
+    snprintf(out, sizeof out, "%s/out", tmp);
+    snprintf(f, sizeof f, "%s/model.safetensors", in);
+    snprintf(errf, sizeof errf, "%s/err", tmp);
+    assert_int_equal(mkdir(in, 0755), 0);
+    gen_mxfp4(in, 16);
+    char *argv[] = {(char *)tu_bfshard(), "convert", in, out, "--world-size", "2", "--device", "cpu",
+                    "--threads", "2", "--mem", "4M", "--quiet", "--force", NULL};
+    const double t0 = now_s();
+    assert_int_equal(run_cli(argv, NULL, 0), 0);
+    const double t = now_s() - t0;
+    int caught = 0;
+    for (int i = 0; i < 8; i++) {
+        const pid_t pid = spawn(argv, errf, 0);
+        usleep((useconds_t)((0.05 + 0.1 * i) * t * 1e6));
+        assert_int_equal(truncate(f, (off_t)(rng() % (8u << 20))), 0);
+        const int rc = wait_exit(pid);
+        char err[4096];
+        count_lines_file(errf, err, sizeof err);
+        if (rc != 0 && rc != 3)
+            fail_msg("input truncated by another process: %s %d: %s", rc > 1000 ? "killed by signal" : "exit",
+                     rc % 1000, err);
+        if (rc == 3) {
+            caught++;
+            assert_non_null(strstr(err, "model.safetensors"));
+            assert_false(has_partial(out));
+        }
+        gen_mxfp4(in, 16);
+    }
+    assert_true(caught >= 4);
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
+/* ---- paths -------------------------------------------------------------------------------- */
+static void symlinks_in_outdir(void **s)
+{
+    (void)s;
+    char *tmp = tu_tmpdir("links");
+    char out[4096], victim[4096];
+    snprintf(out, sizeof out, "%s/out", tmp);
+    assert_int_equal(mkdir(out, 0755), 0);
+    static const char *const names[] = {
+        "shard-00001-model-00001-of-00001.safetensors", "shard-00002-model-00001-of-00001.safetensors",
+        ".shard-00001-model-00001-of-00001.safetensors.partial", "config.json", "tokenizer.json",
+        "bfshard.manifest.json", ".bfshard.manifest.json.partial", "xxh128sums.txt", ".bfshard-inprogress",
+    };
+    const size_t N = sizeof names / sizeof *names;
+    for (size_t i = 0; i < N; i++) {
+        snprintf(victim, sizeof victim, "%s/victim%zu", tmp, i);
+        assert_int_equal(tu_sh("echo precious > %s && ln -s %s '%s/%s'", victim, victim, out, names[i]), 0);
+    }
+    char *argv[] = {(char *)tu_bfshard(), "convert", "fixtures/mxfp4-tiny", out, "--world-size", "2",
+                    "--device", "cpu", "--quiet", NULL, NULL};
+    /* without --force: a non-empty OUTDIR, nothing touched */
+    assert_int_equal(run_cli(argv, NULL, 0), 8);
+    argv[9] = "--force";
+    assert_int_equal(run_cli(argv, NULL, 0), 0);
+    for (size_t i = 0; i < N; i++) {
+        struct stat sb;
+        char p[8192];
+        snprintf(victim, sizeof victim, "%s/victim%zu", tmp, i);
+        if (tu_sh("grep -qx precious %s && test $(wc -c < %s) -eq 9", victim, victim) != 0)
+            fail_msg("%s: the target of the symlink %s was written through", victim, names[i]);
+        snprintf(p, sizeof p, "%s/%s", out, names[i]);
+        if (lstat(p, &sb) == 0 && S_ISLNK(sb.st_mode))
+            fail_msg("%s is still a symlink after --force", p);
+    }
+    assert_int_equal(bfs_verify(out, stderr, NULL), 0);
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
+static void names_never_paths(void **s)
+{
+    (void)s;
+    char *tmp = tu_tmpdir("names");
+    char in[4096], out[4096], f[4096];
+    snprintf(in, sizeof in, "%s/in", tmp);
+    snprintf(out, sizeof out, "%s/a/b/out", tmp);
+    snprintf(f, sizeof f, "%s/model.safetensors", in);
+    assert_int_equal(tu_sh("mkdir -p %s %s/a/b", in, tmp), 0);
+    uint8_t data[64] = {0};
+    write_st(f,
+             "{\"../../evil\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[0,4]},"
+             "\"/tmp/bfs-abs-evil\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[4,8]},"
+             "\"..\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[8,12]},"
+             "\"a/../../x.safetensors\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[12,16]},"
+             "\"../../evil2_blocks\":{\"dtype\":\"U8\",\"shape\":[1,2,1,16],\"data_offsets\":[16,48]},"
+             "\"../../evil2_scales\":{\"dtype\":\"U8\",\"shape\":[1,2,1],\"data_offsets\":[48,50]}}",
+             data, 50);
+    bfs_convert_opts o;
+    bfs_convert_opts_init(&o);
+    o.world_size = 2;
+    o.device = "cpu";
+    if (bfs_convert(in, out, &o, NULL) != 0)
+        fail_msg("%s", bfs_last_error());
+    assert_int_equal(bfs_verify(out, stderr, NULL), 0);
+    /* nothing but the planned files, nothing outside OUTDIR */
+    assert_int_equal(tu_sh("test \"$(ls -A %s | tr '\\n' ' ')\" = \"bfshard.manifest.json shard-00001-model-00001-of-00001.safetensors "
+                           "shard-00002-model-00001-of-00001.safetensors xxh128sums.txt \"", out), 0);
+    assert_int_equal(tu_sh("test \"$(ls -A %s/a/b)\" = out && test \"$(ls -A %s/a)\" = b", tmp, tmp), 0);
+    assert_int_equal(tu_sh("test -e /tmp/bfs-abs-evil"), 1);
+    /* an index naming a file outside the input directory: exit 3 */
+    assert_int_equal(tu_sh("printf '{\"weight_map\":{\"x\":\"../model.safetensors\"}}' > %s/model.safetensors.index.json", in), 0);
+    bfs__err_clear();
+    o.force = 1;
+    assert_int_equal(bfs_convert(in, out, &o, NULL), BFS_EINPUT);
+    assert_non_null(strstr(bfs_last_error(), "not a plain file name"));
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
+/* ---- verify: every single flipped bit of every file ----------------------------------------- */
+static void verify_every_flipped_bit(void **s)
+{
+    (void)s;
+    char *tmp = tu_tmpdir("bits");
+    char out[4096];
+    snprintf(out, sizeof out, "%s/out", tmp);
+    bfs_convert_opts o;
+    bfs_convert_opts_init(&o);
+    o.world_size = 3;
+    o.device = "cpu";
+    assert_int_equal(bfs_convert("fixtures/mxfp4-tiny", out, &o, NULL), 0);
+    assert_int_equal(bfs_verify(out, NULL, NULL), 0);
+    DIR *d = opendir(out);
+    struct dirent *e;
+    int files = 0, flips = 0;
+    const int N = getenv("BFS_FLIPS") ? atoi(getenv("BFS_FLIPS")) : 48;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_type != DT_REG)
+            continue;
+        char p[8192];
+        snprintf(p, sizeof p, "%s/%s", out, e->d_name);
+        size_t len;
+        uint8_t *b = tu_read_file(p, &len);
+        assert_non_null(b);
+        files++;
+        for (int i = 0; i < N; i++) {
+            /* the first flips hit the start and the end of the file, then anywhere */
+            const uint64_t bit = i < 8 ? (i < 4 ? (uint64_t)i * 7 : (uint64_t)len * 8 - 1 - (uint64_t)(i - 4) * 5)
+                                       : rng() % ((uint64_t)len * 8);
+            b[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+            assert_int_equal(tu_write_file(p, b, len), 0);
+            char *rep = NULL;
+            size_t rl = 0;
+            FILE *rf = open_memstream(&rep, &rl);
+            bfs__err_clear();
+            const int rc = bfs_verify(out, rf, NULL);
+            fclose(rf);
+            if (rc == 0)
+                fail_msg("bit %llu of %s flipped: verify passed", (unsigned long long)bit, e->d_name);
+            if (!strstr(rep, e->d_name) && !strstr(bfs_last_error(), e->d_name))
+                fail_msg("bit %llu of %s flipped: verify failed without naming the file: %s / %s",
+                         (unsigned long long)bit, e->d_name, rep, bfs_last_error());
+            free(rep);
+            b[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+            flips++;
+        }
+        assert_int_equal(tu_write_file(p, b, len), 0);
+        free(b);
+    }
+    closedir(d);
+    fprintf(stderr, "  %d single-bit flips over %d files, each caught and named\n", flips, files);
+    assert_true(files >= 7);
+    assert_int_equal(bfs_verify(out, NULL, NULL), 0);
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
+/* ---- must-fail cases found by fuzzing, by name ----------------------------------------------- */
+static int plan_file(const char *header, const uint8_t *data, size_t n)
+{
+    char *tmp = tu_tmpdir("mf");
+    char f[4096];
+    snprintf(f, sizeof f, "%s/m.safetensors", tmp);
+    write_st(f, header, data, n);
+    FILE *null = fopen("/dev/null", "w");
+    bfs__err_clear();
+    const int rc = bfs_inspect(f, NULL, 0, null);
+    fclose(null);
+    tu_rmrf(tmp);
+    free(tmp);
+    return rc;
+}
+
+static void fuzz_found_must_fail(void **s)
+{
+    (void)s;
+    uint8_t z[64] = {0};
+    /* "_blocks" + "_scales": the output tensor would be named "" */
+    assert_int_equal(plan_file("{\"_blocks\":{\"dtype\":\"U8\",\"shape\":[1,1,1,16],\"data_offsets\":[0,16]},"
+                               "\"_scales\":{\"dtype\":\"U8\",\"shape\":[1,1,1],\"data_offsets\":[16,17]}}", z, 17),
+                     BFS_EINPUT);
+    assert_non_null(strstr(bfs_last_error(), "\"_blocks\" (offset"));
+    /* "__metadata___blocks": the output tensor would replace the header's metadata */
+    assert_int_equal(plan_file("{\"__metadata___blocks\":{\"dtype\":\"U8\",\"shape\":[1,1,1,16],\"data_offsets\":[0,16]},"
+                               "\"__metadata___scales\":{\"dtype\":\"U8\",\"shape\":[1,1,1],\"data_offsets\":[16,17]}}", z, 17),
+                     BFS_EINPUT);
+    assert_non_null(strstr(bfs_last_error(), "__metadata__"));
+}
+
+/* ---- the fuzz corpora, replayed --------------------------------------------------------------- */
+typedef int (*fz_fn)(const uint8_t *, size_t);
+
+static int replay_dir(const char *dir, fz_fn fn)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int n = 0;
+    if (!d)
+        return 0;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        char p[8192];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        size_t len;
+        uint8_t *b = tu_read_file(p, &len);
+        if (!b)
+            continue;
+        const pid_t pid = fork();
+        if (pid == 0) {
+            fn(b, len);
+            _exit(0);
+        }
+        const int rc = wait_exit(pid);
+        if (rc != 0)
+            fail_msg("fuzz input %s: %s %d", p, rc > 1000 ? "killed by signal" : "exit", rc % 1000);
+        free(b);
+        n++;
+    }
+    closedir(d);
+    return n;
+}
+
+static void fuzz_corpora_replay(void **s)
+{
+    (void)s;
+    static const struct {
+        const char *name;
+        fz_fn fn;
+    } targets[] = {
+        {"st_parse", fz_st_parse_one},
+        {"plan", fz_plan_one},
+        {"input", fz_input_one},
+        {"bnb_blob", fz_bnb_blob_one},
+    };
+    int argc = 0;
+    char **argv = NULL;
+    fz_dir();
+    fz_bnb_blob_init(&argc, &argv);
+    for (size_t t = 0; t < sizeof targets / sizeof *targets; t++) {
+        char d[512];
+        snprintf(d, sizeof d, "fuzz/corpus/%s", targets[t].name);
+        const int a = replay_dir(d, targets[t].fn);
+        snprintf(d, sizeof d, "fuzz/regress/%s", targets[t].name);
+        const int b = replay_dir(d, targets[t].fn);
+        fprintf(stderr, "  fuzz_%s: %d seeds + %d regression inputs replayed\n", targets[t].name, a, b);
+        assert_true(a > 5);
+    }
+}
+
+/* Re-executed by sigbus_threads: our handler installed, then a truncated mapping that
+ * is not an input touched. Must die of SIGBUS. */
+static int foreign_sigbus(const char *path)
+{
+    bfs_input *in = NULL;
+    if (bfs__input_open("fixtures/bnb-nf4/model.safetensors", &in) != 0)
+        return 10;
+    const int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || ftruncate(fd, 1 << 16) != 0)
+        return 11;
+    volatile const uint8_t *m = mmap(NULL, 1 << 16, PROT_READ, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED || ftruncate(fd, 0) != 0)
+        return 12;
+    return m[1 << 15] + 13; /* SIGBUS here */
+}
+
+int main(int argc, char **argv)
+{
+    if (getenv("BFS_RELIABILITY_CHILD") && argc > 1)
+        return foreign_sigbus(argv[1]);
+    signal(SIGXFSZ, SIG_IGN);
+    if (getenv("BFS_TEST")) /* run only the tests matching this pattern */
+        cmocka_set_test_filter(getenv("BFS_TEST"));
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(fuzz_found_must_fail),
+        cmocka_unit_test(fuzz_corpora_replay),
+        cmocka_unit_test(verify_every_flipped_bit),
+        cmocka_unit_test(symlinks_in_outdir),
+        cmocka_unit_test(names_never_paths),
+        cmocka_unit_test(sigbus_threads),
+        cmocka_unit_test(truncated_during_convert),
+        cmocka_unit_test(truncated_by_other_process),
+        cmocka_unit_test(efbig_rlimit),
+        cmocka_unit_test_teardown(enospc_tmpfs, unmount_teardown),
+        cmocka_unit_test(kill9_on_events),
+        cmocka_unit_test(kill9_stepped_and_random),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
