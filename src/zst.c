@@ -28,7 +28,8 @@
  *   A byte-grouped frame holds the BF16 elements of one tensor with their high bytes
  *   (sign, exponent) first and their low bytes after: for an n-byte frame,
  *   grouped[i] = orig[2i + 1], grouped[n/2 + i] = orig[2i] for i < n/2. The checksum
- *   is of the original bytes. Grouped frames are at most 64 MiB.
+ *   is of the original bytes. Grouped frames are at most 64 MiB. The writer groups a
+ *   BF16 frame only when that compresses smaller (it loses on dequantized 4-bit values).
  *
  * Nothing read from a file is trusted: the reader checks every count, size and
  * offset of the seek table before use, decodes with bounded buffers whatever the
@@ -123,7 +124,7 @@ typedef struct bfs_zst_worker {
     pthread_t tid;
     bool started;
     ZSTD_CCtx *cctx;
-    uint8_t *scratch;
+    uint8_t *scratch, *out2; /* BYTEGROUP: the grouped bytes; the ungrouped attempt */
 } bfs_zst_worker;
 
 struct bfs_zst_writer {
@@ -177,7 +178,16 @@ static void *bfs__zst_worker_main(void *p)
             bfs__group(wk->scratch, s->in, s->in_len);
             src = wk->scratch;
         }
-        const size_t r = ZSTD_compress2(wk->cctx, s->out, w->out_cap, src, s->in_len);
+        size_t r = ZSTD_compress2(wk->cctx, s->out, w->out_cap, src, s->in_len);
+        if (s->grouped && !ZSTD_isError(r)) {
+            /* grouping loses on some data (dequantized 4-bit values): keep the smaller */
+            const size_t r2 = ZSTD_compress2(wk->cctx, wk->out2, w->out_cap, s->in, s->in_len);
+            if (!ZSTD_isError(r2) && r2 <= r) {
+                memcpy(s->out, wk->out2, r2);
+                r = r2;
+                s->grouped = false;
+            }
+        }
         if (ZSTD_isError(r)) {
             s->rc = BFS_EINTERNAL;
             snprintf(s->msg, sizeof s->msg, "zstd compression of a %zu-byte frame failed: %s", s->in_len,
@@ -373,7 +383,8 @@ int bfs__zst_writer_create(int fd, int level, int nthreads, size_t max_frame_byt
             ZSTD_isError(ZSTD_CCtx_setParameter(wk->cctx, ZSTD_c_checksumFlag, 1)) ||
             ZSTD_isError(ZSTD_CCtx_setParameter(wk->cctx, ZSTD_c_contentSizeFlag, 1)))
             BFS_FAIL(BFS_EINTERNAL, "cannot set zstd parameters (level %d)", level);
-        if (mode == BFS_ZST_BYTEGROUP && !(wk->scratch = malloc(max_frame_bytes)))
+        if (mode == BFS_ZST_BYTEGROUP &&
+            (!(wk->scratch = malloc(max_frame_bytes)) || !(wk->out2 = malloc(w->out_cap))))
             BFS_FAIL(BFS_ENOMEM, "out of memory");
         if (pthread_create(&wk->tid, NULL, bfs__zst_worker_main, wk) != 0)
             BFS_FAIL(BFS_ENOMEM, "cannot start a compression thread");
@@ -509,6 +520,7 @@ void bfs__zst_writer_free(bfs_zst_writer *w)
             pthread_join(w->workers[i].tid, NULL);
         ZSTD_freeCCtx(w->workers[i].cctx);
         free(w->workers[i].scratch);
+        free(w->workers[i].out2);
     }
     for (int i = 0; w->slots && i < w->nslots; i++) {
         free(w->slots[i].in);
