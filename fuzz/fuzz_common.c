@@ -198,7 +198,7 @@ void fz_exercise(bfs_input *in, const fz_opts *fo)
     for (int f = 0; f < p->nfiles; f++)
         for (size_t i = 0; i < p->files[f].npieces; i++) {
             const bfs_piece *pc = &p->files[f].pieces[i];
-            if (pc->nbytes > budget || pc->row0 == pc->row1)
+            if (pc->nbytes > budget || pc->row0 == pc->row1 || (fo->only && strcmp(fo->only, p->t[pc->tensor].name)))
                 continue;
             budget -= pc->nbytes;
             void *out = malloc(pc->nbytes ? (size_t)pc->nbytes : 1);

@@ -34,6 +34,7 @@ typedef struct fz_opts {
     int keep_dtype;
     uint64_t max_shard_size;
     int cpu_level;      /* kernels used for the dequant check */
+    const char *only;   /* when set, dequantize only this output tensor */
 } fz_opts;
 
 /* Options from one selector byte: bits 0-3 world size - 1, bit 4 openai MXFP4
