@@ -1387,8 +1387,10 @@ int bfs_compress_outdir(const char *outdir, const bfs_compress_opts *o, bfs_comp
         bfs__zst_writer_free(w);
         w = NULL;
     }
-    /* the manifest first (atomically), then the originals may go */
+    /* the manifest first (atomically, re-sealed), then the originals may go */
     free(text);
+    if (!json_is_string(json_object_get(m, "manifest_xxh3_128")))
+        json_object_set_new(m, "manifest_xxh3_128", json_string("00000000000000000000000000000000"));
     text = json_dumps(m, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     if (!text)
         BFS_FAIL(BFS_ENOMEM, "out of memory");
@@ -1400,6 +1402,7 @@ int bfs_compress_outdir(const char *outdir, const bfs_compress_opts *o, bfs_comp
         text = t2;
         text[n] = '\n';
         text[n + 1] = '\0';
+        BFS_TRY(bfs__manifest_seal(text, n + 1));
         BFS_TRY(bfs__zst_write_atomic(outdir, BFS_MANIFEST_NAME, text, n + 1));
     }
     if (o->remove) {
