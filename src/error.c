@@ -60,9 +60,9 @@ static void bfs__vset(const char *fmt, va_list ap, const char *suffix)
         n = 0;
     if (suffix && (size_t)n < sizeof bfs__msg)
         snprintf(bfs__msg + n, sizeof bfs__msg - (size_t)n, ": %s", suffix);
-    /* one line, always */
+    /* one line, always, and no terminal control sequences from names read in a file */
     for (char *p = bfs__msg; *p; p++)
-        if (*p == '\n' || *p == '\r')
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
             *p = ' ';
     bfs__msg_set = true;
 }
