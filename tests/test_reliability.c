@@ -864,6 +864,13 @@ static void fuzz_found_must_fail(void **s)
                                "\"__metadata___scales\":{\"dtype\":\"U8\",\"shape\":[1,1,1],\"data_offsets\":[16,17]}}", z, 17),
                      BFS_EINPUT);
     assert_non_null(strstr(bfs_last_error(), "__metadata__"));
+    /* names read from a file carry no terminal control sequences into the one-line error */
+    assert_int_equal(plan_file("{\"x\\u001b[2J\\u001b]0;pwned\\u0007\\n_blocks\":{\"dtype\":\"U8\",\"shape\":[1,1,1,16],\"data_offsets\":[0,16]}}", z, 16),
+                     BFS_EINPUT);
+    for (const char *p = bfs_last_error(); *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            fail_msg("control character 0x%02x in the error message: %s", (unsigned char)*p, bfs_last_error());
+    assert_non_null(strstr(bfs_last_error(), "[2J"));
 }
 
 /* ---- the fuzz corpora, replayed --------------------------------------------------------------- */
