@@ -190,7 +190,7 @@ static int bfs__open_one(bfs_infile *f, const char *path)
     f->name = bfs__strdup(slash ? slash + 1 : path);
     if (!f->name)
         return bfs__err(BFS_ENOMEM, "out of memory");
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
+    f->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block us: it is rejected below */
     if (f->fd < 0)
         return bfs__errno(errno == ENOENT || errno == ELOOP || errno == ENOTDIR ? BFS_EINPUT : BFS_EIO, errno,
                           "%s: cannot open", path);
@@ -242,15 +242,17 @@ static int bfs__read_index(const char *dir, const char *index_path, char ***name
         if (!*fn || strchr(fn, '/') || strcmp(fn, ".") == 0 || strcmp(fn, "..") == 0)
             BFS_FAIL(BFS_EINPUT, "%s: weight_map entry \"%s\" names \"%s\", not a plain file name in %s", index_path,
                      key, fn, dir);
-        bool seen = false;
-        for (size_t i = 0; i < n && !seen; i++)
-            seen = strcmp(names[i], fn) == 0;
-        if (!seen)
-            names[n++] = (char *)fn; /* owned by root, copied below */
+        names[n++] = (char *)fn; /* owned by root, copied below */
     }
     if (n == 0)
         BFS_FAIL(BFS_EINPUT, "%s: weight_map is empty", index_path);
+    /* unique by sorting: a quadratic search hangs on an index of a million names */
     qsort(names, n, sizeof *names, bfs__cmp_str);
+    size_t u = 0;
+    for (size_t i = 0; i < n; i++)
+        if (u == 0 || strcmp(names[u - 1], names[i]) != 0)
+            names[u++] = names[i];
+    n = u;
     for (size_t i = 0; i < n; i++)
         if (!(names[i] = bfs__strdup(names[i])))
             BFS_FAIL(BFS_ENOMEM, "out of memory");

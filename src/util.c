@@ -63,7 +63,7 @@ int bfs__read_small_file(const char *path, size_t max, char **out, size_t *len)
     char *buf = NULL;
     struct stat st;
     *out = NULL;
-    fd = open(path, O_RDONLY | O_CLOEXEC);
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block us: it is rejected below */
     if (fd < 0)
         return bfs__errno(errno == ENOENT ? BFS_EINPUT : BFS_EIO, errno, "%s: cannot open", path);
     if (fstat(fd, &st) != 0)
