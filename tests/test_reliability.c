@@ -9,6 +9,7 @@
  *   an input truncated while mapped -> BFS_EINPUT naming the file, never SIGBUS
  *       (main thread, CPU workers, a second process truncating);
  *   symlinks in OUTDIR are replaced, never followed; tensor names never become paths;
+ *   FIFOs and huge indexes in the input directory fail fast instead of hanging;
  *   verify catches every single flipped bit of every output file and names it;
  *   the fuzz corpora (fuzz/corpus, fuzz/regress) replay without a report.
  *
@@ -776,6 +777,43 @@ static void names_never_paths(void **s)
     free(tmp);
 }
 
+/* ---- hostile input directories: no hang ---------------------------------------------------- */
+static void hostile_inputs_no_hang(void **s)
+{
+    (void)s;
+    char *tmp = tu_tmpdir("hostile");
+    char d[4096], args[8192];
+    /* a FIFO where a weights file or config.json should be: refused at once, not a hang */
+    snprintf(d, sizeof d, "%s/fifo", tmp);
+    assert_int_equal(tu_sh("mkdir -p %s && mkfifo %s/model.safetensors", d, d), 0);
+    snprintf(args, sizeof args, "timeout 20 %s inspect %s 2>/dev/null >/dev/null", tu_bfshard(), d);
+    assert_int_equal(tu_sh("%s", args), 3);
+    snprintf(d, sizeof d, "%s/fifocfg", tmp);
+    assert_int_equal(tu_sh("mkdir -p %s && cp fixtures/bnb-nf4/model.safetensors %s/ && mkfifo %s/config.json", d, d, d), 0);
+    snprintf(args, sizeof args, "timeout 20 %s inspect %s 2>/dev/null >/dev/null", tu_bfshard(), d);
+    assert_int_equal(tu_sh("%s", args), 3);
+    /* an index naming 300000 distinct files: fails on the first missing one, quickly
+     * (a quadratic de-duplication took minutes) */
+    snprintf(d, sizeof d, "%s/bigindex", tmp);
+    assert_int_equal(mkdir(d, 0755), 0);
+    char f[4096];
+    snprintf(f, sizeof f, "%s/model.safetensors.index.json", d);
+    FILE *fp = fopen(f, "w");
+    assert_non_null(fp);
+    fputs("{\"weight_map\": {", fp);
+    for (int i = 0; i < 300000; i++)
+        fprintf(fp, "%s\"t%d\": \"f%07d.safetensors\"", i ? ", " : "", i, 299999 - i);
+    fputs("}}", fp);
+    assert_int_equal(fclose(fp), 0);
+    const double t0 = now_s();
+    snprintf(args, sizeof args, "timeout 60 %s inspect %s 2>/dev/null >/dev/null", tu_bfshard(), d);
+    assert_int_equal(tu_sh("%s", args), 3);
+    fprintf(stderr, "  index of 300000 file names rejected in %.2f s\n", now_s() - t0);
+    assert_true(now_s() - t0 < 30);
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
 /* ---- verify: every single flipped bit of every file ----------------------------------------- */
 static void verify_every_flipped_bit(void **s)
 {
@@ -963,6 +1001,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(verify_every_flipped_bit),
         cmocka_unit_test(symlinks_in_outdir),
         cmocka_unit_test(names_never_paths),
+        cmocka_unit_test(hostile_inputs_no_hang),
         cmocka_unit_test(sigbus_threads),
         cmocka_unit_test(truncated_during_convert),
         cmocka_unit_test(truncated_by_other_process),
