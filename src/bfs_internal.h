@@ -258,6 +258,10 @@ uint64_t bfs__zst_span(const bfs_zst_reader *r, uint64_t off, uint64_t len);
  * tensors on a mismatch. Returns the number of problems reported, or a BFS_E* code. */
 int bfs__zst_verify_entry(const char *outdir, const struct json_t *file_entry, const struct json_t *tensors,
                           FILE *report, uint64_t *checked);
+/* For convert: the manifest's files[].zst object of a finished writer (new reference). */
+struct json_t *bfs__zst_manifest_entry(const bfs_zst_writer *w, const char *zname);
+/* For convert's reused rank files: compress the .safetensors at in_path into ofd (finished). */
+int bfs__zst_compress_into(const char *in_path, int ofd, int level, int threads, int mode, bfs_zst_writer **wout);
 /* ---- end of compressed artifacts ---- */
 
 #endif

@@ -1122,6 +1122,28 @@ cleanup:
     return rc;
 }
 
+/* For convert: a finished writer's manifest entry {name, size, xxh3_128, format, level, frame_bytes, frames}. */
+struct json_t *bfs__zst_manifest_entry(const bfs_zst_writer *w, const char *zname)
+{
+    char hx[33];
+    bfs__zst_writer_hashes(w, hx, NULL);
+    return json_pack("{s:s, s:I, s:s, s:s, s:i, s:I, s:I}", "name", zname, "size", (json_int_t)w->out_off, "xxh3_128",
+                     hx, "format", bfs__zst_mode_name(w->mode), "level", w->level, "frame_bytes",
+                     (json_int_t)w->frame_max, "frames", (json_int_t)w->nent);
+}
+
+/* For convert's reused rank files: compress in_path into the open ofd; *wout is finished. */
+int bfs__zst_compress_into(const char *in_path, int ofd, int level, int threads, int mode, bfs_zst_writer **wout)
+{
+    bfs_compress_opts o;
+    uint64_t isz = 0;
+    bfs_compress_opts_init(&o);
+    o.level = level;
+    o.threads = threads;
+    o.mode = mode;
+    return bfs__zst_compress_fd(in_path, ofd, &o, wout, &isz);
+}
+
 int bfs_compress_file_opts(const char *in_path, const char *out_path, const bfs_compress_opts *o, bfs_compress_result *res)
 {
     int rc = 0, fd = -1;
