@@ -66,6 +66,9 @@ typedef struct bfs_convert_opts {
     bfs_progress_fn progress;
     void *progress_user;
     FILE *log;               /* plain log lines, NULL for none */
+    int compress_level;      /* 0 = off; else also write each rank file as seekable zstd at this
+                                level, NAME.safetensors.zst, recorded in the manifest (ISSUE 7) */
+    int compress_mode;       /* BFS_ZST_PLAIN, or BFS_ZST_BYTEGROUP (NAME.safetensors.bfz) */
 } bfs_convert_opts;
 
 void bfs_convert_opts_init(bfs_convert_opts *o);

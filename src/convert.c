@@ -136,6 +136,11 @@ typedef struct bfs_writer {
     uint64_t flushed;  /* bytes pushed out and dropped */
     uint64_t written;  /* bytes written in this file */
     _Atomic uint64_t total; /* tensor bytes over the run */
+    /* ISSUE 7: the compressed copy of the current file, fed in order; NULL when off */
+    bfs_zst_writer *zw;
+    const bfs_outfile *zof;
+    const bfs_plan *zplan;
+    int zpiece;        /* piece that zw is in, -1 for the header */
 } bfs_writer;
 
 static int bfs__writer_do(bfs_writer *w, const bfs_wjob *j)
@@ -144,6 +149,16 @@ static int bfs__writer_do(bfs_writer *w, const bfs_wjob *j)
     if (rc < 0)
         return rc;
     XXH3_128bits_update(w->file_st, j->buf, j->len);
+    if (w->zw) { /* a frame boundary before every piece */
+        if (j->piece >= 0 && j->piece != w->zpiece) {
+            w->zpiece = j->piece;
+            rc = bfs__zst_cut_tensor(w->zw, w->zplan->t[w->zof->pieces[j->piece].tensor].out_dtype);
+        }
+        if (rc == 0)
+            rc = bfs__zst_write(w->zw, j->buf, j->len);
+        if (rc < 0)
+            return rc;
+    }
     if (j->piece >= 0) {
         XXH3_128bits_update(w->piece_st, j->buf, j->len);
         if (j->piece_end) {
@@ -233,6 +248,7 @@ typedef struct bfs_run {
     uint64_t unit_bytes;       /* capacity of each buffer */
     bfs_writer w;
     char (*file_hex)[33];      /* per output file */
+    json_t **zst;              /* per output file: its compressed copy's manifest entry (ISSUE 7) */
     char (**piece_hex)[33];    /* per output file, per piece */
     bool *reused;
     char fingerprint[33];
@@ -312,6 +328,8 @@ static void bfs__fingerprint(bfs_run *r)
     snprintf(opt, sizeof opt, "bfshard %s w=%d layout=%d mx=%d keep=%d shard=%llu", BFS_VERSION_STRING,
              r->o->world_size, r->o->layout, r->o->mxfp4_layout, r->o->keep_dtype,
              (unsigned long long)r->o->max_shard_size);
+    if (r->o->compress_level) /* ISSUE 7: only then, so other fingerprints stay as they were */
+        snprintf(opt + strlen(opt), sizeof opt - strlen(opt), " zst=%d:%d", r->o->compress_level, r->o->compress_mode);
     XXH3_128bits_update(st, opt, strlen(opt));
     for (int i = 0; i < r->in->nfiles; i++) {
         const bfs_infile *f = &r->in->files[i];
@@ -336,6 +354,8 @@ static bool bfs__is_ours(const char *name)
 {
     const size_t n = strlen(name);
     if ((n > 12 && strcmp(name + n - 12, ".safetensors") == 0) || (n > 8 && strcmp(name + n - 8, ".partial") == 0))
+        return true;
+    if (n > 16 && (!strcmp(name + n - 16, ".safetensors.zst") || !strcmp(name + n - 16, ".safetensors.bfz")))
         return true;
     if (!strcmp(name, BFS_MANIFEST_NAME) || !strcmp(name, BFS_SUMS_NAME) || !strcmp(name, BFS_JOURNAL_NAME) ||
         !strcmp(name, "config.json") || !strcmp(name, "model.safetensors.index.json"))
@@ -602,8 +622,62 @@ static int bfs__check_sources(const bfs_run *r, const bfs_ltensor *t)
     return 0;
 }
 
+/* ---- ISSUE 7: the compressed copy beside a rank file (src/zst.c) ------------------------ */
+static int bfs__zcopy_open(bfs_run *r, const bfs_outfile *of, char *zname, char *ztmp, int *zfd)
+{
+    snprintf(zname, 600, "%s%s", of->name, r->o->compress_mode == BFS_ZST_BYTEGROUP ? ".bfz" : ".zst");
+    snprintf(ztmp, 600, ".%s.partial", zname);
+    *zfd = openat(r->dirfd, ztmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (*zfd < 0) {
+        ztmp[0] = '\0';
+        return bfs__errno(BFS_EIO, errno, "%s/.%s.partial: cannot create", r->outdir, zname);
+    }
+    return 0;
+}
+
+/* finish (unless done), sync, rename, record for the manifest */
+static int bfs__zcopy_commit(bfs_run *r, int fidx, bfs_zst_writer *zw, bool finished, int zfd, const char *zname,
+                             char *ztmp)
+{
+    const int rc = finished ? 0 : bfs__zst_finish(zw, NULL);
+    if (rc < 0)
+        return rc;
+    if (fdatasync(zfd) != 0)
+        return bfs__errno(BFS_EIO, errno, "%s/%s: fdatasync failed", r->outdir, ztmp);
+    if (renameat(r->dirfd, ztmp, r->dirfd, zname) != 0)
+        return bfs__errno(BFS_EIO, errno, "%s/%s: cannot rename to %s", r->outdir, ztmp, zname);
+    ztmp[0] = '\0';
+    json_decref(r->zst[fidx]);
+    r->zst[fidx] = bfs__zst_manifest_entry(zw, zname);
+    return r->zst[fidx] ? 0 : bfs__err(BFS_ENOMEM, "out of memory");
+}
+
+/* a rank file reused from an interrupted run: compress it from disk */
+static int bfs__zcopy_reused(bfs_run *r, int fidx)
+{
+    int rc = 0, zfd = -1;
+    char zname[600], ztmp[600] = "";
+    bfs_zst_writer *zw = NULL;
+    char *in = bfs__path_join(r->outdir, r->plan->files[fidx].name);
+    if (!in)
+        return bfs__err(BFS_ENOMEM, "out of memory");
+    BFS_TRY(bfs__zcopy_open(r, &r->plan->files[fidx], zname, ztmp, &zfd));
+    BFS_TRY(bfs__zst_compress_into(in, zfd, r->o->compress_level, r->o->threads, r->o->compress_mode, &zw));
+    BFS_TRY(bfs__zcopy_commit(r, fidx, zw, true, zfd, zname, ztmp));
+cleanup:
+    bfs__zst_writer_free(zw);
+    if (zfd >= 0)
+        close(zfd);
+    if (ztmp[0])
+        unlinkat(r->dirfd, ztmp, 0);
+    free(in);
+    return rc;
+}
+
 static int bfs__write_file(bfs_run *r, int fidx)
 {
+    int zfd = -1;
+    char zname[600], ztmp[600] = "";
     int rc = 0, fd = -1;
     const bfs_outfile *of = &r->plan->files[fidx];
     char what[PATH_MAX + 64];
@@ -631,6 +705,13 @@ static int bfs__write_file(bfs_run *r, int fidx)
     r->w.piece_hex = r->piece_hex[fidx];
     r->w.flushed = 0;
     r->w.written = 0;
+    if (r->o->compress_level) {
+        BFS_TRY(bfs__zcopy_open(r, of, zname, ztmp, &zfd));
+        BFS_TRY(bfs__zst_writer_create(zfd, r->o->compress_level, r->o->threads, 0, r->o->compress_mode, &r->w.zw));
+        r->w.zof = of;
+        r->w.zplan = r->plan;
+        r->w.zpiece = -1;
+    }
 
     const uint64_t hl = of->data_start - 8;
     for (int i = 0; i < 8; i++)
@@ -677,6 +758,11 @@ static int bfs__write_file(bfs_run *r, int fidx)
     if (bfs__writer_wait(&r->w, 0) < 0)
         BFS_FAIL(r->w.rc, "%s", r->w.msg);
     bfs__hash_hex(XXH3_128bits_digest(r->w.file_st), r->file_hex[fidx]);
+    if (r->w.zw) {
+        BFS_TRY(bfs__zcopy_commit(r, fidx, r->w.zw, false, zfd, zname, ztmp));
+        bfs__zst_writer_free(r->w.zw);
+        r->w.zw = NULL;
+    }
     if (fdatasync(fd) != 0)
         BFS_FAIL(BFS_EIO, "%s: fdatasync failed: %s", what, strerror(errno));
     posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
@@ -702,6 +788,12 @@ cleanup:
             unlinkat(r->dirfd, r->tmpname, 0);
         r->tmpname[0] = '\0';
     }
+    bfs__zst_writer_free(r->w.zw);
+    r->w.zw = NULL;
+    if (zfd >= 0)
+        close(zfd);
+    if (ztmp[0])
+        unlinkat(r->dirfd, ztmp, 0);
     return rc;
 }
 
@@ -853,6 +945,8 @@ static int bfs__write_manifest(bfs_run *r)
                               "xxh3_128", r->file_hex[f], "kind", "weights");
         if (p->layout == BFS_LAYOUT_DCP)
             json_object_set_new(e, "rank", json_integer(f));
+        if (r->zst && r->zst[f])
+            json_object_set(e, "zst", r->zst[f]);
         json_array_append_new(files, e);
     }
     for (size_t i = 0; i < json_array_size(r->aux); i++)
@@ -901,12 +995,16 @@ static int bfs__write_manifest(bfs_run *r)
         BFS_FAIL(BFS_ENOMEM, "out of memory building the manifest");
 
     /* xxh128sums.txt: every file we wrote, as `xxh128sum -c` reads it */
-    size_t cap = 256 * (size_t)(p->nfiles + json_array_size(r->aux) + 1), k = 0;
+    size_t cap = 256 * (size_t)(2 * p->nfiles + json_array_size(r->aux) + 1), k = 0;
     sums = malloc(cap);
     if (!sums)
         BFS_FAIL(BFS_ENOMEM, "out of memory");
-    for (int f = 0; f < p->nfiles; f++)
+    for (int f = 0; f < p->nfiles; f++) {
         k += (size_t)snprintf(sums + k, cap - k, "%s  %s\n", r->file_hex[f], p->files[f].name);
+        if (r->zst && r->zst[f])
+            k += (size_t)snprintf(sums + k, cap - k, "%s  %s\n", json_string_value(json_object_get(r->zst[f], "xxh3_128")),
+                                  json_string_value(json_object_get(r->zst[f], "name")));
+    }
     for (size_t i = 0; i < json_array_size(r->aux); i++) {
         json_t *e = json_array_get(r->aux, i);
         k += (size_t)snprintf(sums + k, cap - k, "%s  %s\n", json_string_value(json_object_get(e, "xxh3_128")),
@@ -960,6 +1058,10 @@ static int bfs__validate_opts(const bfs_convert_opts *o)
         return bfs__err(BFS_EUSAGE, "--layout hf writes one consolidated checkpoint: --world-size must be 1 (got %d)", o->world_size);
     if (o->mxfp4_layout != BFS_MXFP4_HF && o->mxfp4_layout != BFS_MXFP4_OPENAI)
         return bfs__err(BFS_EUSAGE, "unknown MXFP4 layout %d", o->mxfp4_layout);
+    if (o->compress_level < -7 || o->compress_level > 22 ||
+        (o->compress_mode != BFS_ZST_PLAIN && o->compress_mode != BFS_ZST_BYTEGROUP))
+        return bfs__err(BFS_EUSAGE, "--compress: level %d or mode %d out of range (levels -7 to 22)", o->compress_level,
+                        o->compress_mode);
     return 0;
 }
 
@@ -1023,11 +1125,12 @@ int bfs_convert(const char *input, const char *outdir, const bfs_convert_opts *o
 
     const int nf = r->plan->nfiles;
     r->file_hex = calloc((size_t)nf, sizeof *r->file_hex);
+    r->zst = calloc((size_t)nf, sizeof *r->zst);
     r->piece_hex = calloc((size_t)nf, sizeof *r->piece_hex);
     r->reused = calloc((size_t)nf, sizeof *r->reused);
     r->src_hex = calloc((size_t)r->in->nfiles, sizeof *r->src_hex);
     r->aux = json_array();
-    if (!r->file_hex || !r->piece_hex || !r->reused || !r->src_hex || !r->aux)
+    if (!r->file_hex || !r->zst || !r->piece_hex || !r->reused || !r->src_hex || !r->aux)
         BFS_FAIL(BFS_ENOMEM, "out of memory");
     for (int f = 0; f < nf; f++) {
         r->piece_hex[f] = calloc(r->plan->files[f].npieces + 1, sizeof **r->piece_hex);
@@ -1081,6 +1184,8 @@ int bfs_convert(const char *input, const char *outdir, const bfs_convert_opts *o
             BFS_TRY(bfs__rehash_pieces(r, f));
             atomic_fetch_add(&r->w.total, r->plan->files[f].size - r->plan->files[f].data_start);
             bfs__log(r, "%s: reused from the interrupted run (hash verified)", r->plan->files[f].name);
+            if (o->compress_level)
+                BFS_TRY(bfs__zcopy_reused(r, f));
             continue;
         }
         BFS_TRY(bfs__write_file(r, f));
@@ -1137,6 +1242,9 @@ cleanup:
             free(r->piece_hex[f]);
     free(r->piece_hex);
     free(r->file_hex);
+    for (int f = 0; r->zst && r->plan && f < r->plan->nfiles; f++)
+        json_decref(r->zst[f]);
+    free(r->zst);
     free(r->reused);
     free(r->src_hex);
     json_decref(r->aux);
