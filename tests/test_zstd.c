@@ -519,6 +519,70 @@ static void test_verify_compressed_outdir(void **state)
     free(tmp);
 }
 
+/* ---- convert --compress: the writer thread feeds the compressed copy ----------------- */
+static int cancel_after;
+static void cancel_cb(const bfs_progress *p, void *u)
+{
+    (void)u;
+    if (p->bytes_done > (uint64_t)cancel_after)
+        bfs_cancel();
+}
+
+static void test_convert_compress(void **state)
+{
+    (void)state;
+    char *tmp = tu_tmpdir("zc");
+    char out[4096], rf[4096], z[4096], ref[4096], rep[16384];
+    for (int mode = 0; mode < 2; mode++) {
+        snprintf(out, sizeof out, "%s/o%d", tmp, mode);
+        bfs_convert_opts o;
+        bfs_convert_opts_init(&o);
+        o.world_size = 3;
+        o.device = "cpu";
+        o.compress_level = 5;
+        o.compress_mode = mode;
+        o.threads = 2;
+        bfs_convert_result res;
+        assert_int_equal(bfs_convert("fixtures/mxfp4-tiny", out, &o, &res), 0);
+        assert_int_equal(verify_report(out, rep, sizeof rep), 0);
+        for (int rank = 0; rank < 3; rank++) {
+            rank_path(rf, sizeof rf, out, rank, 3);
+            snprintf(z, sizeof z, "%s%s", rf, mode ? ".bfz" : ".zst");
+            snprintf(ref, sizeof ref, "%s/ref%d%d", tmp, mode, rank);
+            /* the same bytes as compressing the finished file */
+            compress_ok(rf, ref, 5, mode, 0, 1);
+            assert_same_file(ref, z);
+        }
+        /* interrupted after the first rank file, then resumed: the reused file is compressed from disk */
+        snprintf(out, sizeof out, "%s/r%d", tmp, mode);
+        o.progress = cancel_cb;
+        cancel_after = 150000;
+        assert_int_equal(bfs_convert("fixtures/mxfp4-tiny", out, &o, &res), BFS_EINTR);
+        assert_int_equal(tu_sh("ls -a '%s' | grep -q partial", out), 1);
+        o.progress = NULL;
+        assert_int_equal(bfs_convert("fixtures/mxfp4-tiny", out, &o, &res), 0);
+        assert_true(res.files_reused >= 1);
+        assert_int_equal(verify_report(out, rep, sizeof rep), 0);
+        for (int rank = 0; rank < 3; rank++) {
+            rank_path(rf, sizeof rf, out, rank, 3);
+            snprintf(z, sizeof z, "%s%s", rf, mode ? ".bfz" : ".zst");
+            snprintf(ref, sizeof ref, "%s/ref%d%d", tmp, mode, rank);
+            assert_same_file(ref, z);
+        }
+    }
+    /* out of range */
+    bfs_convert_opts o;
+    bfs_convert_opts_init(&o);
+    o.compress_level = 40;
+    snprintf(out, sizeof out, "%s/bad", tmp);
+    assert_int_equal(bfs_convert("fixtures/bnb-nf4", out, &o, NULL), BFS_EUSAGE);
+    assert_int_equal(tu_sh("%s convert fixtures/bnb-nf4 '%s' --compress lz4 2>/dev/null", tu_bfshard(), out), 2);
+    assert_int_equal(tu_sh("%s convert fixtures/bnb-nf4 '%s' --compress zstd:19 --quiet && zstd -d -q -c '%s/shard-00001-model-00001-of-00001.safetensors.zst' | cmp -s - '%s/shard-00001-model-00001-of-00001.safetensors'",
+                           tu_bfshard(), out, out, out), 0);
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
 /* ---- the CLI --------------------------------------------------------------------------- */
 static void test_cli(void **state)
 {
@@ -562,6 +626,7 @@ int main(void)
         cmocka_unit_test(test_extract_reads_only_its_frames),
         cmocka_unit_test(test_hostile_seek_tables),
         cmocka_unit_test(test_verify_compressed_outdir),
+        cmocka_unit_test(test_convert_compress),
         cmocka_unit_test(test_cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -47,6 +47,9 @@ static const char *const usage_convert =
     "  --keep-dtype          keep F32/F16/F64 tensors that are not quantized (default: cast to BF16)\n"
     "  --force               replace bfshard's files in an existing non-empty OUTDIR\n"
     "  --cpu-level L         scalar|avx2|avx512: force a CPU kernel level (default: best)\n"
+    "  --compress zstd[:LEVEL]            also write each rank file as seekable zstd, NAME.safetensors.zst\n"
+    "                                     (level default 3; readable by zstd -d; see bfshard compress --help)\n"
+    "  --compress zstd-bytegroup[:LEVEL]  ... with BF16 byte grouping, NAME.safetensors.bfz (bfshard only)\n"
     "  --quiet               no progress, no log lines\n"
     "  --json                print a machine-readable summary on stdout\n"
     "\n"
@@ -235,6 +238,19 @@ static int parse_common(int argc, char **argv, cli_args *a, const char *usage, i
             if (!v)
                 return usage_error(usage, "%s needs a value", s);
             a->o.device = v;
+            i++;
+        } else if (!strcmp(s, "--compress")) {
+            const char *c = v ? strchr(v, ':') : NULL;
+            const size_t kl = v ? (c ? (size_t)(c - v) : strlen(v)) : 0;
+            if (v && kl == 4 && !strncmp(v, "zstd", 4))
+                a->o.compress_mode = BFS_ZST_PLAIN;
+            else if (v && kl == 14 && !strncmp(v, "zstd-bytegroup", 14))
+                a->o.compress_mode = BFS_ZST_BYTEGROUP;
+            else
+                return usage_error(usage, "--compress must be zstd[:LEVEL] or zstd-bytegroup[:LEVEL], got '%s'", v ? v : "");
+            a->o.compress_level = 3;
+            if (c && (parse_int(c + 1, -7, 22, &a->o.compress_level) || a->o.compress_level == 0))
+                return usage_error(usage, "--compress: LEVEL must be a zstd level from -7 to 22 (not 0), got '%s'", c + 1);
             i++;
         } else if (!strcmp(s, "--cpu-level")) {
             if (v && !strcmp(v, "scalar")) a->o.cpu_level = 0;
