@@ -63,12 +63,13 @@ deps:
 
 $(BUILD)/libbfshard.a: $(LIB_OBJ)
 	@mkdir -p $(@D)
+	rm -f $@
 	ar rcs $@ $^
 
 $(BUILD)/bfshard: $(CLI_OBJ) $(BUILD)/libbfshard.a
 	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libbfshard.a $(LIBS)
 
-$(BUILD)/%.o: %.c $(wildcard include/*.h src/*.h kernels/*.h)
+$(BUILD)/%.o: %.c $(wildcard include/*.h src/*.h kernels/*.h kernels/*.cuh)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -c $< -o $@
 

@@ -35,7 +35,8 @@
 #define BFS_DEFAULT_GPU_MEM (1ull << 30)
 #define BFS_FLUSH_WINDOW (32ull << 20)
 
-static volatile sig_atomic_t bfs__cancel_flag;
+/* lock-free atomic: safe from a signal handler and read by the worker threads */
+static _Atomic int bfs__cancel_flag;
 void bfs_cancel(void) { bfs__cancel_flag = 1; }
 
 void bfs_convert_opts_init(bfs_convert_opts *o)
