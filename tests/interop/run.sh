@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# make interop: prove bfshard's output loads in the real consumers (safetensors,
+# torch.distributed.checkpoint + FSDP2, transformers from_pretrained, torch's own
+# consolidation), against the upstream dequant computed live.
+#
+# usage: tests/interop/run.sh [BUILD]        (BUILD defaults to build)
+#
+# Creates (or reuses) a venv at $BUILD/interop-venv from plain PyPI with the packages
+# pinned in tests/interop/requirements.txt (= fixtures/requirements.txt). That is the
+# only step that needs the network; the checks run offline.
+#
+# Environment:
+#   PYTHON=python3          interpreter the venv is made from (3.10+)
+#   INTEROP_VENV=DIR        use/create the venv at DIR instead
+#   INTEROP_DEVICE=cpu      --device passed to bfshard convert (cpu, auto, cuda)
+#   INTEROP_KEEP=1          keep $BUILD/interop-work (outputs, logs) after a pass
+set -eu
+
+BUILD=${1:-build}
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+cd "$ROOT"
+case "$BUILD" in /*) ;; *) BUILD="$ROOT/$BUILD" ;; esac
+
+BFSHARD="$BUILD/bfshard"
+VENV=${INTEROP_VENV:-$BUILD/interop-venv}
+PY=${PYTHON:-python3}
+WORK="$BUILD/interop-work"
+
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
+
+T0=$(now)
+[ -x "$BFSHARD" ] || { echo "interop: $BFSHARD not found (run make all first)" >&2; exit 2; }
+
+# ---- venv ------------------------------------------------------------------------
+# The stamp records what the venv was made from; a venv without a matching stamp
+# (missing, half-installed, other pins, other interpreter) is rebuilt from scratch.
+PYVER=$("$PY" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])') || {
+    echo "interop: no usable python ($PY); set PYTHON=" >&2; exit 2; }
+STAMP_WANT="python=$PYVER $(cat "$HERE/requirements.txt" fixtures/requirements.txt | cksum | cut -d' ' -f1)"
+STAMP="$VENV/.bfshard-interop-stamp"
+VENV_STATE=reused
+if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$STAMP_WANT" ]; then
+    VENV_STATE=created
+    echo "interop: creating $VENV (python $PYVER, pip install from PyPI; torch brings ~3 GB of CUDA wheels)"
+    rm -rf "$VENV"
+    if ! "$PY" -m venv "$VENV"; then
+        echo "interop: '$PY -m venv' failed; on Debian/Ubuntu: apt-get install python3-venv" >&2
+        exit 2
+    fi
+    "$VENV/bin/python" -m pip install --quiet --upgrade pip
+    # --no-cache-dir: the wheels are only needed once, and ~/.cache would keep 3 GB
+    "$VENV/bin/python" -m pip install --quiet --no-cache-dir -r "$HERE/requirements.txt"
+    "$VENV/bin/python" -c 'import torch, transformers, safetensors, bitsandbytes, accelerate, numpy'
+    echo "$STAMP_WANT" > "$STAMP"
+fi
+T1=$(now)
+echo "interop: venv $VENV_STATE in $(elapsed "$T0" "$T1") s"
+
+# ---- checks (offline) --------------------------------------------------------------
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+export PIP_NO_INDEX=1 TOKENIZERS_PARALLELISM=false PYTHONHASHSEED=0
+unset PYTHONPATH
+rm -rf "$WORK"
+mkdir -p "$WORK"
+set +e
+"$VENV/bin/python" -X faulthandler "$HERE/interop.py" \
+    --bfshard "$BFSHARD" --fixtures "$ROOT/fixtures" --work "$WORK" \
+    --device "${INTEROP_DEVICE:-cpu}"
+RC=$?
+set -e
+T2=$(now)
+echo "interop: checks took $(elapsed "$T1" "$T2") s, venv $(elapsed "$T0" "$T1") s, total $(elapsed "$T0" "$T2") s"
+if [ $RC -eq 0 ]; then
+    [ -n "${INTEROP_KEEP:-}" ] || rm -rf "$WORK"
+    echo "interop: PASS"
+else
+    echo "interop: FAIL (exit $RC); outputs and logs kept in $WORK"
+fi
+exit $RC
