@@ -241,8 +241,8 @@ class Bench:
             self.note(f"threads_bench failed: {p.stderr.strip()[:300]}")
 
     # ---- (b) (c) one model ----
-    def convert_cmd(self, inp, out, threads=None, level=None):
-        c = [self.bfshard, "convert", inp, out, "--device", "cpu", "--world-size", str(self.a.world),
+    def convert_cmd(self, inp, out, threads=None, level=None, world=None):
+        c = [self.bfshard, "convert", inp, out, "--device", "cpu", "--world-size", str(world or self.a.world),
              "--quiet", "--json", "--force"]
         if threads:
             c += ["--threads", str(threads)]
@@ -256,7 +256,8 @@ class Bench:
         r = timed(self.convert_cmd(inp, out, **kw))
         try:
             j = json.loads(r["stdout"].strip().splitlines()[-1])
-            r.update(bytes=j.get("bytes_written"), internal_s=j.get("seconds"), backend=j.get("backend"))
+            r.update(bytes=j.get("bytes_written"), internal_s=j.get("seconds"), backend=j.get("backend"),
+                     host_buffer_bytes=j.get("host_buffer_bytes"))
         except (ValueError, IndexError):
             r["bytes"] = None
         r["out_bytes_on_disk"] = du(out)
@@ -373,13 +374,17 @@ class Bench:
 
     # ---- (d) RSS vs model size ----
     def rss_scaling(self):
+        # --world-size 1: every unit is then a full buffer (4 experts) from the first layer on, so
+        # both buffers are touched whatever the size; with 8 ranks a 1-layer model fills one of
+        # them only half (down_proj's 4 experts), which reads as growth where there is none
         out = {}
         for L in self.a.rss_layers:
             inp = self.dataset("gpt-oss", L)
-            target = self.shm if free_bytes(self.shm) > 3 * du(inp) + (1 << 30) else self.disk
-            r = self.run_bfshard(inp, os.path.join(target, "rss-out"))
+            target = self.shm if free_bytes(self.shm) > 4 * du(inp) + (1 << 30) else self.disk
+            r = self.run_bfshard(inp, os.path.join(target, "rss-out"), world=1)
             out[str(L)] = {"input_bytes": du(inp), "bytes": r.get("bytes"), "max_rss_kb": r.get("max_rss_kb"),
-                           "wall_s": r["wall_s"], "to": target}
+                           "host_buffer_bytes": r.get("host_buffer_bytes"), "wall_s": r["wall_s"], "to": target,
+                           "world_size": 1}
         self.res["rss_scaling"] = out
 
     # ---- summary ----
@@ -527,11 +532,12 @@ class Bench:
         rs = R["rss_scaling"]
         if rs:
             P("")
-            P("(d) bfshard peak RSS vs checkpoint size (gpt-oss shapes):")
+            P("(d) bfshard peak RSS vs checkpoint size (gpt-oss shapes, --world-size 1, default --mem):")
             vals = []
             for L, d in rs.items():
                 P(f"    {L:>3s} layers: input {d['input_bytes'] / 1e9:6.2f} GB, output {(d['bytes'] or 0) / 1e9:6.2f} GB, "
-                  f"peak RSS {(d['max_rss_kb'] or 0) / 1024:7.1f} MB ({d['wall_s']:.1f} s, to {d['to']})")
+                  f"peak RSS {(d['max_rss_kb'] or 0) / 1024:7.1f} MB, of which unit buffers "
+                  f"{(d.get('host_buffer_bytes') or 0) / 2**20:.0f} MB ({d['wall_s']:.1f} s, to {d['to']})")
                 vals.append(d["max_rss_kb"] or 0)
             if len(vals) >= 2 and vals[0]:
                 targ["rss_growth"] = [{"ratio": vals[-1] / vals[0], "layers": list(rs.keys())}]
