@@ -14,7 +14,7 @@
  *   the fuzz corpora (fuzz/corpus, fuzz/regress) replay without a report.
  *
  * $BFS_RELIABILITY_MB sets the size of the generated MXFP4 input of the kill test
- * (default 48).
+ * (default 64).
  */
 #include "testutil.h"
 #include "bfs_internal.h"
@@ -263,7 +263,7 @@ typedef struct {
 static void kill_setup(killctx *k, const char *tmp)
 {
     const char *mbs = getenv("BFS_RELIABILITY_MB");
-    const int mb = mbs && atoi(mbs) > 0 ? atoi(mbs) : 48;
+    const int mb = mbs && atoi(mbs) > 0 ? atoi(mbs) : 64;
     snprintf(k->in, sizeof k->in, "%s/in", tmp);
     snprintf(k->out, sizeof k->out, "%s/out", tmp);
     snprintf(k->ref, sizeof k->ref, "%s/ref", tmp);
