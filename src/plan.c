@@ -567,6 +567,12 @@ int bfs__plan_layout(bfs_plan *p, const bfs_convert_opts *o)
                     continue;
                 f->pieces[f->npieces++] = (bfs_piece){.tensor = (int)i, .row0 = a, .row1 = b};
             }
+            /* A rank with no rows of any tensor still gets one entry, zero rows at offset d0
+             * (what torch's HuggingFaceStorageWriter writes for an empty shard): torch's
+             * consolidate_safetensors_files rejects a file whose DCP_SHARDING_INFO is {}. */
+            for (size_t i = 0; f->npieces == 0 && i < p->nt; i++)
+                if (p->t[i].ndim > 0)
+                    f->pieces[f->npieces++] = (bfs_piece){.tensor = (int)i, .row0 = p->t[i].d0, .row1 = p->t[i].d0};
             qsort_r(f->pieces, f->npieces, sizeof *f->pieces, bfs__cmp_file_order, p);
             BFS_TRY(bfs__finish_file(p, f, true));
         }
