@@ -267,13 +267,17 @@ class Bench:
             self.note(f"bfshard convert {inp} failed (rc {r['rc']}): {r.get('stderr', '')[-300:]}")
         return r
 
-    def run_dd(self, out_dir, nbytes):
+    def run_dd(self, out_dir, nbytes, direct=False):
         os.makedirs(out_dir, exist_ok=True)
         f = os.path.join(out_dir, "dd.bin")
         rmtree(f) if os.path.isdir(f) else (os.path.exists(f) and os.unlink(f))
         os.sync()
-        r = timed(["dd", "if=/dev/zero", f"of={f}", "bs=8M", f"count={nbytes}", "iflag=count_bytes",
-                   "conv=fdatasync"])
+        if direct:  # O_DIRECT: the device's own rate, no page cache (whole 8 MiB blocks)
+            cmd = ["dd", "if=/dev/zero", f"of={f}", "bs=8M", f"count={-(-nbytes // (8 << 20))}", "oflag=direct",
+                   "conv=fdatasync"]
+        else:
+            cmd = ["dd", "if=/dev/zero", f"of={f}", "bs=8M", f"count={nbytes}", "iflag=count_bytes", "conv=fdatasync"]
+        r = timed(cmd)
         r["bytes"] = os.path.getsize(f)
         os.unlink(f)
         del r["stdout"]
@@ -354,6 +358,7 @@ class Bench:
                 add("bfshard_disk", r)
                 nb = r.get("out_bytes_on_disk") or out_bytes or 0
                 add("dd_disk", self.run_dd(self.disk, nb))
+                add("dd_disk_direct", self.run_dd(self.disk, nb, direct=True))
             if a.py and (rep == 0 or a.py_repeat):
                 warm_cache([inp])
                 pl = a.py_layers if a.py_layers and a.py_layers < layers else None
