@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
 """Write the seed corpora of the fuzz targets into fuzz/corpus/<target>/.
 
+Files named by a 40-hex SHA-1 there are inputs grown by fuzzing and minimised with
+`fuzz_<target> -merge=1 NEW_DIR fuzz/corpus/<target> build/fuzz/corpus/<target>`;
+this script keeps them and rewrites only its own, named, seeds.
+
 Deterministic: run from the repository root (`python3 fuzz/gen_corpus.py`), it
 rewrites the same files. Seeds are the fixtures' headers and small synthetic
 checkpoints of every kind bfshard plans (MXFP4 3-d/4-d, bnb NF4/FP4 with and
@@ -10,7 +14,6 @@ Input formats: see the comment at the top of each fuzz/fuzz_<target>.c.
 """
 import json
 import os
-import shutil
 import struct
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -285,8 +288,12 @@ def gen_bnb_blob():
 
 
 def main():
+    # files named by a 40-hex SHA-1 were grown by fuzzing (libFuzzer -merge=1): kept
     if os.path.isdir(OUT):
-        shutil.rmtree(OUT)
+        for dp, _, fs in os.walk(OUT):
+            for f in fs:
+                if not (len(f) == 40 and all(c in "0123456789abcdef" for c in f)):
+                    os.remove(os.path.join(dp, f))
     models = synthetic_models()
     gen_st_parse(models)
     gen_plan(models)
