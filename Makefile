@@ -143,7 +143,7 @@ fuzz: fuzz-build
 	        -artifact_prefix=$(FUZZ_BUILD)/artifacts/$$t- \
 	        $(FUZZ_BUILD)/corpus/$$t fuzz/corpus/$$t 2>$(FUZZ_BUILD)/fuzz_$$t.log \
 	        || { tail -60 $(FUZZ_BUILD)/fuzz_$$t.log; echo "fuzz_$$t FAILED (log: $(FUZZ_BUILD)/fuzz_$$t.log)"; exit 1; }; \
-	    grep -E '^(#[0-9]+ +DONE|stat::number_of_executed_units|Done)' $(FUZZ_BUILD)/fuzz_$$t.log || true; \
+	    grep -E '^(#[0-9]+[[:space:]]+DONE|Done)' $(FUZZ_BUILD)/fuzz_$$t.log || true; \
 	done
 
 # ---- sanitizers: `make asan` builds library, CLI and tests with ASan + UBSan into

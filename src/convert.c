@@ -1164,9 +1164,9 @@ int bfs_convert(const char *input, const char *outdir, const bfs_convert_opts *o
     }
     BFS_TRY(bfs__make_backend(r, r->unit_bytes));
     BFS_TRY(bfs__prepare_outdir(r));
-    bfs__log(r, "%s -> %s: %zu tensors, %d file(s), %.3f GB of output, backend %s, host buffers 2 x %llu bytes%s", input,
+    bfs__log(r, "%s -> %s: %zu tensors, %d file(s), %.3f GB of output, backend %s, host buffers 2 x %llu bytes", input,
              outdir, r->plan->nt, nf, (double)r->plan->total_bytes / 1e9, r->be->name,
-             (unsigned long long)r->unit_bytes, "");
+             (unsigned long long)r->unit_bytes);
     if (r->be->device_bytes)
         bfs__log(r, "GPU memory: %llu bytes allocated once from --gpu-mem %llu (the peak; it does not grow with the model)",
                  (unsigned long long)r->be->device_bytes,
