@@ -133,7 +133,8 @@ static int bfs__cpu_run(bfs_backend *b, const bfs_unit *u)
 {
     bfs_cpu *c = (bfs_cpu *)b;
     const uint64_t work = bfs__unit_work(u);
-    if (c->nthreads <= 1 || work < 65536) {
+    /* the threshold is in output elements: MXFP4 work items are whole output rows */
+    if (c->nthreads <= 1 || (u->row1 - u->row0) * u->t->row_elems < 65536) {
         bfs__unit_cpu(c->k, u);
         return 0;
     }

@@ -28,6 +28,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -146,10 +147,20 @@ typedef struct bfs_writer {
 
 static int bfs__writer_do(bfs_writer *w, const bfs_wjob *j)
 {
-    int rc = bfs__pwrite_all(w->fd, j->buf, j->len, j->off, w->what);
-    if (rc < 0)
-        return rc;
-    XXH3_128bits_update(w->file_st, j->buf, j->len);
+    /* 1 MiB at a time: both hashes and the copy into the page cache read it while it
+     * is in cache, instead of three passes over a unit-sized buffer from DRAM */
+    int rc = 0;
+    const uint8_t *jb = j->buf;
+    for (size_t o = 0; o < j->len;) {
+        const size_t n = j->len - o < (1u << 20) ? j->len - o : (1u << 20);
+        XXH3_128bits_update(w->file_st, jb + o, n);
+        if (j->piece >= 0)
+            XXH3_128bits_update(w->piece_st, jb + o, n);
+        rc = bfs__pwrite_all(w->fd, jb + o, n, j->off + o, w->what);
+        if (rc < 0)
+            return rc;
+        o += n;
+    }
     if (w->zw) { /* a frame boundary before every piece */
         if (j->piece >= 0 && j->piece != w->zpiece) {
             w->zpiece = j->piece;
@@ -161,7 +172,6 @@ static int bfs__writer_do(bfs_writer *w, const bfs_wjob *j)
             return rc;
     }
     if (j->piece >= 0) {
-        XXH3_128bits_update(w->piece_st, j->buf, j->len);
         if (j->piece_end) {
             bfs__hash_hex(XXH3_128bits_digest(w->piece_st), w->piece_hex[j->piece]);
             XXH3_128bits_reset(w->piece_st);
@@ -290,10 +300,9 @@ static void *bfs__src_hash_main(void *p)
 {
     bfs_run *r = p;
     const size_t bs = 4u << 20;
-    uint8_t *buf = malloc(bs);
     XXH3_state_t *st = XXH3_createState();
     int rc = 0;
-    if (!buf || !st) {
+    if (!st) {
         rc = bfs__err(BFS_ENOMEM, "out of memory hashing sources");
         goto done;
     }
@@ -302,11 +311,12 @@ static void *bfs__src_hash_main(void *p)
         XXH3_128bits_reset(st);
         for (uint64_t off = 0; off < f->size && !bfs__cancel_flag; off += bs) {
             const size_t n = f->size - off < bs ? (size_t)(f->size - off) : bs;
-            rc = bfs__pread_all(f->fd, buf, n, off, f->path);
-            if (rc < 0)
-                goto done;
-            XXH3_128bits_update(st, buf, n);
-            posix_fadvise(f->fd, (off_t)off, (off_t)n, POSIX_FADV_DONTNEED);
+            /* straight from the mapping: no copy, and the page cache keeps the pages for
+             * the converter (which releases them after its unit). A file truncated under
+             * us reads zeros here (input.c's SIGBUS handler); bfs__input_check after the
+             * join turns that into an error. */
+            XXH3_128bits_update(st, f->map + off, n);
+            madvise((void *)(f->map + off), n, MADV_DONTNEED); /* drops our PTEs (RSS), not the cache */
         }
         bfs__hash_hex(XXH3_128bits_digest(st), r->src_hex[i]);
     }
@@ -316,7 +326,6 @@ done:
         snprintf(r->src_msg, sizeof r->src_msg, "%s", bfs_last_error());
     }
     XXH3_freeState(st);
-    free(buf);
     return NULL;
 }
 
@@ -1164,6 +1173,17 @@ int bfs_convert(const char *input, const char *outdir, const bfs_convert_opts *o
     }
     BFS_TRY(bfs__make_backend(r, r->unit_bytes));
     BFS_TRY(bfs__prepare_outdir(r));
+    {
+        /* a full disk fails here, before any work (each file is also preallocated) */
+        uint64_t disk_need = 0;
+        struct statvfs vfs;
+        for (int f = 0; f < nf; f++)
+            if (!r->reused[f])
+                disk_need += r->plan->files[f].size;
+        if (fstatvfs(r->dirfd, &vfs) == 0 && (uint64_t)vfs.f_bavail * vfs.f_frsize < disk_need)
+            BFS_FAIL(BFS_EIO, "%s: disk full: %llu bytes free, the rank files need %llu (No space left on device); free space or choose another OUTDIR",
+                     outdir, (unsigned long long)vfs.f_bavail * vfs.f_frsize, (unsigned long long)disk_need);
+    }
     bfs__log(r, "%s -> %s: %zu tensors, %d file(s), %.3f GB of output, backend %s, host buffers 2 x %llu bytes", input,
              outdir, r->plan->nt, nf, (double)r->plan->total_bytes / 1e9, r->be->name,
              (unsigned long long)r->unit_bytes);
@@ -1202,6 +1222,7 @@ int bfs_convert(const char *input, const char *outdir, const bfs_convert_opts *o
     r->src_started = false;
     if (r->src_rc < 0)
         BFS_FAIL(r->src_rc, "%s", r->src_msg);
+    BFS_TRY(bfs__input_check(r->in, -1)); /* the source hashes cover what was really there */
     if (bfs__cancel_flag)
         BFS_FAIL(BFS_EINTR, "interrupted");
     BFS_TRY(bfs__write_config(r));

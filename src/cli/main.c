@@ -290,6 +290,7 @@ static int cmd_convert(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+    signal(SIGXFSZ, SIG_IGN); /* a file-size limit is a write error (exit 4), not a kill */
 
     bfs_convert_result res;
     rc = bfs_convert(a.pos[0], a.pos[1], &a.o, &res);
