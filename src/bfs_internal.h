@@ -212,6 +212,9 @@ typedef struct { char hex[33]; } bfs_hash_hex;
 /* ---- misc utilities ----------------------------------------------------------------- */
 char *bfs__strdup(const char *s);
 char *bfs__path_join(const char *a, const char *b);
+/* json_dumps(j, flags) plus a final newline; *len excludes the NUL. NULL when out of memory. */
+struct json_t;
+char *bfs__json_text(const struct json_t *j, size_t flags, size_t *len);
 int bfs__read_small_file(const char *path, size_t max, char **out, size_t *len);
 
 

@@ -871,17 +871,11 @@ static int bfs__write_config(bfs_run *r)
     json_object_set_new(cfg, "torch_dtype", json_string("bfloat16"));
     if (json_object_get(cfg, "dtype"))
         json_object_set_new(cfg, "dtype", json_string("bfloat16"));
-    text = json_dumps(cfg, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    size_t n;
+    text = bfs__json_text(cfg, JSON_INDENT(2) | JSON_PRESERVE_ORDER, &n);
     if (!text)
         BFS_FAIL(BFS_ENOMEM, "out of memory");
-    const size_t n = strlen(text);
-    char *t2 = realloc(text, n + 2);
-    if (!t2)
-        BFS_FAIL(BFS_ENOMEM, "out of memory");
-    text = t2;
-    text[n] = '\n';
-    text[n + 1] = '\0';
-    BFS_TRY(bfs__write_small(r, "config.json", text, n + 1, "config"));
+    BFS_TRY(bfs__write_small(r, "config.json", text, n, "config"));
 cleanup:
     json_decref(cfg);
     free(text);
@@ -1000,7 +994,8 @@ static int bfs__write_manifest(bfs_run *r)
     }
     json_object_set_new(m, "tensors", tensors);
     json_object_set_new(m, "manifest_xxh3_128", json_string("00000000000000000000000000000000")); /* sealed below */
-    text = json_dumps(m, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+    size_t text_len = 0;
+    text = bfs__json_text(m, JSON_INDENT(1) | JSON_PRESERVE_ORDER, &text_len);
     if (!text)
         BFS_FAIL(BFS_ENOMEM, "out of memory building the manifest");
 
@@ -1021,16 +1016,8 @@ static int bfs__write_manifest(bfs_run *r)
                               json_string_value(json_object_get(e, "name")));
     }
     BFS_TRY(bfs__write_small(r, BFS_SUMS_NAME, sums, k, NULL));
-    const size_t n = strlen(text);
-    text[n] = '\0';
-    char *t2 = realloc(text, n + 2);
-    if (!t2)
-        BFS_FAIL(BFS_ENOMEM, "out of memory");
-    text = t2;
-    text[n] = '\n';
-    text[n + 1] = '\0';
-    BFS_TRY(bfs__manifest_seal(text, n + 1));
-    BFS_TRY(bfs__write_small(r, BFS_MANIFEST_NAME, text, n + 1, NULL));
+    BFS_TRY(bfs__manifest_seal(text, text_len));
+    BFS_TRY(bfs__write_small(r, BFS_MANIFEST_NAME, text, text_len, NULL));
     if (fsync(r->dirfd) != 0)
         BFS_FAIL(BFS_EIO, "%s: fsync of the directory failed: %s", r->outdir, strerror(errno));
 cleanup:

@@ -1,6 +1,8 @@
 /* Small utilities: dtypes, strings, paths, sizes. */
 #include "bfs_internal.h"
 
+#include <jansson.h>
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -99,4 +101,23 @@ cleanup:
     if (fd >= 0)
         close(fd);
     return rc;
+}
+
+/* json_dumps plus a final newline, as a text file should end; NULL when out of memory. */
+char *bfs__json_text(const json_t *j, size_t flags, size_t *len)
+{
+    char *text = json_dumps(j, flags);
+    if (!text)
+        return NULL;
+    const size_t n = strlen(text);
+    char *t2 = realloc(text, n + 2);
+    if (!t2) {
+        free(text);
+        return NULL;
+    }
+    t2[n] = '\n';
+    t2[n + 1] = '\0';
+    if (len)
+        *len = n + 1;
+    return t2;
 }

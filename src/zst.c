@@ -1413,20 +1413,12 @@ int bfs_compress_outdir(const char *outdir, const bfs_compress_opts *o, bfs_comp
     free(text);
     if (!json_is_string(json_object_get(m, "manifest_xxh3_128")))
         json_object_set_new(m, "manifest_xxh3_128", json_string("00000000000000000000000000000000"));
-    text = json_dumps(m, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+    size_t n;
+    text = bfs__json_text(m, JSON_INDENT(1) | JSON_PRESERVE_ORDER, &n);
     if (!text)
         BFS_FAIL(BFS_ENOMEM, "out of memory");
-    {
-        const size_t n = strlen(text);
-        char *t2 = realloc(text, n + 2);
-        if (!t2)
-            BFS_FAIL(BFS_ENOMEM, "out of memory");
-        text = t2;
-        text[n] = '\n';
-        text[n + 1] = '\0';
-        BFS_TRY(bfs__manifest_seal(text, n + 1));
-        BFS_TRY(bfs__zst_write_atomic(outdir, BFS_MANIFEST_NAME, text, n + 1));
-    }
+    BFS_TRY(bfs__manifest_seal(text, n));
+    BFS_TRY(bfs__zst_write_atomic(outdir, BFS_MANIFEST_NAME, text, n));
     if (o->remove) {
         for (size_t i = 0; i < json_array_size(files); i++) {
             json_t *f = json_array_get(files, i);
