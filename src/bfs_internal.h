@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* ---- errors ---------------------------------------------------------------
  * bfs__err(code, fmt, ...) records a one-line message for bfs_last_error()
@@ -211,6 +212,8 @@ typedef struct { char hex[33]; } bfs_hash_hex;
 
 /* ---- misc utilities ----------------------------------------------------------------- */
 char *bfs__strdup(const char *s);
+/* One line of a verify report on out (nothing when out is NULL). */
+void bfs__report(FILE *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 char *bfs__path_join(const char *a, const char *b);
 /* json_dumps(j, flags) plus a final newline; *len excludes the NUL. NULL when out of memory. */
 struct json_t;

@@ -15,8 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static void bfs__report(FILE *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void bfs__report(FILE *out, const char *fmt, ...)
+void bfs__report(FILE *out, const char *fmt, ...)
 {
     if (!out)
         return;

@@ -1465,18 +1465,6 @@ cleanup:
 }
 
 /* ==== verify ====================================================================== */
-static void bfs__zst_report(FILE *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void bfs__zst_report(FILE *out, const char *fmt, ...)
-{
-    if (!out)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vfprintf(out, fmt, ap);
-    va_end(ap);
-    fputc('\n', out);
-}
-
 typedef struct {
     XXH3_state_t *st;
 } bfs_zst_hsink;
@@ -1514,12 +1502,12 @@ int bfs__zst_verify_entry(const char *outdir, const json_t *file_entry, const js
     fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     struct stat sb;
     if (fd < 0) {
-        bfs__zst_report(report, "%s: MISSING (%s)", path, strerror(errno));
+        bfs__report(report, "%s: MISSING (%s)", path, strerror(errno));
         bad = 1;
         goto cleanup;
     }
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size != zsize) {
-        bfs__zst_report(report, "%s: BAD SIZE: %lld bytes, manifest says %llu", path, (long long)sb.st_size,
+        bfs__report(report, "%s: BAD SIZE: %lld bytes, manifest says %llu", path, (long long)sb.st_size,
                         (unsigned long long)zsize);
         bad = 1;
         goto cleanup;
@@ -1556,10 +1544,10 @@ int bfs__zst_verify_entry(const char *outdir, const json_t *file_entry, const js
         goto cleanup;
     bad = 1;
     if (!zok)
-        bfs__zst_report(report, "%s: BAD compressed file (hash %s, manifest %s)%s%s", path, got, zwant,
+        bfs__report(report, "%s: BAD compressed file (hash %s, manifest %s)%s%s", path, got, zwant,
                         msg[0] ? ": " : "", msg);
     else
-        bfs__zst_report(report, "%s: BAD: %s", path, msg);
+        bfs__report(report, "%s: BAD: %s", path, msg);
     if (!r)
         goto cleanup;
     /* narrow it down to tensors */
@@ -1580,7 +1568,7 @@ int bfs__zst_verify_entry(const char *outdir, const json_t *file_entry, const js
             bfs_zst_hsink hs = {st};
             char g2[33];
             if (bfs__zst_read_range(r, off, nb, bfs__zst_sink_xxh3, &hs) < 0) {
-                bfs__zst_report(report, "%s: BAD tensor \"%s\" bytes [%llu, %llu): %s", path,
+                bfs__report(report, "%s: BAD tensor \"%s\" bytes [%llu, %llu): %s", path,
                                 json_string_value(json_object_get(te, "name")), (unsigned long long)off,
                                 (unsigned long long)(off + nb), bfs_last_error());
                 bfs__err_clear();
@@ -1588,7 +1576,7 @@ int bfs__zst_verify_entry(const char *outdir, const json_t *file_entry, const js
             }
             bfs__hash_hex(XXH3_128bits_digest(st), g2);
             if (strcmp(g2, sw) != 0)
-                bfs__zst_report(report, "%s: BAD tensor \"%s\" bytes [%llu, %llu) (hash %s, manifest %s)", path,
+                bfs__report(report, "%s: BAD tensor \"%s\" bytes [%llu, %llu) (hash %s, manifest %s)", path,
                                 json_string_value(json_object_get(te, "name")), (unsigned long long)off,
                                 (unsigned long long)(off + nb), g2, sw);
         }
