@@ -10,11 +10,9 @@
  *    ref.h itself (bfs_mxfp4_value).
  *  - bnb has one float scale per block: its table is built per block with a
  *    float32 multiply and the bf16 rounding below, in SIMD.
- * The transposed MXFP4 layout goes through a tile of TILE_R source rows x
- * TILE_G groups in L1, transposed there with 16x16 register transposes, then
- * written out as runs of TILE_R values per output row with non-temporal
- * stores (where aligned): regular stores to that many rows at once were held
- * up by the reads for ownership (3 GB/s against 6-7 GB/s here).
+ * The transposed MXFP4 layout transposes the code bytes (4x fewer than the
+ * output) and adds the scale to the exponent field (see its section), and
+ * streams each column's 32-row runs as whole lines with non-temporal stores.
  * No FTZ/DAZ: subnormal products and inputs are computed as IEEE says.
  */
 #include <immintrin.h>
@@ -27,10 +25,6 @@
 #if !defined(__AVX2__) || !defined(__F16C__)
 #error "kernels/cpu_avx2.c must be built with -mavx2 -mf16c -mbmi2"
 #endif
-
-/* transposed MXFP4: tiles of TILE_R source rows x TILE_G groups (16 KiB of L1 with
- * their transpose); the best measured of 32..256 rows x 1..8 groups on AMD Zen 3 */
-enum { TILE_R = 64, TILE_G = 2, TILE_C = TILE_G * 32 };
 
 /* ---- bf16 rounding ------------------------------------------------------------ */
 
@@ -121,120 +115,222 @@ static inline void mx_groups(const uint8_t *blk, const uint8_t *sc, size_t ng, u
     }
 }
 
-static void mx_tile(const uint8_t *blk, const uint8_t *sc, size_t G, size_t nr, size_t ng,
-                    uint16_t *tile, size_t ts)
+/* ---- MXFP4, transposed layout ------------------------------------------------------
+ * Output row c (source column) holds the R source rows: out[c][r] = value(r, c). A tile is
+ * 16 source rows of one group (rows r..r+7 in lane 0, r+8..r+15 in lane 1); an 8x16 byte
+ * transpose per lane puts each code byte position's 8 rows in one qword, so after the nibble
+ * split and the vpshufb lookups, one unpack gives a column's 16 rows as 16 bf16, in order.
+ * The value is not looked up per scale: for s in [2, 252] the product e2m1 * 2^(s-127) is a
+ * normal bf16 (exponents 1..254), so it is the bf16 of the e2m1 value with s - 127 added to
+ * its exponent field (zero stays zero) -- exact, and the reference's bits. Any other scale in
+ * a tile sends that tile through the 256 x 16 table (mx_lo / mx_hi), also the reference's.
+ * Two tiles (32 rows) make each column's run one whole 64-byte line: streamed with two
+ * back-to-back non-temporal stores when the run is line-aligned (no read for ownership, the
+ * write-combining buffer completes at once). Loop order: blocks of TX_RB rows, within them
+ * strips of TX_GS groups (one 64-byte input line per row), 32-row tiles down the block, with
+ * the next tile's input lines prefetched (their stride, G * 16 bytes, defeats the hardware
+ * prefetcher). The best of TX_GS 1..8 x TX_RB 128..5760 on AMD Zen 3. */
+enum { TX_GS = 4, TX_RB = 256 };
+
+/* 16 rows from p (row stride rs) of one group -> d[q]: per lane (rows 0..7 | 8..15),
+ * qword 0 = code byte 2q of the 8 rows, qword 1 = code byte 2q + 1. */
+static inline void tx_bytes16(const uint8_t *p, size_t rs, __m256i d[8])
 {
-    x86_mx_tile(mx_groups, blk, sc, G, nr, ng, tile, ts);
+    __m256i a[8], b[8];
+    for (int i = 0; i < 8; i++)
+        a[i] = _mm256_loadu2_m128i((const __m128i *)(p + (size_t)(i + 8) * rs), (const __m128i *)(p + (size_t)i * rs));
+    for (int j = 0; j < 4; j++) { /* words: rows 2j, 2j+1 at byte k (b[2j]: k < 8) */
+        b[2 * j] = _mm256_unpacklo_epi8(a[2 * j], a[2 * j + 1]);
+        b[2 * j + 1] = _mm256_unpackhi_epi8(a[2 * j], a[2 * j + 1]);
+    }
+    for (int h = 0; h < 2; h++) { /* dwords: rows 4h..4h+3 at byte 4k + dword (a[4h + k]) */
+        a[4 * h + 0] = _mm256_unpacklo_epi16(b[4 * h], b[4 * h + 2]);
+        a[4 * h + 1] = _mm256_unpackhi_epi16(b[4 * h], b[4 * h + 2]);
+        a[4 * h + 2] = _mm256_unpacklo_epi16(b[4 * h + 1], b[4 * h + 3]);
+        a[4 * h + 3] = _mm256_unpackhi_epi16(b[4 * h + 1], b[4 * h + 3]);
+    }
+    for (int k = 0; k < 4; k++) { /* qwords: rows 0..7 at bytes 4k..4k+1 and 4k+2..4k+3 */
+        d[2 * k] = _mm256_unpacklo_epi32(a[k], a[4 + k]);
+        d[2 * k + 1] = _mm256_unpackhi_epi32(a[k], a[4 + k]);
+    }
 }
 
-/* 16x16 bf16 transpose: src rows (stride ss) -> dst rows (stride ds). */
-static inline void transpose16x16(const uint16_t *src, size_t ss, uint16_t *dst, size_t ds)
+/* bf16 of e2m1 code 0..15: low bytes, high bytes (one lane's worth) */
+#define TX_LO 0x00, 0x00, (char)0x80, (char)0xC0, 0x00, 0x40, (char)0x80, (char)0xC0
+#define TX_HI 0x00, 0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40, \
+              (char)0x80, (char)0xBF, (char)0xBF, (char)0xBF, (char)0xC0, (char)0xC0, (char)0xC0, (char)0xC0
+
+/* codes x (per lane: qword 0 = column c, qword 1 = column c + 2, of 8 rows) -> the two
+ * columns' 16 rows each; adj = (s - 127) << 7 per row, added to nonzero values. */
+static inline void tx_values(__m256i x, __m256i adj, __m256i *v0, __m256i *v1)
 {
-    __m256i a[16], b[16];
-    for (int i = 0; i < 16; i++)
-        a[i] = _mm256_loadu_si256((const __m256i *)(src + i * ss));
-    /* within each 128-bit lane: an 8x8 transpose of rows 0..7 and of rows 8..15 */
-    for (int h = 0; h < 16; h += 8) {
-        for (int i = 0; i < 8; i += 2) {
-            b[h + i] = _mm256_unpacklo_epi16(a[h + i], a[h + i + 1]);
-            b[h + i + 1] = _mm256_unpackhi_epi16(a[h + i], a[h + i + 1]);
+    const __m256i tl = _mm256_setr_epi8(TX_LO, TX_LO, TX_LO, TX_LO);
+    const __m256i th = _mm256_setr_epi8(TX_HI, TX_HI);
+    const __m256i mag = _mm256_set1_epi16(0x7FFF);
+    const __m256i l = _mm256_shuffle_epi8(tl, x), h = _mm256_shuffle_epi8(th, x);
+    const __m256i w0 = _mm256_unpacklo_epi8(l, h), w1 = _mm256_unpackhi_epi8(l, h);
+    *v0 = _mm256_add_epi16(w0, _mm256_sign_epi16(adj, _mm256_and_si256(w0, mag)));
+    *v1 = _mm256_add_epi16(w1, _mm256_sign_epi16(adj, _mm256_and_si256(w1, mag)));
+}
+
+/* n scale bytes all in [2, 252], where the exponent add is exact */
+static inline int tx_scales_ok(const uint8_t *s, size_t n)
+{
+    unsigned bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad |= (unsigned)s[i] - 2u > 250u;
+    return !bad;
+}
+
+/* 16 * nh rows (nh = 1, 2) of one group from grp (row stride rs), scales s (16 * nh, all
+ * ok) -> columns [ca, cb) of the group at o + c * R (o: the group's column 0, first row).
+ * nt: stream; the caller made each column's 32-row run one aligned line. */
+static inline void tx_tile(const uint8_t *grp, size_t rs, const uint8_t *s, int nh, size_t ca,
+                           size_t cb, uint16_t *o, size_t R, int nt)
+{
+    __m256i d[2][8], adj[2];
+    for (int h = 0; h < nh; h++) {
+        tx_bytes16(grp + (size_t)h * 16 * rs, rs, d[h]);
+        const __m256i sv = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(s + 16 * h)));
+        adj[h] = _mm256_slli_epi16(_mm256_sub_epi16(sv, _mm256_set1_epi16(127)), 7);
+    }
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (size_t q = 0; q < 8; q++) {
+        __m256i v[2][4]; /* [half][column 4q + k] */
+        for (int h = 0; h < nh; h++) {
+            tx_values(_mm256_and_si256(d[h][q], m4), adj[h], &v[h][0], &v[h][2]);
+            tx_values(_mm256_and_si256(_mm256_srli_epi16(d[h][q], 4), m4), adj[h], &v[h][1], &v[h][3]);
         }
-        for (int i = 0; i < 2; i++) { /* (0,2) (1,3) -> a0..a3; (4,6) (5,7) -> a4..a7 */
-            a[h + 2 * i] = _mm256_unpacklo_epi32(b[h + i], b[h + i + 2]);
-            a[h + 2 * i + 1] = _mm256_unpackhi_epi32(b[h + i], b[h + i + 2]);
-            a[h + 4 + 2 * i] = _mm256_unpacklo_epi32(b[h + 4 + i], b[h + 4 + i + 2]);
-            a[h + 4 + 2 * i + 1] = _mm256_unpackhi_epi32(b[h + 4 + i], b[h + 4 + i + 2]);
+        for (size_t k = 0; k < 4; k++) {
+            const size_t c = 4 * q + k;
+            if (c < ca || c >= cb)
+                continue;
+            uint16_t *const oc = o + c * R;
+            if (nt) {
+                _mm256_stream_si256((__m256i *)oc, v[0][k]);
+                _mm256_stream_si256((__m256i *)(oc + 16), v[1][k]);
+            } else {
+                for (int h = 0; h < nh; h++)
+                    _mm256_storeu_si256((__m256i *)(oc + 16 * h), v[h][k]);
+            }
         }
-        for (int i = 0; i < 4; i++) { /* b[h+k] lane j = column 8j+k of these 8 rows */
-            b[h + 2 * i] = _mm256_unpacklo_epi64(a[h + i], a[h + 4 + i]);
-            b[h + 2 * i + 1] = _mm256_unpackhi_epi64(a[h + i], a[h + 4 + i]);
+    }
+}
+
+/* rows [r0, r1) of group g, columns [ca, cb) of it, through the table (any scale) */
+static void tx_rows_table(const uint8_t *blk, const uint8_t *sc, size_t G, size_t g, size_t r0,
+                          size_t r1, size_t ca, size_t cb, uint16_t *o, size_t R)
+{
+    for (size_t r = r0; r < r1; r++) {
+        const uint8_t *const grp = blk + (r * G + g) * 16;
+        const unsigned s = sc[r * G + g];
+        for (size_t c = ca; c < cb; c++) {
+            const unsigned code = bfs_mxfp4_code(grp, c);
+            o[c * R + r] = (uint16_t)(mx_lo[s][code] | mx_hi[s][code] << 8);
         }
     }
-    for (int k = 0; k < 8; k++) {
-        _mm256_storeu_si256((__m256i *)(dst + k * ds), _mm256_permute2x128_si256(b[k], b[8 + k], 0x20));
-        _mm256_storeu_si256((__m256i *)(dst + (8 + k) * ds),
-                            _mm256_permute2x128_si256(b[k], b[8 + k], 0x31));
-    }
 }
 
-/* tt[c - ca][i] = tile[i][c] for i < nr, ca <= c < cb: the transpose, within L1. */
-static void tile_transpose(const uint16_t (*tile)[TILE_C], size_t nr, size_t ca, size_t cb,
-                           uint16_t (*tt)[TILE_R])
+/* rows [r, r + 16) of group g, regular stores, any scale */
+static void tx_rows16(const uint8_t *blk, const uint8_t *sc, size_t G, size_t g, size_t r, size_t ca,
+                      size_t cb, uint16_t *o, size_t R)
 {
-    size_t i = 0;
-    for (; i + 16 <= nr; i += 16) {
-        size_t c = ca;
-        for (; c + 16 <= cb; c += 16)
-            transpose16x16(&tile[i][c], TILE_C, &tt[c - ca][i], TILE_R);
-        for (; c < cb; c++)
-            for (size_t k = 0; k < 16; k++)
-                tt[c - ca][i + k] = tile[i + k][c];
-    }
-    for (; i < nr; i++)
-        for (size_t c = ca; c < cb; c++)
-            tt[c - ca][i] = tile[i][c];
+    uint8_t s[16];
+    for (size_t i = 0; i < 16; i++)
+        s[i] = sc[(r + i) * G + g];
+    if (tx_scales_ok(s, 16))
+        tx_tile(blk + (r * G + g) * 16, G * 16, s, 1, ca, cb, o + r, R, 0);
+    else
+        tx_rows_table(blk, sc, G, g, r, r + 16, ca, cb, o, R);
 }
 
-/* n bf16 from src (32-byte aligned) to dst. Non-temporal when dst is 32-byte aligned:
- * the transposed output is written in short runs to many rows, which regular stores
- * would first read for ownership. */
-static inline void row_stream(const uint16_t *src, size_t n, uint16_t *dst)
+/* rows [a, b) of group g outside the streamed span, with regular stores: 16-row tiles
+ * (the last one moved back to end at b, rewriting a few rows), the table below 16 rows */
+static void tx_rows_edge(const uint8_t *blk, const uint8_t *sc, size_t G, size_t g, size_t a, size_t b,
+                         size_t ca, size_t cb, uint16_t *o, size_t R)
 {
-    size_t j = 0;
-    if (((uintptr_t)dst & 31) == 0) {
-        for (; j + 16 <= n; j += 16)
-            _mm256_stream_si256((__m256i *)(dst + j), _mm256_load_si256((const __m256i *)(src + j)));
-    } else {
-        for (; j + 16 <= n; j += 16)
-            _mm256_storeu_si256((__m256i *)(dst + j), _mm256_load_si256((const __m256i *)(src + j)));
+    if (b - a < 16 && b < 16) {
+        tx_rows_table(blk, sc, G, g, a, b, ca, cb, o, R);
+        return;
     }
-    for (; j < n; j++)
-        dst[j] = src[j];
+    for (size_t r = a; r < b; r += 16)
+        tx_rows16(blk, sc, G, g, b - r < 16 ? b - 16 : r, ca, cb, o, R);
 }
 
-/* Shared with cpu_avx512.c (cpu_x86.h), which passes its own tile fill. */
-void bfs__mxfp4_transposed_x86(const bfs_mxfp4_desc *d, size_t item, size_t o0, size_t o1,
-                               uint16_t *out, bfs__mx_tile_fn fill)
+/* Shared with cpu_avx512.c (cpu_x86.h): AVX2 is all it needs. */
+void bfs__mxfp4_transposed_x86(const bfs_mxfp4_desc *d, size_t item, size_t o0, size_t o1, uint16_t *out)
 {
+    pthread_once(&mx_once, mx_init);
     const size_t R = d->R, G = d->G;
-    const uint8_t *const blocks = d->blocks + item * R * G * 16;
-    const uint8_t *const scales = d->scales + item * R * G;
+    const uint8_t *const blk = d->blocks + item * R * G * 16;
+    const uint8_t *const sc = d->scales + item * R * G;
     if (o0 == o1)
         return;
-    /* Column strips of TILE_G groups, each down all R rows in tiles of TILE_R rows:
-     * every output row is written front to back, a few rows at a time. */
-    _Alignas(32) uint16_t tile[TILE_R][TILE_C];
-    _Alignas(32) uint16_t tt[TILE_C][TILE_R];
-    const size_t g_end = (o1 + 31) / 32;
-    /* convert puts a unit at its file offset mod 4096 (O_DIRECT), so out is rarely
-     * aligned. When every output row is aligned alike (R * 2 a multiple of 64), a first
-     * short tile of `lead` rows brings the runs of the others to 64-byte boundaries,
-     * where they are streamed; else they go out with regular stores. */
-    size_t lead = 0;
+    /* Rows [r_a, r_b) go in streamed 32-row tiles: convert puts a unit at its file offset
+     * mod 4096 (O_DIRECT), so out is rarely aligned; when every output row is aligned alike
+     * (R * 2 a multiple of 64), the first r_a rows bring the runs to line boundaries. The
+     * rows before r_a and after r_b go with regular stores. */
+    size_t r_a = 0, r_b = 0;
     if ((R * 2) % 64 == 0 && ((uintptr_t)out & 1) == 0) {
-        lead = ((64 - (uintptr_t)out % 64) % 64) / 2;
-        if (lead >= R)
-            lead = 0;
+        r_a = ((64 - (uintptr_t)out % 64) % 64) / 2;
+        if (r_a < R)
+            r_b = r_a + (R - r_a) / 32 * 32;
+        else
+            r_a = 0;
     }
-    for (size_t g0 = o0 / 32; g0 < g_end; g0 += TILE_G) {
-        const size_t ng = g_end - g0 < TILE_G ? g_end - g0 : TILE_G;
-        const size_t ca = (o0 > g0 * 32 ? o0 : g0 * 32) - g0 * 32;
-        const size_t cb = (o1 < (g0 + ng) * 32 ? o1 : (g0 + ng) * 32) - g0 * 32;
-        for (size_t r0 = 0, nr; r0 < R; r0 += nr) {
-            nr = r0 == 0 && lead ? lead : R - r0 < TILE_R ? R - r0 : TILE_R;
-            fill(blocks + (r0 * G + g0) * 16, scales + r0 * G + g0, G, nr, ng, tile[0], TILE_C);
-            tile_transpose((const uint16_t(*)[TILE_C])tile, nr, ca, cb, tt);
-            for (size_t c = ca; c < cb; c++)
-                row_stream(tt[c - ca], nr, out + (g0 * 32 + c - o0) * R + r0);
+    uint16_t *const ob = out - o0 * R; /* output row c of the item at ob + c * R */
+    const size_t g_a = o0 / 32, g_end = (o1 + 31) / 32;
+#define TX_COLS(g) size_t ca = o0 > (g) * 32 ? o0 - (g) * 32 : 0, cb = o1 < (g) * 32 + 32 ? o1 - (g) * 32 : 32
+    if (r_a == r_b) { /* nothing streamed */
+        for (size_t g = g_a; g < g_end; g++) {
+            TX_COLS(g);
+            tx_rows_edge(blk, sc, G, g, 0, R, ca, cb, ob + g * 32 * R, R);
         }
     }
+    for (size_t rb = r_a; rb < r_b; rb += TX_RB) {
+        const size_t re = r_b - rb < TX_RB ? r_b : rb + TX_RB;
+        for (size_t g0 = g_a; g0 < g_end; g0 += TX_GS) {
+            const size_t ng = g_end - g0 < TX_GS ? g_end - g0 : TX_GS;
+            if (rb == r_a && r_a > 0) /* the head rows, beside the strip's first tile */
+                for (size_t g = g0; g < g0 + ng; g++) {
+                    TX_COLS(g);
+                    tx_rows_edge(blk, sc, G, g, 0, r_a, ca, cb, ob + g * 32 * R, R);
+                }
+            for (size_t r = rb; r < re; r += 32) {
+                if (r + 64 <= re) /* the next tile's input lines */
+                    for (size_t i = 32; i < 64; i++)
+                        _mm_prefetch((const char *)(blk + ((r + i) * G + g0) * 16), _MM_HINT_T0);
+                uint8_t s[TX_GS][32];
+                for (size_t i = 0; i < 32; i++)
+                    for (size_t k = 0; k < ng; k++)
+                        s[k][i] = sc[(r + i) * G + g0 + k];
+                for (size_t k = 0; k < ng; k++) {
+                    const size_t g = g0 + k;
+                    TX_COLS(g);
+                    uint16_t *const og = ob + g * 32 * R;
+                    if (tx_scales_ok(s[k], 32)) {
+                        tx_tile(blk + (r * G + g) * 16, G * 16, s[k], 2, ca, cb, og + r, R, 1);
+                    } else {
+                        tx_rows16(blk, sc, G, g, r, ca, cb, og, R);
+                        tx_rows16(blk, sc, G, g, r + 16, ca, cb, og, R);
+                    }
+                }
+            }
+            if (re == r_b && r_b < R) /* the tail rows, beside the strip's last tile */
+                for (size_t g = g0; g < g0 + ng; g++) {
+                    TX_COLS(g);
+                    tx_rows_edge(blk, sc, G, g, r_b, R, ca, cb, ob + g * 32 * R, R);
+                }
+        }
+    }
+#undef TX_COLS
     _mm_sfence(); /* order the non-temporal stores before whatever the caller does next */
 }
 
 static void mxfp4_avx2(const bfs_mxfp4_desc *d, size_t item, size_t o0, size_t o1, uint16_t *out)
 {
     pthread_once(&mx_once, mx_init);
-    x86_mxfp4(d, item, o0, o1, out, mx_groups, mx_tile);
+    x86_mxfp4(d, item, o0, o1, out, mx_groups);
 }
 
 /* ---- bitsandbytes 4-bit ------------------------------------------------------------ */

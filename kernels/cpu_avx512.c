@@ -139,18 +139,11 @@ static inline void mx_groups(const uint8_t *blk, const uint8_t *sc, size_t ng, u
     }
 }
 
-static void mx_tile(const uint8_t *blk, const uint8_t *sc, size_t G, size_t nr, size_t ng,
-                    uint16_t *tile, size_t ts)
-{
-    x86_mx_tile(mx_groups, blk, sc, G, nr, ng, tile, ts);
-}
-
-/* The transposed layout is cpu_avx2.c's (cpu_x86.h), fed by the row dequant above. */
 static void mxfp4_avx512(const bfs_mxfp4_desc *d, size_t item, size_t o0, size_t o1,
                          uint16_t *out)
 {
     pthread_once(&mx_once, mx_init);
-    x86_mxfp4(d, item, o0, o1, out, mx_groups, mx_tile);
+    x86_mxfp4(d, item, o0, o1, out, mx_groups);
 }
 
 /* ---- bitsandbytes 4-bit ---------------------------------------------------------------- */

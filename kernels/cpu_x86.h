@@ -107,32 +107,18 @@ void bfs__nvfp4_avx2(const bfs_nvfp4_desc *d, size_t i0, size_t i1, uint16_t *ou
 
 /* A level's row dequant: ng consecutive groups of one row (codes blk, scales sc) -> ng*32 bf16 at o. */
 typedef void (*x86_mx_groups_fn)(const uint8_t *blk, const uint8_t *sc, size_t ng, uint16_t *o);
-/* Fills nr rows of a tile (row stride ts) with ng groups of nr source rows; blk and sc
- * are the first row's first group, rows G groups apart. */
-typedef void (*bfs__mx_tile_fn)(const uint8_t *blk, const uint8_t *sc, size_t G, size_t nr, size_t ng,
-                                uint16_t *tile, size_t ts);
+/* The transposed layout, output rows [o0, o1) of one item: byte transposes, the scale
+ * added to the exponent, non-temporal runs per output row (cpu_avx2.c; AVX2 suffices). */
+void bfs__mxfp4_transposed_x86(const bfs_mxfp4_desc *d, size_t item, size_t o0, size_t o1, uint16_t *out);
 
-/* The transposed layout, output rows [o0, o1) of one item: tiles in L1, 16x16
- * transposes, non-temporal runs per output row (defined in cpu_avx2.c; AVX2 suffices). */
-void bfs__mxfp4_transposed_x86(const bfs_mxfp4_desc *d, size_t item, size_t o0, size_t o1, uint16_t *out,
-                               bfs__mx_tile_fn fill);
-
-/* Both inlined with a constant `groups`, so the row dequant is inlined too. */
-static inline void x86_mx_tile(x86_mx_groups_fn groups, const uint8_t *blk, const uint8_t *sc, size_t G,
-                               size_t nr, size_t ng, uint16_t *tile, size_t ts)
-{
-    for (size_t i = 0; i < nr; i++)
-        groups(blk + i * G * 16, sc + i * G, ng, tile + i * ts);
-}
-
-/* A level's bfs_mxfp4_fn from its row dequant and its tile fill (x86_mx_tile over it). */
+/* A level's bfs_mxfp4_fn from its row dequant (inlined with a constant `groups`). */
 static inline void x86_mxfp4(const bfs_mxfp4_desc *d, size_t item, size_t o0, size_t o1, uint16_t *out,
-                             x86_mx_groups_fn groups, bfs__mx_tile_fn tile)
+                             x86_mx_groups_fn groups)
 {
     const size_t R = d->R, G = d->G, C = G * 32;
     assert(o0 <= o1 && o1 <= (d->transpose ? C : R));
     if (d->transpose) {
-        bfs__mxfp4_transposed_x86(d, item, o0, o1, out, tile);
+        bfs__mxfp4_transposed_x86(d, item, o0, o1, out);
         return;
     }
     const uint8_t *const blocks = d->blocks + item * R * G * 16;

@@ -371,12 +371,17 @@ static int bfs__run_setup(bfs_run *r, const char *input)
         if (!r->piece_hex[f])
             BFS_FAIL(BFS_ENOMEM, "out of memory");
     }
+    /* + the headroom before each unit's output that lets the writer use O_DIRECT; on the
+     * buffers' page (writer.h: bfs__buf_page), huge pages advised where available */
+    const size_t bp = (size_t)bfs__buf_page();
+    const size_t blen = ((size_t)r->unit_bytes + BFS_DIO_ALIGN + bp - 1) / bp * bp;
     for (int i = 0; i < 2; i++) {
         void *b = NULL;
-        /* + the headroom before each unit's output that lets the writer use O_DIRECT */
-        if (posix_memalign(&b, BFS_DIO_ALIGN, (size_t)r->unit_bytes + BFS_DIO_ALIGN) != 0)
+        if (posix_memalign(&b, bp > BFS_DIO_ALIGN ? bp : BFS_DIO_ALIGN, blen) != 0)
             BFS_FAIL(BFS_ENOMEM, "cannot allocate a %llu-byte unit buffer (--mem %llu)", (unsigned long long)r->unit_bytes,
                      (unsigned long long)mem);
+        if (bp == BFS_HUGE_PAGE)
+            (void)madvise(b, blen, MADV_HUGEPAGE); /* advice: a kernel that refuses keeps 4 KiB pages */
         r->buf[i] = b;
     }
 cleanup:

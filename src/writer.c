@@ -64,6 +64,25 @@ bool bfs__unit_budget(const bfs_plan *p, uint64_t mem, uint64_t *unit_bytes)
     return p->max_row_bytes <= mem / 2;
 }
 
+uint64_t bfs__buf_page(void)
+{
+    static _Atomic uint64_t page; /* 0: not read yet */
+    uint64_t v = page;
+    if (v)
+        return v;
+    v = 4096;
+    const char *env = getenv("BFSHARD_HUGEPAGES");
+    FILE *f = env && strcmp(env, "0") == 0 ? NULL : fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (f) {
+        char line[128] = "";
+        if (fgets(line, sizeof line, f) && !strstr(line, "[never]"))
+            v = BFS_HUGE_PAGE;
+        fclose(f);
+    }
+    page = v;
+    return v;
+}
+
 int bfs__mem_model(const bfs_plan *p, uint64_t mem, int nthreads, bfs_mem_model *m)
 {
     memset(m, 0, sizeof *m);
@@ -85,7 +104,8 @@ int bfs__mem_model(const bfs_plan *p, uint64_t mem, int nthreads, bfs_mem_model 
             uint64_t off = pc->offset;
             for (uint64_t row = pc->row0; row < pc->row1;) { /* as bfs__write_piece cuts them */
                 const uint64_t n = pc->row1 - row < rows_per_unit ? pc->row1 - row : rows_per_unit;
-                const uint64_t end = (off % BFS_DIO_ALIGN + n * row_bytes + pg - 1) / pg * pg;
+                const uint64_t bp = bfs__buf_page(); /* the buffer's pages: maybe huge */
+                const uint64_t end = (off % BFS_DIO_ALIGN + n * row_bytes + bp - 1) / bp * bp;
                 touched[slot] = end > touched[slot] ? end : touched[slot];
                 bfs_srange s[BFS_UNIT_MAX_SRC];
                 const bfs_unit u = {.t = t, .row0 = row, .row1 = row + n};

@@ -490,6 +490,30 @@ static void test_mxfp4_shapes(void **state)
     }
 }
 
+/* The transposed layout's streamed path: R a multiple of 32 (every output row aligned
+ * alike), several 256-row blocks, outputs at every 64-byte phase the kernel plans for
+ * (a head of 0..31 rows), ranges that cut groups, and tiles with scales outside [2, 252]
+ * (0, 1, 253..255: the table path) among ordinary ones. */
+static void test_mxfp4_transposed_stream(void **state)
+{
+    const bfs_kernel_ops *k = level_ops(state);
+    enum { R = 608, G = 9, C = G * 32 };
+    uint8_t *blocks = xmalloc(2 * R * G * 16), *scales = xmalloc(2 * R * G);
+    rnd_fill(blocks, 2 * R * G * 16);
+    static const uint8_t odd[] = {0, 1, 2, 252, 253, 254, 255};
+    for (size_t i = 0; i < 2 * R * G; i++)
+        scales[i] = (i % 211 == 5) ? odd[(i / 211) % 7] : (uint8_t)(100 + rnd_below(40));
+    const bfs_mxfp4_desc d = {.blocks = blocks, .scales = scales, .R = R, .G = G, .transpose = 1};
+    static const size_t shifts[] = {0, 1, 8, 24, 31, 32, 40};
+    for (size_t i = 0; i < sizeof shifts / sizeof shifts[0]; i++) {
+        mx_compare(k, &d, 1, 0, C, shifts[i]);
+        mx_compare(k, &d, 0, 5, C - 70, shifts[i]);
+        mx_compare(k, &d, 1, 33, 64, shifts[i]);
+    }
+    free(blocks);
+    free(scales);
+}
+
 /* ---- bitsandbytes 4-bit ------------------------------------------------------------- */
 
 static const uint32_t special_f32[] = {
@@ -1000,6 +1024,7 @@ static int L_AVX512_EMU = LEVEL_AVX512_EMU;
 #define LEVEL_TESTS(tag, lv)                                                      \
     {"mxfp4_exhaustive/" tag, test_mxfp4_exhaustive, NULL, NULL, &(lv)},          \
         {"mxfp4_shapes/" tag, test_mxfp4_shapes, NULL, NULL, &(lv)},              \
+        {"mxfp4_transposed_stream/" tag, test_mxfp4_transposed_stream, NULL, NULL, &(lv)}, \
         {"bnb4/" tag, test_bnb4, NULL, NULL, &(lv)},                              \
         {"cast_f32/" tag, test_cast_f32, NULL, NULL, &(lv)},                      \
         {"cast_f16/" tag, test_cast_f16, NULL, NULL, &(lv)},                      \
