@@ -59,17 +59,25 @@ check_reads "$T/whole.json" "$T"/mpi.?.json
 echo "test-launchers: mpirun: OK (byte-identical to one run)"
 
 # ---- torchrun -----------------------------------------------------------------------------------
-TR=build/interop-venv/bin/torchrun
+TR=${TORCHRUN:-build/interop-venv/bin/torchrun}  # TORCHRUN: another venv's
 if [ -x "$TR" ]; then
     echo "test-launchers: torchrun --nnodes 2 --nproc-per-node 2, each process its own rank"
+    pids=""
     for node in 0 1; do
         "$TR" --nnodes 2 --nproc-per-node 2 --node-rank $node --master-addr 127.0.0.1 --master-port 29517 \
             --no-python sh -c "'$B' convert '$FX' '$T/node$node' --world-size \$WORLD_SIZE --ranks auto --json \
                 > '$T/tr.'\$RANK.json" &
+        pids="$pids $!"
     done
-    wait
+    for p in $pids; do wait "$p"; done   # each node's exit status, not just the last
     mkdir "$T/gathered"
-    cp "$T"/node0/* "$T"/node1/* "$T/gathered/"
+    # what a shared filesystem would hold: each node's rank files and part manifest, and
+    # the copied files (config.json, tokenizer...) both nodes wrote, which must be the same
+    cp "$T"/node0/* "$T/gathered/"
+    for f in "$T"/node1/*; do
+        g="$T/gathered/$(basename "$f")"
+        if [ -e "$g" ]; then cmp "$f" "$g"; else cp "$f" "$g"; fi
+    done
     "$B" convert "$FX" "$T/whole4" --world-size 4 --quiet --json > "$T/whole4.json"
     "$B" verify "$T/node0"
     "$B" merge "$T/gathered"
