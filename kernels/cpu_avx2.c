@@ -339,17 +339,24 @@ static inline void fp8_run(const uint8_t *w, size_t n, float sf, uint16_t *o)
     const float s8 = sf * 256.0f; /* exact unless it overflows */
     if ((bfs_f32_bits(s8) & 0x7F800000u) != 0x7F800000u) {
         const __m256 s = _mm256_set1_ps(s8);
-        const __m256i qnan = _mm256_set1_epi16(0x7FC0);
+        const __m256i qnan = _mm256_set1_epi16(0x7FC0), one = _mm256_set1_epi16(1);
+        const __m256i nanpat = _mm256_set1_epi16(0x3F80), top = _mm256_set1_epi16((short)0x8000);
+        /* per lane: the high words of 4 dwords, then their low words */
+        const __m256i hl = _mm256_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10,
+                                            11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13);
         for (; k + 16 <= n; k += 16) {
-            const __m128i b = _mm_loadu_si128((const __m128i *)(w + k));
-            const __m256i h = e4m3x16_half(b);
+            const __m256i h = e4m3x16_half(_mm_loadu_si128((const __m128i *)(w + k)));
             const __m256 a0 = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), s);
             const __m256 a1 = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), s);
-            const __m256i r = _mm256_permute4x64_epi64(
-                _mm256_packus_epi32(bf16_rne8_nonan(_mm256_castps_si256(a0)), bf16_rne8_nonan(_mm256_castps_si256(a1))),
-                0xD8);
+            /* bf16 RNE on 16-bit halves (no NaN here): hi + (lo + (hi & 1) > 0x8000) */
+            const __m256i s0 = _mm256_shuffle_epi8(_mm256_castps_si256(a0), hl);
+            const __m256i s1 = _mm256_shuffle_epi8(_mm256_castps_si256(a1), hl);
+            const __m256i hi = _mm256_unpacklo_epi64(s0, s1), lo = _mm256_unpackhi_epi64(s0, s1);
+            const __m256i t = _mm256_adds_epu16(lo, _mm256_and_si256(hi, one)); /* no wrap: saturates */
+            const __m256i up = _mm256_cmpgt_epi16(_mm256_xor_si256(t, top), _mm256_setzero_si256()); /* t > 0x8000 */
+            const __m256i r = _mm256_permute4x64_epi64(_mm256_sub_epi16(hi, up), 0xD8);
             /* the NaN codes: |x| == 0x7F (h & 0x3F80 == 0x3F80 only for them) */
-            const __m256i nan = _mm256_cmpeq_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x3F80)), _mm256_set1_epi16(0x3F80));
+            const __m256i nan = _mm256_cmpeq_epi16(_mm256_and_si256(h, nanpat), nanpat);
             _mm256_storeu_si256((__m256i *)(o + k), _mm256_blendv_epi8(r, qnan, nan));
         }
     } else {
@@ -367,14 +374,21 @@ static inline void fp8_run(const uint8_t *w, size_t n, float sf, uint16_t *o)
 void bfs__fp8_avx2(const bfs_fp8_desc *d, size_t i0, size_t i1, uint16_t *out)
 {
     assert(i0 <= i1 && d->cols > 0 && d->bh > 0 && d->bw > 0);
-    const size_t C = d->cols, gcols = (C + d->bw - 1) / d->bw;
-    for (size_t i = i0; i < i1;) {
-        const size_t r = i / C, c = i % C, g = c / d->bw;
-        const size_t ce = (g + 1) * d->bw < C ? (g + 1) * d->bw : C;
-        const size_t e = r * C + ce < i1 ? r * C + ce : i1;
-        const float sf = bfs_scale_at(d->scale, (r / d->bh) * gcols + g, d->scale_bf16);
-        fp8_run(d->w + i, e - i, sf, out + (i - i0));
-        i = e;
+    const size_t C = d->cols, bw = d->bw, gcols = (C + bw - 1) / bw;
+    uint16_t *o = out;
+    for (size_t i = i0; i < i1;) { /* a row at a time, its scale blocks without a division */
+        const size_t r = i / C, c0 = i % C;
+        const size_t cend = i1 - r * C < C ? i1 - r * C : C;
+        const uint8_t *const w = d->w + r * C;
+        const size_t srow = (r / d->bh) * gcols;
+        size_t g = c0 / bw;
+        for (size_t c = c0; c < cend; g++) {
+            const size_t ce = (g + 1) * bw < cend ? (g + 1) * bw : cend;
+            fp8_run(w + c, ce - c, bfs_scale_at(d->scale, srow + g, d->scale_bf16), o);
+            o += ce - c;
+            c = ce;
+        }
+        i = r * C + cend;
     }
 }
 
