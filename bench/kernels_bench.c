@@ -5,7 +5,13 @@
  *
  * Shapes: one gpt-oss-20b gate_up expert (R=5760, G=90 -> 5760 x 2880, both
  * layouts); a bitsandbytes 4096 x 14336 NF4 weight with double quant
- * (blocksize 64, nested blocksize 256); casts of 32 Mi elements (64 MiB of BF16).
+ * (blocksize 64, nested blocksize 256); casts of 32 Mi elements (64 MiB of BF16);
+ * the issue-12 formats: FP8 E4M3 7168 x 2048 (DeepSeek-V3 block 128x128 with float32
+ * scales; compressed-tensors per-channel with bf16 scales, per-tensor float32), INT4
+ * pack-quantized 4096 x 14336 group 128 (symmetric; asymmetric with zero points), bf16
+ * scales, and NVFP4 4096 x 14336 (compressed-tensors, ModelOpt). Codes are random bytes
+ * (for E4M3 that includes the NaN codes 0x7F / 0xFF and the subnormals), scales in
+ * realistic ranges.
  *
  * Build and run from the repository root (kernel objects only, no src/):
  *   mkdir -p build/bench
@@ -111,6 +117,50 @@ static void run_cast(const bfs_kernel_ops *k, const void *ctx, uint16_t *out)
     bfs_kernels_cast(k, c->src)(c->in, c->n, out);
 }
 
+typedef struct q12_ctx {
+    int op; /* 0 fp8, 1 int4, 2 nvfp4 */
+    const void *d;
+    size_t n;
+} q12_ctx;
+
+static void run_q12(const bfs_kernel_ops *k, const void *ctx, uint16_t *out)
+{
+    const q12_ctx *c = ctx;
+    if (c->op == 0)
+        k->fp8(c->d, 0, c->n, out);
+    else if (c->op == 1)
+        k->int4(c->d, 0, c->n, out);
+    else
+        k->nvfp4(c->d, 0, c->n, out);
+}
+
+/* A positive scale in [lo, hi) (log-uniform), as float32 bytes or bf16 bytes. */
+static float rnd_scale(float lo, float hi)
+{
+    float f = lo;
+    const float step = 1.0f + (float)(rnd32() % 1024) / 1024.0f; /* 1 .. 2 */
+    while (f * 2.0f < hi && (rnd32() & 1))
+        f *= 2.0f;
+    return f * step < hi ? f * step : f;
+}
+
+static uint8_t *scales_fill(size_t n, int bf16, float lo, float hi)
+{
+    uint8_t *p = xmalloc(n * 4);
+    for (size_t i = 0; i < n; i++) {
+        const float f = rnd_scale(lo, hi);
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        if (bf16) {
+            const uint16_t h = (uint16_t)(u >> 16);
+            memcpy(p + 2 * i, &h, 2);
+        } else {
+            memcpy(p + 4 * i, &u, 4);
+        }
+    }
+    return p;
+}
+
 static double best_time(void (*fn)(const void *, void *), const void *a, void *b, int reps)
 {
     double best = 1e30;
@@ -199,11 +249,50 @@ int main(int argc, char **argv)
     }
     const cast_ctx c32 = {f32, nc, BFS_CAST_F32}, c16 = {f16, nc, BFS_CAST_F16}, c64 = {f64, nc, BFS_CAST_F64};
 
+    /* FP8 E4M3 7168 x 2048 (DeepSeek-V3 e.g. q_b_proj-like): block 128x128 float32
+     * weight_scale_inv; compressed-tensors channel (bf16 [rows][1]) and tensor (float32) */
+    const size_t FR = 7168, FC = 2048, fn = FR * FC;
+    uint8_t *f8 = xmalloc(fn);
+    rnd_fill(f8, fn);
+    uint8_t *f8_blk = scales_fill((FR / 128) * (FC / 128), 0, 1e-5f, 1e-3f);
+    uint8_t *f8_ch = scales_fill(FR, 1, 1e-4f, 1e-2f), *f8_t = scales_fill(1, 0, 1e-4f, 1e-2f);
+    const bfs_fp8_desc fd_blk = {f8, f8_blk, 0, FC, 128, 128};
+    const bfs_fp8_desc fd_ch = {f8, f8_ch, 1, FC, 1, FC};
+    const bfs_fp8_desc fd_t = {f8, f8_t, 0, FC, FR, FC};
+    const q12_ctx q_fblk = {0, &fd_blk, fn}, q_fch = {0, &fd_ch, fn}, q_ft = {0, &fd_t, fn};
+
+    /* INT4 pack-quantized 4096 x 14336, group 128, bf16 scales; zero points [rows/8][groups] */
+    const size_t IR = 4096, IC = 14336, in_ = IR * IC, ngr = IC / 128;
+    uint8_t *i4 = xmalloc(in_ / 2), *i4_zp = xmalloc((IR / 8) * ngr * 4);
+    rnd_fill(i4, in_ / 2);
+    rnd_fill(i4_zp, (IR / 8) * ngr * 4);
+    uint8_t *i4_sc = scales_fill(IR * ngr, 1, 1e-3f, 3e-2f);
+    const bfs_int4_desc id_sym = {i4, i4_sc, NULL, 1, IC, IC / 8, ngr, 128};
+    const bfs_int4_desc id_asym = {i4, i4_sc, i4_zp, 1, IC, IC / 8, ngr, 128};
+    const q12_ctx q_isym = {1, &id_sym, in_}, q_iasym = {1, &id_asym, in_};
+
+    /* NVFP4 4096 x 14336: E4M3 block scales in [2^-3, 448) as quantizers make them, a
+     * global scale (ct: a divisor ~ 448*6/amax; ModelOpt: amax/(448*6)) */
+    uint8_t *nv = xmalloc(in_ / 2), *nv_sc = xmalloc(in_ / 16);
+    rnd_fill(nv, in_ / 2);
+    for (size_t i = 0; i < in_ / 16; i++)
+        nv_sc[i] = (uint8_t)(0x20 + rnd32() % (0x7E - 0x20 + 1)); /* e4m3, no NaN */
+    const bfs_nvfp4_desc nd_ct = {nv, nv_sc, 2688.0f / 0.37f, 0, IC};
+    const bfs_nvfp4_desc nd_mo = {nv, nv_sc, 0.37f / 2688.0f, 1, IC};
+    const q12_ctx q_nct = {2, &nd_ct, in_}, q_nmo = {2, &nd_mo, in_};
+
     const bench_op ops[] = {
         {"mxfp4 5760x2880 (gpt-oss layout)", R * G * 32, run_mx, &mx0, 0},
         {"mxfp4 5760x2880 transposed (HF)", R * G * 32, run_mx, &mx1, 0},
         {"mxfp4 transposed, out at +16 bytes", R * G * 32, run_mx, &mx1, 8},
         {"bnb nf4 dq 4096x14336 bs64", nb_elems, run_bnb, &bnb, 0},
+        {"fp8 7168x2048 block128 f32 scale", fn, run_q12, &q_fblk, 0},
+        {"fp8 7168x2048 channel bf16 scale", fn, run_q12, &q_fch, 0},
+        {"fp8 7168x2048 tensor f32 scale", fn, run_q12, &q_ft, 0},
+        {"int4 4096x14336 g128 sym", in_, run_q12, &q_isym, 0},
+        {"int4 4096x14336 g128 asym (zp)", in_, run_q12, &q_iasym, 0},
+        {"nvfp4 4096x14336 compressed-t.", in_, run_q12, &q_nct, 0},
+        {"nvfp4 4096x14336 modelopt", in_, run_q12, &q_nmo, 0},
         {"cast f32->bf16 32Mi", nc, run_cast, &c32, 0},
         {"cast f16->bf16 32Mi", nc, run_cast, &c16, 0},
         {"cast f64->bf16 32Mi", nc, run_cast, &c64, 0},
@@ -263,5 +352,7 @@ int main(int argc, char **argv)
     printf("\n%s\n", bad ? "SOME LEVEL DIFFERS FROM THE SCALAR REFERENCE" : "all levels match the scalar reference");
     free(blocks), free(scales), free(codes), free(absmax_u8), free(nested_absmax);
     free(f32), free(f16), free(f64), free(ref), free(out), free(src);
+    free(f8), free(f8_blk), free(f8_ch), free(f8_t), free(i4), free(i4_zp), free(i4_sc);
+    free(nv), free(nv_sc);
     return bad ? 1 : 0;
 }

@@ -380,14 +380,34 @@ static void bnb4_avx2(const bfs_bnb4_desc *d, size_t i0, size_t i1, uint16_t *ou
 
 
 /* ---- issue-12 formats: FP8 scaled, INT4 pack-quantized, NVFP4 (also the AVX-512 level's)
- * Runs of elements that share one scale (a block's columns of one row; a group; a 16-element
- * NVFP4 block) take the scale from ref_formats.h once, then 16 elements per step: the value
- * exactly as ref_formats.h makes it (E4M3 / e2m1 / q - zp are exact in float32), one float32
- * multiply, bf16_pack16. Heads and tails go through the scalar element functions. */
+ * Every value is ref_formats.h's: the input value (exact in float32) times the scale, one
+ * float32 multiply, rounded once to bf16. What makes them fast:
+ *  - FP8: an E4M3 byte, sign-extended to 16 bits and shifted left by 7 (bit 14 cleared),
+ *    is the half-precision pattern of x * 2^-8, exactly, subnormals included; vcvtph2ps
+ *    widens it exactly (no subnormal float32 arises), and the run's scale is taken as
+ *    s * 2^8 (exact), so the one multiply sees the same real product x * s and rounds it
+ *    the same way. With a finite s * 2^8 no product is NaN, so the bf16 rounding needs no
+ *    NaN test; the NaN codes 0x7F / 0xFF come out finite and are replaced by 0x7FC0 in
+ *    the 16-bit results. Runs whose s * 2^8 is not finite take the general path (e4m3x8).
+ *  - INT4: the 16 values of a group, (code - 8 - zp) * scale, are computed once per group
+ *    and looked up with vpshufb (lut_expand64), as bnb does.
+ *  - NVFP4: a block's 16 values are +-(8 magnitudes * block scale): 8 products per block,
+ *    rounded, then the sign bit set for codes 8..15 (x * s rounds symmetrically, and the
+ *    code-8 zero of each convention comes out right); four blocks (64 elements) per step,
+ *    two tables per vpshufb. Blocks whose scale byte is NaN or whose block scale is not
+ *    finite (global scale 0, tiny, huge) take the per-element path (nv_block16).
+ * Heads and tails go through the scalar element functions or the run's table. */
+
+/* 8 float32 bit patterns -> bf16 (RNE), one per dword; for values that are not NaN. */
+static inline __m256i bf16_rne8_nonan(__m256i u)
+{
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    return _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+}
 
 /* 8 E4M3 bytes (the low 8 of b) -> float32, exact, without a subnormal float anywhere
  * (subnormal operands cost microcode assists): normals by their bits (exponent + 120),
- * subnormals (e = 0) as m * 2^-9, 0x7F / 0xFF as NaN, then the sign. */
+ * subnormals (e = 0) as m * 2^-9, 0x7F / 0xFF as NaN, then the sign. The general path. */
 static inline __m256 e4m3x8(__m128i b)
 {
     const __m256i x = _mm256_cvtepu8_epi32(b);
@@ -401,27 +421,129 @@ static inline __m256 e4m3x8(__m128i b)
     return _mm256_or_ps(v, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x80)), 24)));
 }
 
-void bfs__fp8_avx2(const bfs_fp8_desc *d, size_t i0, size_t i1, uint16_t *out)
+/* 16 E4M3 bytes -> the half-precision patterns of x * 2^-8, exact (NaN codes: finite). */
+static inline __m256i e4m3x16_half(__m128i b)
 {
-    assert(i0 <= i1 && d->cols > 0 && d->bh > 0 && d->bw > 0);
-    const size_t C = d->cols, gcols = (C + d->bw - 1) / d->bw;
-    for (size_t i = i0; i < i1;) {
-        const size_t r = i / C, c = i % C, g = c / d->bw;
-        const size_t ce = (g + 1) * d->bw < C ? (g + 1) * d->bw : C;
-        const size_t e = r * C + ce < i1 ? r * C + ce : i1;
-        const float sf = bfs_scale_at(d->scale, (r / d->bh) * gcols + g, d->scale_bf16);
+    return _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7), _mm256_set1_epi16((short)0xBFFF));
+}
+
+/* n E4M3 bytes times one scale sf: the fast steps where sf * 2^8 is finite, else the
+ * general ones; the tail by the scalar rule. */
+static inline void fp8_run(const uint8_t *w, size_t n, float sf, uint16_t *o)
+{
+    size_t k = 0;
+    const float s8 = sf * 256.0f; /* exact unless it overflows */
+    if ((bfs_f32_bits(s8) & 0x7F800000u) != 0x7F800000u) {
+        const __m256 s = _mm256_set1_ps(s8);
+        const __m256i qnan = _mm256_set1_epi16(0x7FC0), one = _mm256_set1_epi16(1);
+        const __m256i nanpat = _mm256_set1_epi16(0x3F80), top = _mm256_set1_epi16((short)0x8000);
+        /* per lane: the high words of 4 dwords, then their low words */
+        const __m256i hl = _mm256_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10,
+                                            11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13);
+        for (; k + 16 <= n; k += 16) {
+            const __m256i h = e4m3x16_half(_mm_loadu_si128((const __m128i *)(w + k)));
+            const __m256 a0 = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), s);
+            const __m256 a1 = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), s);
+            /* bf16 RNE on 16-bit halves (no NaN here): hi + (lo + (hi & 1) > 0x8000) */
+            const __m256i s0 = _mm256_shuffle_epi8(_mm256_castps_si256(a0), hl);
+            const __m256i s1 = _mm256_shuffle_epi8(_mm256_castps_si256(a1), hl);
+            const __m256i hi = _mm256_unpacklo_epi64(s0, s1), lo = _mm256_unpackhi_epi64(s0, s1);
+            const __m256i t = _mm256_adds_epu16(lo, _mm256_and_si256(hi, one)); /* no wrap: saturates */
+            const __m256i up = _mm256_cmpgt_epi16(_mm256_xor_si256(t, top), _mm256_setzero_si256()); /* t > 0x8000 */
+            const __m256i r = _mm256_permute4x64_epi64(_mm256_sub_epi16(hi, up), 0xD8);
+            /* the NaN codes: |x| == 0x7F (h & 0x3F80 == 0x3F80 only for them) */
+            const __m256i nan = _mm256_cmpeq_epi16(_mm256_and_si256(h, nanpat), nanpat);
+            _mm256_storeu_si256((__m256i *)(o + k), _mm256_blendv_epi8(r, qnan, nan));
+        }
+    } else {
         const __m256 s = _mm256_set1_ps(sf);
-        const uint8_t *w = d->w + i;
-        uint16_t *o = out + (i - i0);
-        const size_t n = e - i;
-        size_t k = 0;
         for (; k + 16 <= n; k += 16) {
             const __m128i b = _mm_loadu_si128((const __m128i *)(w + k));
             const __m256 a0 = _mm256_mul_ps(e4m3x8(b), s), a1 = _mm256_mul_ps(e4m3x8(_mm_srli_si128(b, 8)), s);
             _mm256_storeu_si256((__m256i *)(o + k), bf16_pack16(a0, a1));
         }
-        for (; k < n; k++)
-            o[k] = bfs_scaled_value(bfs_e4m3_to_f32(w[k]), sf);
+    }
+    for (; k < n; k++)
+        o[k] = bfs_scaled_value(bfs_e4m3_to_f32(w[k]), sf);
+}
+
+void bfs__fp8_avx2(const bfs_fp8_desc *d, size_t i0, size_t i1, uint16_t *out)
+{
+    assert(i0 <= i1 && d->cols > 0 && d->bh > 0 && d->bw > 0);
+    const size_t C = d->cols, bw = d->bw, gcols = (C + bw - 1) / bw;
+    uint16_t *o = out;
+    for (size_t i = i0; i < i1;) { /* a row at a time, its scale blocks without a division */
+        const size_t r = i / C, c0 = i % C;
+        const size_t cend = i1 - r * C < C ? i1 - r * C : C;
+        const uint8_t *const w = d->w + r * C;
+        const size_t srow = (r / d->bh) * gcols;
+        size_t g = c0 / bw;
+        for (size_t c = c0; c < cend; g++) {
+            const size_t ce = (g + 1) * bw < cend ? (g + 1) * bw : cend;
+            fp8_run(w + c, ce - c, bfs_scale_at(d->scale, srow + g, d->scale_bf16), o);
+            o += ce - c;
+            c = ce;
+        }
+        i = r * C + cend;
+    }
+}
+
+/* 16 bf16 (in order) -> the vpshufb tables: *tl = their low bytes, *th = their high bytes,
+ * each in both lanes. */
+static inline void lut16_split(__m256i w, __m256i *tl, __m256i *th)
+{
+    const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0,
+                                           2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    const __m256i bytes = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(w, split), 0xD8);
+    *tl = _mm256_permute2x128_si256(bytes, bytes, 0x00);
+    *th = _mm256_permute2x128_si256(bytes, bytes, 0x11);
+}
+
+void bfs__int4_avx2(const bfs_int4_desc *d, size_t i0, size_t i1, uint16_t *out)
+{
+    assert(i0 <= i1 && d->cols > 0 && d->group_size > 0 && d->group_size * d->ngroups == d->cols);
+    const size_t C = d->cols;
+    const __m256i iota0 = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i iota8 = _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15);
+    for (size_t i = i0; i < i1;) {
+        const size_t r = i / C, c = i % C, g = c / d->group_size;
+        const size_t ce = (g + 1) * d->group_size < C ? (g + 1) * d->group_size : C;
+        const size_t e = r * C + ce < i1 ? r * C + ce : i1;
+        const float sf = bfs_scale_at(d->scale, r * d->ngroups + g, d->scale_bf16);
+        const int z = bfs_int4_zp(d, r, g);
+        const uint8_t *row = d->packed + r * d->wpr * 4; /* nibble c of the row: byte c/2 */
+        uint16_t *o = out + (i - i0);
+        size_t cc = c;
+        const size_t cend = c + (e - i);
+        /* the group's table: code k -> bf16(f32(k - 8 - z) * scale), k - 8 - z exact */
+        const __m256 s = _mm256_set1_ps(sf);
+        const __m256i off = _mm256_set1_epi32(8 + z);
+        const __m256i w = bf16_pack16(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(iota0, off)), s),
+                                      _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(iota8, off)), s));
+        _Alignas(32) uint16_t lut[16];
+        _mm256_store_si256((__m256i *)lut, w);
+        if (cend - cc >= 32) {
+            __m256i tl, th;
+            lut16_split(w, &tl, &th);
+            if (cc & 1) {
+                *o++ = lut[bfs_int4_nibble(row + (cc / 8) * 4, (unsigned)(cc % 8))];
+                cc++;
+            }
+            for (; cc + 64 <= cend; cc += 64, o += 64) {
+                __m256i c0, c1;
+                x86_codes64(_mm256_loadu_si256((const __m256i *)(row + cc / 2)), X86_MX, &c0, &c1);
+                lut_expand64(c0, c1, tl, th, o);
+            }
+            if (cc + 32 <= cend) {
+                __m128i c0, c1;
+                x86_codes32(_mm_loadu_si128((const __m128i *)(row + cc / 2)), X86_MX, &c0, &c1);
+                lut_expand32(c0, c1, _mm256_castsi256_si128(tl), _mm256_castsi256_si128(th), o);
+                cc += 32;
+                o += 32;
+            }
+        }
+        for (; cc < cend; cc++)
+            *o++ = lut[bfs_int4_nibble(row + (cc / 8) * 4, (unsigned)(cc % 8))];
         i = e;
     }
 }
@@ -433,36 +555,42 @@ static inline __m128i nibbles16(__m128i x)
     return _mm_unpacklo_epi8(_mm_and_si128(x, m4), _mm_and_si128(_mm_srli_epi16(x, 4), m4));
 }
 
-void bfs__int4_avx2(const bfs_int4_desc *d, size_t i0, size_t i1, uint16_t *out)
+/* One NVFP4 block (16 elements from element i, i % 16 == 0), any scale: per element. */
+static inline void nv_block16(const bfs_nvfp4_desc *d, size_t i, uint16_t *o)
 {
-    assert(i0 <= i1 && d->cols > 0 && d->group_size > 0 && d->group_size * d->ngroups == d->cols);
-    const size_t C = d->cols;
-    for (size_t i = i0; i < i1;) {
-        const size_t r = i / C, c = i % C, g = c / d->group_size;
-        const size_t ce = (g + 1) * d->group_size < C ? (g + 1) * d->group_size : C;
-        const size_t e = r * C + ce < i1 ? r * C + ce : i1;
-        const float sf = bfs_scale_at(d->scale, r * d->ngroups + g, d->scale_bf16);
-        const int z = bfs_int4_zp(d, r, g);
-        const uint8_t *row = d->packed + r * d->wpr * 4; /* nibble c of the row: byte c/2 */
-        uint16_t *o = out + (i - i0);
-        size_t cc = c;
-        const size_t cend = c + (e - i);
-        if (cc & 1) {
-            *o++ = bfs_int4_elem(d, r, cc);
-            cc++;
-        }
-        const __m256 s = _mm256_set1_ps(sf);
-        const __m256i off = _mm256_set1_epi32(8 + z);
-        for (; cc + 16 <= cend; cc += 16, o += 16) {
-            const __m128i q = nibbles16(_mm_loadl_epi64((const __m128i *)(row + cc / 2)));
-            const __m256 a0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(q), off));
-            const __m256 a1 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8)), off));
-            _mm256_storeu_si256((__m256i *)o, bf16_pack16(_mm256_mul_ps(a0, s), _mm256_mul_ps(a1, s)));
-        }
-        for (; cc < cend; cc++)
-            *o++ = bfs_int4_elem(d, r, cc);
-        i = e;
+    const __m256 tab = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
+    const __m256i seven = _mm256_set1_epi32(7), eight = _mm256_set1_epi32(8);
+    /* element i is byte i/2 of the whole tensor (rows are whole bytes), scale i/16 */
+    const float bs = bfs_nvfp4_block_scale(d->scale[i / 16], d->global_scale, d->modelopt);
+    const __m256 s = _mm256_set1_ps(bs);
+    const __m128i q = nibbles16(_mm_loadl_epi64((const __m128i *)(d->packed + i / 2)));
+    __m256 a[2];
+    for (int h = 0; h < 2; h++) {
+        const __m256i code = _mm256_cvtepu8_epi32(h ? _mm_srli_si128(q, 8) : q);
+        const __m256 mag = _mm256_permutevar8x32_ps(tab, _mm256_and_si256(code, seven));
+        __m256i sign = _mm256_slli_epi32(_mm256_and_si256(code, eight), 28);
+        if (d->modelopt) /* code 8 is +0.0 */
+            sign = _mm256_andnot_si256(_mm256_cmpeq_epi32(code, eight), sign);
+        a[h] = _mm256_mul_ps(_mm256_or_ps(mag, _mm256_castsi256_ps(sign)), s);
     }
+    _mm256_storeu_si256((__m256i *)o, bf16_pack16(a[0], a[1]));
+}
+
+/* 64 codes (c0 = per lane the codes of one table pair's block, c1 the other's) -> 64 bf16
+ * at o, as lut_expand64 with a table pair for c0 (tl0/th0) and one for c1 (tl1/th1). */
+static inline void lut_expand64x2(__m256i c0, __m256i c1, __m256i tl0, __m256i th0, __m256i tl1,
+                                  __m256i th1, uint16_t *o)
+{
+    const __m256i l0 = _mm256_shuffle_epi8(tl0, c0), h0 = _mm256_shuffle_epi8(th0, c0);
+    const __m256i l1 = _mm256_shuffle_epi8(tl1, c1), h1 = _mm256_shuffle_epi8(th1, c1);
+    const __m256i w0 = _mm256_unpacklo_epi8(l0, h0); /* 0..7   | 32..39 */
+    const __m256i w1 = _mm256_unpackhi_epi8(l0, h0); /* 8..15  | 40..47 */
+    const __m256i w2 = _mm256_unpacklo_epi8(l1, h1); /* 16..23 | 48..55 */
+    const __m256i w3 = _mm256_unpackhi_epi8(l1, h1); /* 24..31 | 56..63 */
+    _mm256_storeu_si256((__m256i *)o, _mm256_permute2x128_si256(w0, w1, 0x20));
+    _mm256_storeu_si256((__m256i *)(o + 16), _mm256_permute2x128_si256(w2, w3, 0x20));
+    _mm256_storeu_si256((__m256i *)(o + 32), _mm256_permute2x128_si256(w0, w1, 0x31));
+    _mm256_storeu_si256((__m256i *)(o + 48), _mm256_permute2x128_si256(w2, w3, 0x31));
 }
 
 void bfs__nvfp4_avx2(const bfs_nvfp4_desc *d, size_t i0, size_t i1, uint16_t *out)
@@ -473,24 +601,51 @@ void bfs__nvfp4_avx2(const bfs_nvfp4_desc *d, size_t i0, size_t i1, uint16_t *ou
     uint16_t *o = out;
     for (; i < i1 && (i & 15); i++) /* head: to a block boundary (blocks never straddle rows) */
         *o++ = bfs_nvfp4_elem(d, i / C, i % C);
-    const __m256 tab = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
-    const __m256i seven = _mm256_set1_epi32(7), eight = _mm256_set1_epi32(8);
-    for (; i + 16 <= i1; i += 16, o += 16) {
-        /* element i is byte i/2 of the whole tensor (rows are whole bytes), scale i/16 */
-        const float bs = bfs_nvfp4_block_scale(d->scale[i / 16], d->global_scale, d->modelopt);
-        const __m256 s = _mm256_set1_ps(bs);
-        const __m128i q = nibbles16(_mm_loadl_epi64((const __m128i *)(d->packed + i / 2)));
-        __m256 a[2];
-        for (int h = 0; h < 2; h++) {
-            const __m256i code = _mm256_cvtepu8_epi32(h ? _mm_srli_si128(q, 8) : q);
-            const __m256 mag = _mm256_permutevar8x32_ps(tab, _mm256_and_si256(code, seven));
-            __m256i sign = _mm256_slli_epi32(_mm256_and_si256(code, eight), 28);
-            if (d->modelopt) /* code 8 is +0.0 */
-                sign = _mm256_andnot_si256(_mm256_cmpeq_epi32(code, eight), sign);
-            a[h] = _mm256_mul_ps(_mm256_or_ps(mag, _mm256_castsi256_ps(sign)), s);
+    /* magnitudes 0 .5 1 1.5 | 2 3 4 6 of e2m1, in each lane */
+    const __m256 mlo = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 0.0f, 0.5f, 1.0f, 1.5f);
+    const __m256 mhi = _mm256_setr_ps(2.0f, 3.0f, 4.0f, 6.0f, 2.0f, 3.0f, 4.0f, 6.0f);
+    /* per lane: the low bytes of 8 words twice; their high bytes, then again */
+    const __m256i lo8 = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4,
+                                         6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
+    const __m256i hi8 = _mm256_add_epi8(lo8, _mm256_set1_epi8(1));
+    /* the sign of codes 8..15; ModelOpt's code 8 is +0.0, the value of code 0 */
+    const __m256i sign = d->modelopt ? _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, -128, -128, -128, -128, -128, -128, -128,
+                                                        0, 0, 0, 0, 0, 0, 0, 0, 0, -128, -128, -128, -128, -128, -128, -128)
+                                     : _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, -128, -128, -128, -128, -128, -128, -128, -128,
+                                                        0, 0, 0, 0, 0, 0, 0, 0, -128, -128, -128, -128, -128, -128, -128, -128);
+    const __m128 gs = _mm_set1_ps(d->global_scale);
+    const __m128 inf = _mm_castsi128_ps(_mm_set1_epi32(0x7F800000)), absm = _mm_castsi128_ps(_mm_set1_epi32(0x7FFFFFFF));
+    const __m256i b02 = _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2), b13 = _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3);
+    for (; i + 64 <= i1; i += 64, o += 64) {
+        uint32_t sb4;
+        memcpy(&sb4, d->scale + i / 16, 4);
+        const __m128i sb = _mm_cvtsi32_si128((int)sb4);
+        /* f32 of the 4 E4M3 scale bytes, exact: half patterns of s * 2^-8, times 2^8 */
+        const __m128i h = _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(sb), 7), _mm_set1_epi16((short)0xBFFF));
+        const __m128 sf = _mm_mul_ps(_mm_cvtph_ps(h), _mm_set1_ps(256.0f));
+        const __m128 bs = d->modelopt ? _mm_mul_ps(sf, gs) : _mm_div_ps(sf, gs);
+        const int nan_byte = _mm_movemask_epi8(_mm_cmpeq_epi8(_mm_or_si128(sb, _mm_set1_epi8(-128)), _mm_set1_epi8(-1))) & 15;
+        const int finite = _mm_movemask_ps(_mm_cmplt_ps(_mm_and_ps(bs, absm), inf)); /* NaN: not finite */
+        if (nan_byte || finite != 15) {
+            for (int b = 0; b < 4; b++)
+                nv_block16(d, i + 16 * (size_t)b, o + 16 * b);
+            continue;
         }
-        _mm256_storeu_si256((__m256i *)o, bf16_pack16(a[0], a[1]));
+        /* x02 = per lane the 8 rounded magnitudes of block 0 | block 2; x13 of 1 | 3 */
+        const __m256 bsy = _mm256_castps128_ps256(bs);
+        const __m256 s02 = _mm256_permutevar8x32_ps(bsy, b02), s13 = _mm256_permutevar8x32_ps(bsy, b13);
+        const __m256i x02 = _mm256_packus_epi32(bf16_rne8_nonan(_mm256_castps_si256(_mm256_mul_ps(mlo, s02))),
+                                                bf16_rne8_nonan(_mm256_castps_si256(_mm256_mul_ps(mhi, s02))));
+        const __m256i x13 = _mm256_packus_epi32(bf16_rne8_nonan(_mm256_castps_si256(_mm256_mul_ps(mlo, s13))),
+                                                bf16_rne8_nonan(_mm256_castps_si256(_mm256_mul_ps(mhi, s13))));
+        const __m256i tl02 = _mm256_shuffle_epi8(x02, lo8), th02 = _mm256_xor_si256(_mm256_shuffle_epi8(x02, hi8), sign);
+        const __m256i tl13 = _mm256_shuffle_epi8(x13, lo8), th13 = _mm256_xor_si256(_mm256_shuffle_epi8(x13, hi8), sign);
+        __m256i c0, c1; /* per lane: block 0 | 2, block 1 | 3 */
+        x86_codes64(_mm256_loadu_si256((const __m256i *)(d->packed + i / 2)), X86_MX, &c0, &c1);
+        lut_expand64x2(c0, c1, tl02, th02, tl13, th13, o);
     }
+    for (; i + 16 <= i1; i += 16, o += 16)
+        nv_block16(d, i, o);
     for (; i < i1; i++)
         *o++ = bfs_nvfp4_elem(d, i / C, i % C);
 }

@@ -875,6 +875,134 @@ static void test_q12_ops(void **state)
     }
 }
 
+/* Every start in [0, span) with a short range from it, the output shifted by 0..2 words. */
+static void q12_starts(const bfs_kernel_ops *k, const q12_case *c, size_t span, size_t len, const char *tag)
+{
+    for (size_t a = 0; a < span && a < c->n; a++) {
+        const size_t b = a + len < c->n ? a + len : c->n;
+        q12_compare(k, c, a, b, a % 3, tag);
+    }
+}
+
+/* The fast paths' edges (kernels/cpu_avx2.c, issue-12 section): every special float32 as a
+ * scale, scales around 2^120 (where the FP8 path's s * 2^8 stops being finite), every E4M3
+ * code, ranges that start and end inside a scale block, unaligned output; INT4 zero points
+ * 0 and 15 (and all between), groups of 2..256; NVFP4 every scale byte and runs of four
+ * finite blocks (the 64-element step), global scales tiny, subnormal, huge, zero, inf, NaN,
+ * negative. */
+static void test_q12_edges(void **state)
+{
+    const bfs_kernel_ops *k = level_ops(state);
+    enum { NS = N_SPECIAL_F32 + 5 };
+    float sv[NS];
+    for (size_t j = 0; j < N_SPECIAL_F32; j++)
+        sv[j] = f32_of(special_f32[j]);
+    sv[N_SPECIAL_F32] = f32_of(0x7B7FFFFF);     /* the largest s with s * 2^8 finite */
+    sv[N_SPECIAL_F32 + 1] = f32_of(0x7B800000); /* 2^120: s * 2^8 overflows */
+    sv[N_SPECIAL_F32 + 2] = f32_of(0xFB7FFFFF);
+    sv[N_SPECIAL_F32 + 3] = 3.7e-4f;
+    sv[N_SPECIAL_F32 + 4] = -1.0f / 3.0f;
+
+    /* FP8: NS rows x 288 columns (every code in each row, rotated), blocks 1 x 96 */
+    {
+        const size_t rows = NS, cols = 288, bw = 96, n = rows * cols;
+        uint8_t *w = xmalloc(n), *sc = xmalloc(rows * 3 * 4);
+        for (size_t r = 0; r < rows; r++)
+            for (size_t c = 0; c < cols; c++)
+                w[r * cols + c] = (uint8_t)(c + 7 * r);
+        for (int bf = 0; bf < 2; bf++) {
+            for (size_t j = 0; j < rows * 3; j++) {
+                const float f = sv[(j * 5) % NS];
+                if (bf) {
+                    const uint16_t h = (uint16_t)(bfs_f32_bits(f) >> 16);
+                    memcpy(sc + 2 * j, &h, 2);
+                } else {
+                    memcpy(sc + 4 * j, &f, 4);
+                }
+            }
+            const bfs_fp8_desc d = {w, sc, bf, cols, 1, bw};
+            const q12_case c = {0, &d, n};
+            q12_sweep(k, &c, cols, "fp8 edges");
+            q12_starts(k, &c, 2 * bw + 3, 41, "fp8 edges");
+            q12_compare(k, &c, 17, n - 9, 1, "fp8 edges");
+            /* one scale for the whole tensor, every special in turn */
+            for (size_t j = 0; j < NS; j++) {
+                const bfs_fp8_desc dt = {w, (const uint8_t *)&sv[j], 0, cols, rows, cols};
+                const q12_case ct = {0, &dt, n};
+                q12_compare(k, &ct, 0, n, 0, "fp8 tensor edges");
+                q12_compare(k, &ct, 3, cols + 50, 1, "fp8 tensor edges");
+            }
+        }
+        free(w);
+        free(sc);
+    }
+
+    /* INT4: 24 rows x 256 columns, groups of 2..256, zero points cycling through 0..15 */
+    {
+        const size_t rows = 24, cols = 256, wpr = cols / 8, n = rows * cols;
+        uint8_t *packed = xmalloc(rows * wpr * 4);
+        rnd_fill(packed, rows * wpr * 4);
+        static const size_t gss[] = {2, 8, 32, 64, 128, 256};
+        for (size_t gi = 0; gi < sizeof gss / sizeof *gss; gi++) {
+            const size_t gs = gss[gi], ng = cols / gs;
+            uint8_t *zp = xmalloc(((rows + 7) / 8) * ng * 4), *sc = xmalloc(rows * ng * 4);
+            for (size_t rb = 0; rb < (rows + 7) / 8; rb++)
+                for (size_t g = 0; g < ng; g++) {
+                    uint32_t word = 0;
+                    for (unsigned f = 0; f < 8; f++) /* 0, 15 and all between */
+                        word |= (uint32_t)((rb * 8 + f + 3 * g) % 16 == 0 ? 0 : (rb * 8 + f + 3 * g) % 2 ? 15 : (rb + f + g) % 16) << (4 * f);
+                    memcpy(zp + (rb * ng + g) * 4, &word, 4);
+                }
+            for (int bf = 0; bf < 2; bf++) {
+                for (size_t j = 0; j < rows * ng; j++) {
+                    const float f = sv[(j * 7 + gi) % NS];
+                    if (bf) {
+                        const uint16_t h = (uint16_t)(bfs_f32_bits(f) >> 16);
+                        memcpy(sc + 2 * j, &h, 2);
+                    } else {
+                        memcpy(sc + 4 * j, &f, 4);
+                    }
+                }
+                for (int asym = 0; asym < 2; asym++) {
+                    const bfs_int4_desc d = {packed, sc, asym ? zp : NULL, bf, cols, wpr, ng, gs};
+                    const q12_case c = {1, &d, n};
+                    q12_sweep(k, &c, cols, asym ? "int4 edges asym" : "int4 edges");
+                    q12_starts(k, &c, gs + 5 < 140 ? gs + 5 : 140, 2 * gs + 7, asym ? "int4 edges asym" : "int4 edges");
+                }
+            }
+            free(zp);
+            free(sc);
+        }
+        free(packed);
+    }
+
+    /* NVFP4: 64 rows x 128 columns: blocks 0..255 take every scale byte, the rest runs of
+     * finite bytes (zero, subnormal, smallest/largest normal, both signs) */
+    {
+        const size_t rows = 64, cols = 128, n = rows * cols;
+        uint8_t *p = xmalloc(n / 2), *sc = xmalloc(n / 16);
+        rnd_fill(p, n / 2);
+        static const uint8_t fin[] = {0x00, 0x01, 0x07, 0x08, 0x38, 0x7E, 0xFE, 0x80, 0x81, 0x3F, 0x40};
+        for (size_t b = 0; b < n / 16; b++)
+            sc[b] = b < 256 ? (uint8_t)b : fin[(b * 3) % sizeof fin];
+        static const uint32_t gsv[] = {0x3F800000, 0x00800000, 0x00000001, 0x7E967699, 0x7F7FFFFF,
+                                       0x00200000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x00000000,
+                                       0x80000000, 0xC0200000, 0x45E31A9B, 0x3A1B4D90};
+        for (int mo = 0; mo < 2; mo++)
+            for (size_t gi = 0; gi < sizeof gsv / sizeof *gsv; gi++) {
+                const bfs_nvfp4_desc d = {p, sc, f32_of(gsv[gi]), mo, cols};
+                const q12_case c = {2, &d, n};
+                const char *tag = mo ? "nvfp4 edges modelopt" : "nvfp4 edges ct";
+                q12_sweep(k, &c, cols, tag);
+                q12_compare(k, &c, 256 * 16, n, 0, tag);
+                q12_compare(k, &c, 256 * 16 + 5, n - 3, 1, tag);
+                q12_starts(k, &c, 70, 150, tag);
+            }
+        free(p);
+        free(sc);
+    }
+}
+
 /* ---- every CPU backend x every op, against bfs__ref_unit (test-backend-ops) ---------- */
 
 /* Runs rows [row0, row1) of t on b and on the reference; memcmp, guards checked. */
@@ -1029,7 +1157,8 @@ static int L_AVX512_EMU = LEVEL_AVX512_EMU;
         {"cast_f32/" tag, test_cast_f32, NULL, NULL, &(lv)},                      \
         {"cast_f16/" tag, test_cast_f16, NULL, NULL, &(lv)},                      \
         {"cast_f64/" tag, test_cast_f64, NULL, NULL, &(lv)},                      \
-        {"q12_ops/" tag, test_q12_ops, NULL, NULL, &(lv)}
+        {"q12_ops/" tag, test_q12_ops, NULL, NULL, &(lv)},                        \
+        {"q12_edges/" tag, test_q12_edges, NULL, NULL, &(lv)}
 
 int main(void)
 {
