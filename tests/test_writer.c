@@ -6,6 +6,7 @@
 #include "writer.h"
 
 #include <fcntl.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -283,6 +284,58 @@ static void inspect_ranks_predicts_its_files(void **s)
                      0);
 }
 
+/* The rank files' headers are written directly (plan.c): byte for byte what jansson dumps
+ * of the same JSON, for names with quotes, backslashes, control characters, non-ASCII. */
+static void header_text_as_jansson(void **s)
+{
+    (void)s;
+    char *tmp = tu_tmpdir("hdr");
+    static const char *names[] = {"plain.w", "q\\\"uote", "back\\\\slash", "nl\\nx", "ctl\\u0001\\u001fy", "\\u00fcml/\\u4e2d"};
+    char h[2048], path[600];
+    size_t hl = (size_t)snprintf(h, sizeof h, "{");
+    for (int i = 0; i < 6; i++)
+        hl += (size_t)snprintf(h + hl, sizeof h - hl, "%s\"%s\":{\"dtype\":\"F32\",\"shape\":[%d],\"data_offsets\":[%d,%d]}",
+                               i ? "," : "", names[i], 4 + i, 16 * i + i * (i - 1) * 2, 16 * (i + 1) + (i + 1) * i * 2);
+    hl += (size_t)snprintf(h + hl, sizeof h - hl, "}");
+    while (hl % 8)
+        h[hl++] = ' ';
+    const size_t dl = 16 * 6 + 6 * 5 * 2;
+    uint8_t *file = calloc(1, 8 + hl + dl);
+    for (int b = 0; b < 8; b++)
+        file[b] = (uint8_t)((uint64_t)hl >> (8 * b));
+    memcpy(file + 8, h, hl);
+    snprintf(path, sizeof path, "%s/in", tmp);
+    assert_int_equal(tu_sh("mkdir -p %s", path), 0);
+    snprintf(path, sizeof path, "%s/in/model.safetensors", tmp);
+    assert_int_equal(tu_write_file(path, file, 8 + hl + dl), 0);
+    free(file);
+    for (int w = 1; w <= 2; w++) {
+        assert_int_equal(tu_sh("%s convert %s/in %s/o%d -w %d --device cpu --quiet", tu_bfshard(), tmp, tmp, w, w), 0);
+        snprintf(path, sizeof path, "%s/o%d/shard-00001-model-00001-of-00001.safetensors", tmp, w);
+        size_t len = 0;
+        uint8_t *out = tu_read_file(path, &len);
+        assert_non_null(out);
+        uint64_t n = 0;
+        for (int b = 0; b < 8; b++)
+            n |= (uint64_t)out[b] << (8 * b);
+        size_t tl = (size_t)n;
+        while (tl > 0 && out[8 + tl - 1] == ' ')
+            tl--;
+        json_error_t e;
+        json_t *j = json_loadb((const char *)out + 8, tl, 0, &e);
+        assert_non_null(j);
+        char *again = json_dumps(j, JSON_COMPACT);
+        assert_non_null(again);
+        assert_int_equal(strlen(again), tl);
+        assert_memory_equal(again, out + 8, tl);
+        free(again);
+        json_decref(j);
+        free(out);
+    }
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -292,6 +345,7 @@ int main(void)
         cmocka_unit_test(max_rss_option),
         cmocka_unit_test(many_small_tensors_batched),
         cmocka_unit_test(inspect_ranks_predicts_its_files),
+        cmocka_unit_test(header_text_as_jansson),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
