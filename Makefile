@@ -222,6 +222,7 @@ CHECK      ?= 0
 RSS_LAYERS ?= 1,4
 MEM_LAYERS ?= 1,4
 KEEP_DATA  ?= 1
+TINY       ?= 200000
 BENCH_VENV ?= $(BUILD)/bench-venv
 bench: all
 	@bench/setup.sh $(BENCH_VENV)
@@ -233,7 +234,7 @@ bench: all
 	else rm -f $(BUILD)/bench/kernels_bench; fi
 	$(BENCH_VENV)/bin/python bench/bench.py --build $(BUILD) --python $(BENCH_VENV)/bin/python \
 	    --layers $(LAYERS) --bnb-layers $(BNB_LAYERS) --vocab $(VOCAB) --world $(WORLD) --repeat $(REPEAT) \
-	    --py $(PY) --py-layers $(PY_LAYERS) --check $(CHECK) --rss-layers "$(RSS_LAYERS)" --mem-layers "$(MEM_LAYERS)" --keep-data $(KEEP_DATA)
+	    --py $(PY) --py-layers $(PY_LAYERS) --check $(CHECK) --rss-layers "$(RSS_LAYERS)" --mem-layers "$(MEM_LAYERS)" --keep-data $(KEEP_DATA) --tiny $(TINY)
 
 # ---- interop: `make interop` proves the output loads in the real consumers
 # (safetensors, FSDP2 + torch.distributed.checkpoint, transformers, torch's own

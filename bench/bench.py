@@ -43,6 +43,7 @@ TARGETS = {
     "rss_growth": 1.05,        # peak RSS of the 4x larger checkpoint <= 1.05x the smaller one's
     "time_linear": 4.2,        # wall time of the 4x larger checkpoint <= 4.2x the smaller one's
     "rss_predicted": 0.10,     # measured peak RSS within 10% of `inspect`'s prediction
+    "tiny_tensors_per_s": 50000,  # many tiny tensors (--tiny): >= 50k tensors/s end to end, W = 1 and 8
 }
 INFO_ONLY = {"thread_efficiency": 0.8}  # reported, not a bar: near-linear would be >= 0.8
 
@@ -453,7 +454,49 @@ class Bench:
                     log(f"mem: L{L} W{W} --mem {mem}: predicted {pred / 1e6:.1f} MB, measured {r['max_rss_kb'] / 1e3:.1f} MB")
                     out.append({"layers": L, "world": W, "mem": mem, "predicted": pred, "measured": r["max_rss_kb"] * 1024,
                                 "wall_s": r["wall_s"]})
+            # a part: inspect --ranks predicts the files convert --ranks writes
+            W, mem, ranks = 8, "256M", "0"
+            p = subprocess.run([self.bfshard, "inspect", inp, "--world-size", str(W), "--mem", mem, "--ranks", ranks,
+                                "--json"], capture_output=True, text=True)
+            try:
+                pred = json.loads(p.stdout)["memory"]["peak_rss"]["predicted"]
+            except (ValueError, KeyError):
+                self.note(f"inspect --ranks {ranks} gave no peak_rss: {p.stderr.strip()[:200]}")
+                continue
+            o = os.path.join(self.disk, "mem-out")
+            rmtree(o)
+            r = timed(self.convert_cmd(inp, o, world=W) + ["--mem", mem, "--ranks", ranks])
+            rmtree(o)
+            if r["rc"] != 0:
+                self.note(f"convert --ranks {ranks} failed: {r.get('stderr', '')[-300:]}")
+                continue
+            log(f"mem: L{L} W{W} --mem {mem} --ranks {ranks}: predicted {pred / 1e6:.1f} MB, measured {r['max_rss_kb'] / 1e3:.1f} MB")
+            out.append({"layers": L, "world": W, "mem": mem, "ranks": ranks, "predicted": pred,
+                        "measured": r["max_rss_kb"] * 1024, "wall_s": r["wall_s"]})
         self.res["mem_predict"] = out
+
+    # ---- (f) per-tensor overhead: very many tiny tensors ----
+    def tiny(self):
+        n = self.a.tiny
+        d = os.path.join(self.data, f"tiny-N{n}")
+        if not os.path.isdir(d):
+            os.makedirs(self.data, exist_ok=True)
+            log(f"generating {d}")
+            subprocess.run([sys.executable, os.path.join(HERE, "gen_synth.py"), "tiny", d, "--tensors", str(n)],
+                           check=True)
+        out = []
+        for rnd in range(self.a.repeat):
+            for W in (1, 8):
+                r = self.run_bfshard(d, os.path.join(self.disk, "out"), world=W)
+                dd = self.run_dd(self.disk, r.get("bytes") or 1, direct=True) if r["rc"] == 0 else None
+                s = r.get("stages") or {}
+                log(f"tiny: {n} tensors W{W}: {r['wall_s']:.2f} s ({n / r['wall_s']:.0f} tensors/s); "
+                    f"dd O_DIRECT of the same bytes {dd['wall_s'] if dd else float('nan'):.2f} s")
+                out.append({"round": rnd, "world": W, "tensors": n, "wall_s": r["wall_s"], "rc": r["rc"],
+                            "bytes": r.get("bytes"), "max_rss_kb": r.get("max_rss_kb"),
+                            "tensors_per_s": n / r["wall_s"], "dd_direct_s": dd["wall_s"] if dd else None,
+                            "stages": s})
+        self.res["tiny"] = out
 
     # ---- summary ----
     @staticmethod
@@ -637,12 +680,27 @@ class Bench:
             for d in mp:
                 P(f"    {d['layers']} layer(s) W={d['world']:<2d} --mem {d['mem']:>5s}: predicted {d['predicted'] / 1e6:7.1f} MB, "
                   f"measured {d['measured'] / 1e6:7.1f} MB ({(d['measured'] / d['predicted'] - 1) * 100:+5.1f}%)")
-            targ["rss_predicted"] = [{"what": f"L{d['layers']} W{d['world']} {d['mem']}",
+            targ["rss_predicted"] = [{"what": f"L{d['layers']} W{d['world']} {d['mem']}" + (f" ranks {d['ranks']}" if d.get("ranks") else ""),
                                       "ratio": abs(d["measured"] / d["predicted"] - 1)} for d in mp]
         # targets
         P("")
         P("targets")
         verdicts = {}
+        tn = R.get("tiny")
+        if tn:
+            P("")
+            P(f"many tiny tensors ({tn[0]['tensors']} tensors of 64..4096 elements, to disk, best of {self.a.repeat})")
+            items = []
+            for W in (1, 8):
+                rs = [x for x in tn if x["world"] == W and x["rc"] == 0]
+                if not rs:
+                    continue
+                b = min(rs, key=lambda x: x["wall_s"])
+                dds = [x["dd_direct_s"] for x in rs if x.get("dd_direct_s")]
+                P(f"    W={W}: {b['wall_s']:6.2f} s, {b['tensors_per_s']:8.0f} tensors/s, {(b['bytes'] or 0) / 1e9:.2f} GB "
+                  f"(dd O_DIRECT of the same bytes {min(dds) if dds else float('nan'):.2f} s), peak RSS {(b['max_rss_kb'] or 0) / 1e3:.0f} MB")
+                items.append({"what": f"W{W}", "ratio": b["tensors_per_s"]})
+            targ["tiny_tensors_per_s"] = items
         lower = ("rss_growth", "time_linear", "rss_predicted")  # lower is better
         for key, lim in list(TARGETS.items()) + list(INFO_ONLY.items()):
             items = targ.get(key)
@@ -661,7 +719,8 @@ class Bench:
                     "thread_efficiency": "(info) >= %.1f of linear at nproc",
                     "rss_growth": "4x model: peak RSS <= %.2fx",
                     "time_linear": "4x model: time <= %.1fx (per byte x4)",
-                    "rss_predicted": "peak RSS within %.2f of inspect"}[key] % lim
+                    "rss_predicted": "peak RSS within %.2f of inspect",
+                    "tiny_tensors_per_s": "tiny tensors: >= %.0f tensors/s"}[key] % lim
             detail = ", ".join(
                 f"{x.get('op') or x.get('model') or x.get('what') or ''} {x[field]:.2f}".strip() for x in items)
             tag = ("PASS" if ok else "FAIL") if key in TARGETS else "info"
@@ -693,6 +752,8 @@ class Bench:
                 self.rss_scaling()
             if a.mem_layers:
                 self.mem_predict()
+            if a.tiny:
+                self.tiny()
         finally:
             for d in self.shm_inputs:
                 rmtree(d)
@@ -737,6 +798,7 @@ def main():
     ap.add_argument("--py-repeat", type=int, default=0, help="1 repeats the Python path every round")
     ap.add_argument("--rss-layers", default="1,4", help="gpt-oss sizes for the RSS test ('' skips)")
     ap.add_argument("--mem-layers", default="1,4", help="gpt-oss sizes for the predicted-RSS check ('' skips)")
+    ap.add_argument("--tiny", type=int, default=200000, help="tensors of the many-tiny-tensors case (0 skips)")
     ap.add_argument("--kernels", type=int, default=1)
     ap.add_argument("--kreps", type=int, default=5)
     ap.add_argument("--check", type=int, default=0, help="1: check the upstream output equals bfshard's")

@@ -4,6 +4,7 @@
     python bench/gen_synth.py gpt-oss  OUTDIR --layers 2 [--vocab 201088]
     python bench/gen_synth.py bnb-nf4  OUTDIR --layers 2 [--vocab 128256]
     python bench/gen_synth.py fp8-block OUTDIR --layers 1 [--experts 256] [--vocab 129280]
+    python bench/gen_synth.py tiny OUTDIR --tensors 200000 [--files 4] [--quant none|mxfp4]
 
 gpt-oss: gpt-oss-20b's tensors (MXFP4 experts: gate_up_proj_blocks [32, 5760, 90, 16],
 down_proj_blocks [32, 2880, 90, 16], U8 scales around 127; BF16 attention, sinks,
@@ -27,6 +28,11 @@ shared expert, each gate/up [2048, 7168], down [7168, 2048], and the BF16 router
 (MLA) is left out: the experts are ~97% of the model. FP8 bytes are random without the
 two NaN codes, scales around 2^-13 as amax/448 gives.
 
+tiny: per-tensor overhead. --tensors tensors of 64..4096 elements (BF16 and F32 in turn,
+so half of them are cast), spread over --files safetensors files; --quant mxfp4 makes
+every other one an MXFP4 pair instead (X_blocks U8 [1..4, 8, 1..2, 16] + X_scales),
+with gpt-oss's quantization_config.
+
 Only numpy is needed. The files are streamed (nothing model-sized is held in
 memory); random bytes come from a 64 MiB pool read at random offsets, so
 generating is bounded by the write speed.
@@ -40,7 +46,10 @@ import struct
 import sys
 import time
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:  # `tiny` needs no numpy
+    np = None
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -113,7 +122,7 @@ def write_safetensors(path, tensors, pools):
             if isinstance(src, (bytes, bytearray)):
                 assert len(src) == t.nbytes, t.name
                 f.write(src)
-            elif isinstance(src, np.ndarray):
+            elif np is not None and isinstance(src, np.ndarray):
                 b = np.ascontiguousarray(src).tobytes()
                 assert len(b) == t.nbytes, t.name
                 f.write(b)
@@ -385,23 +394,63 @@ def gen_fp8_block(out, layers, vocab, pools, experts):
     return write_model(out, shards, config, pools)
 
 
+# ---------------------------------------------------------------------------------------
+# tiny: very many small tensors (per-tensor overhead)
+# ---------------------------------------------------------------------------------------
+def gen_tiny(out, ntensors, nfiles, quant, seed):
+    import random
+    rng = random.Random(seed)
+    pool = rng.randbytes(8 << 20)
+    # MXFP4 E8M0 scales around 127, as in real checkpoints
+    spool = bytes(rng.randrange(118, 131) for _ in range(1 << 16))
+
+    def cut(p, n):
+        o = rng.randrange(0, len(p) - n) & ~7
+        return p[o:o + n]
+
+    shards = [[] for _ in range(max(1, nfiles))]
+    for i in range(ntensors):
+        ts = shards[i * len(shards) // ntensors]
+        name = f"model.layers.{i // 64}.block.{i % 64}"
+        n = rng.randrange(64, 4097)
+        if quant == "mxfp4" and i % 2 == 1:
+            e, g = 1 + i % 4, 1 + (i // 2) % 2
+            ts.append(T(name + "_blocks", "U8", [e, 8, g, 16], cut(pool, e * 8 * g * 16)))
+            ts.append(T(name + "_scales", "U8", [e, 8, g], cut(spool, e * 8 * g)))
+        elif i % 2 == 0:
+            shape = [n // 64, 64] if n >= 128 else [n]
+            ts.append(T(name + ".weight", "BF16", shape, cut(pool, 2 * math.prod(shape))))
+        else:
+            ts.append(T(name + ".weight", "F32", [n], cut(pool, 4 * n)))
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "bfloat16",
+              "bos_token_id": 1, "eos_token_id": 2}
+    if quant == "mxfp4":
+        config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": []}
+    return write_model(out, shards, config, None)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("kind", choices=["gpt-oss", "bnb-nf4", "fp8-block"])
+    ap.add_argument("kind", choices=["gpt-oss", "bnb-nf4", "fp8-block", "tiny"])
     ap.add_argument("--experts", type=int, default=DSV3["experts"], help="fp8-block: routed experts per MoE layer")
     ap.add_argument("out")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--vocab", type=int, default=0, help="0 = the real model's (201088 / 128256)")
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--tensors", type=int, default=200000, help="tiny: number of tensors")
+    ap.add_argument("--files", type=int, default=4, help="tiny: safetensors files")
+    ap.add_argument("--quant", choices=["none", "mxfp4"], default="none", help="tiny: every other tensor MXFP4")
     a = ap.parse_args()
-    vocab = a.vocab or {"gpt-oss": GPTOSS["vocab"], "bnb-nf4": LLAMA["vocab"], "fp8-block": DSV3["vocab"]}[a.kind]
+    vocab = a.vocab or {"gpt-oss": GPTOSS["vocab"], "bnb-nf4": LLAMA["vocab"], "fp8-block": DSV3["vocab"], "tiny": 0}[a.kind]
     t0 = time.monotonic()
-    pools = Pools(a.seed)
+    pools = Pools(a.seed) if a.kind != "tiny" else None
     tmp = a.out.rstrip("/") + ".partial"
     if os.path.exists(tmp):
         import shutil
         shutil.rmtree(tmp)
-    if a.kind == "fp8-block":
+    if a.kind == "tiny":
+        total = gen_tiny(tmp, a.tensors, a.files, a.quant, a.seed)
+    elif a.kind == "fp8-block":
         total = gen_fp8_block(tmp, a.layers, vocab, pools, a.experts)
     else:
         total = (gen_gptoss if a.kind == "gpt-oss" else gen_bnb)(tmp, a.layers, vocab, pools)

@@ -350,10 +350,10 @@ static int bfs__run_setup(bfs_run *r, const char *input)
 
     /* buffers: two units in flight */
     uint64_t mem = 0;
-    BFS_TRY(bfs__pick_mem(r->in, r->plan, o, &mem)); /* --max-rss: the largest that fits */
+    BFS_TRY(bfs__pick_mem(r->in, r->plan, r->mine, o, &mem)); /* --max-rss: the largest that fits */
     if (o->max_rss)
         bfs__log(r, "--max-rss %llu: --mem %llu", (unsigned long long)o->max_rss, (unsigned long long)mem);
-    if (!bfs__unit_budget(r->plan, mem, &r->unit_bytes))
+    if (!bfs__unit_budget(r->plan, r->mine, mem, &r->unit_bytes))
         BFS_FAIL(BFS_ENOMEM, "--mem %llu is too small: the largest indivisible unit (one dim-0 row) is %llu bytes and two are in flight; use --mem %llu or more",
                  (unsigned long long)mem, (unsigned long long)r->plan->max_row_bytes,
                  (unsigned long long)(2 * r->plan->max_row_bytes));
@@ -364,7 +364,9 @@ static int bfs__run_setup(bfs_run *r, const char *input)
     r->reused = calloc((size_t)nf, sizeof *r->reused);
     r->src_hex = calloc((size_t)r->in->nfiles, sizeof *r->src_hex);
     r->aux = json_array();
-    if (!r->file_hex || !r->zst || !r->piece_hex || !r->reused || !r->src_hex || !r->aux)
+    r->pr = malloc(BFS_BATCH_MAX * BFS_UNIT_MAX_SRC * sizeof *r->pr);
+    r->fstamp = calloc((size_t)r->in->nfiles + 1, sizeof *r->fstamp);
+    if (!r->file_hex || !r->zst || !r->piece_hex || !r->reused || !r->src_hex || !r->aux || !r->pr || !r->fstamp)
         BFS_FAIL(BFS_ENOMEM, "out of memory");
     for (int f = 0; f < nf; f++) {
         r->piece_hex[f] = calloc(r->plan->files[f].npieces + 1, sizeof **r->piece_hex);
@@ -582,6 +584,8 @@ static void bfs__run_free(bfs_run *r, int rc)
     free(r->src_hex);
     free(r->mine);
     free(r->src_mine);
+    free(r->pr);
+    free(r->fstamp);
     json_decref(r->aux);
     if (r->dirfd >= 0)
         close(r->dirfd);

@@ -58,6 +58,8 @@ typedef struct bfs_run {
     bfs_outdir_lock lock;      /* one writer per OUTDIR */
     double t_dequant, t_commit; /* stage times (BFSHARD_STAGES=1) */
     int slot;                  /* the unit buffer to fill next */
+    bfs_prange *pr;            /* a batch's input pages (BFS_BATCH_MAX * BFS_UNIT_MAX_SRC) */
+    unsigned *fstamp, stamp;   /* per input file: the last batch check that took it */
     bfs_rank rank[2];          /* the rank file being written, and the one before (committing) */
     int rank_cur;
 } bfs_run;

@@ -248,6 +248,85 @@ cleanup:
     return rc;
 }
 
+/* A batch's identity checks: every input file its tensors come from, once. */
+static int bfs__check_batch(bfs_run *r, const bfs_outfile *of, size_t p0, size_t p1)
+{
+    const unsigned stamp = ++r->stamp ? r->stamp : ++r->stamp; /* 0 is "never" */
+    if (stamp == 1)
+        memset(r->fstamp, 0, (size_t)r->in->nfiles * sizeof *r->fstamp);
+    for (size_t k = p0; k < p1; k++) {
+        const bfs_ltensor *t = &r->plan->t[of->pieces[k].tensor];
+        for (int i = 0; i < t->nsrc; i++) {
+            const int f = t->src[i]->file;
+            if (r->fstamp[f] == stamp)
+                continue;
+            r->fstamp[f] = stamp;
+            const int rc = bfs__input_check(r->in, f);
+            if (rc < 0)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+/* A batch's input pages released (as bfs__advise_sources does for one unit), merged. */
+static void bfs__release_batch(bfs_run *r, const bfs_outfile *of, size_t p0, size_t p1)
+{
+    const uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
+    const size_t n = bfs__batch_pages(r->plan, of, p0, p1, pg, r->pr);
+    for (size_t i = 0; i < n; i++) {
+        const bfs_infile *f = &r->in->files[r->pr[i].file];
+        const uint64_t pa = r->pr[i].a, pe = r->pr[i].b < f->size ? r->pr[i].b : f->size;
+        const uint64_t ma = pa > BFS_RELEASE_SLACK ? pa - BFS_RELEASE_SLACK : 0;
+        const uint64_t mb = pe + BFS_RELEASE_SLACK < f->size ? pe + BFS_RELEASE_SLACK : f->size;
+        madvise((void *)(f->map + ma), (size_t)(mb - ma), MADV_DONTNEED);
+        posix_fadvise(f->fd, (off_t)pa, (off_t)(pe - pa), POSIX_FADV_DONTNEED);
+    }
+}
+
+/* Pieces [p0, p1) of a file (bfs__batch_end: whole, together within one buffer) as ONE
+ * unit: one identity check before their kernels and one after their source bytes were
+ * hashed, one writer job (the writer hashes and cuts each piece), one release of their
+ * input pages. The bytes are those bfs__write_piece writes for each piece. */
+static int bfs__write_batch(bfs_run *r, const bfs_outfile *of, size_t p0, size_t p1)
+{
+    int rc = 0;
+    bfs_rank *const rk = &r->rank[r->rank_cur];
+    const uint64_t off0 = of->pieces[p0].offset;
+    uint8_t *const out = r->buf[r->slot] + off0 % BFS_DIO_ALIGN;
+    const bfs_ltensor *last = &r->plan->t[of->pieces[p1 - 1].tensor];
+    uint64_t len = 0;
+    if (bfs__cancelled())
+        BFS_FAIL(BFS_EINTR, "interrupted while writing %s (tensor \"%s\")", of->name, last->name);
+    BFS_TRY(bfs__writer_wait(&r->w, 1)); /* the buffer we are about to fill was queued two jobs ago */
+    BFS_TRY(bfs__check_batch(r, of, p0, p1));
+    for (size_t k = p0; k < p1; k++) {
+        const bfs_piece *pc = &of->pieces[k];
+        if (pc->row0 == pc->row1 || pc->nbytes == 0)
+            continue;
+        const bfs_unit u = {.t = &r->plan->t[pc->tensor], .row0 = pc->row0, .row1 = pc->row1, .out = out + len};
+        bfs_srange sr[BFS_UNIT_MAX_SRC];
+        const int ns = bfs__unit_sources(&u, sr);
+        for (int i = 0; i < ns; i++)
+            r->in_read += sr[i].len;
+        const double t0 = bfs__now();
+        BFS_TRY(r->be->run(r->be, &u));
+        r->t_dequant += bfs__now() - t0;
+        BFS_TRY(bfs__srchash_unit(r->sh, &u)); /* the bytes the kernel read: nothing wrote the file since the check */
+        len += pc->nbytes;
+    }
+    BFS_TRY(bfs__check_batch(r, of, p0, p1));
+    bfs__release_batch(r, of, p0, p1);
+    if (!rk->opened)
+        BFS_TRY(bfs__rank_start(r, rk));
+    BFS_TRY(bfs__writer_push(&r->w, &(bfs_wjob){.buf = out, .len = (size_t)len, .off = off0, .piece = (int)p0,
+                                                .piece_last = (int)(p1 - 1), .piece_end = true, .headroom = true}));
+    r->slot ^= 1;
+    bfs__progress(r, last->name);
+cleanup:
+    return rc;
+}
+
 int bfs__write_file(bfs_run *r, int fidx)
 {
     int rc = 0;
@@ -258,8 +337,13 @@ int bfs__write_file(bfs_run *r, int fidx)
     k->zt = (bfs_tmpfile){.fd = -1, .dirfd = -1};
     k->fidx = fidx;
     k->active = true;
-    for (size_t pi = 0; pi < of->npieces; pi++)
-        BFS_TRY(bfs__write_piece(r, of, pi));
+    for (size_t pi = 0, pe; pi < of->npieces; pi = pe) {
+        pe = bfs__batch_end(r->plan, of, pi, r->unit_bytes);
+        if (pe > pi + 1)
+            BFS_TRY(bfs__write_batch(r, of, pi, pe));
+        else
+            BFS_TRY(bfs__write_piece(r, of, pi));
+    }
     if (!k->opened) /* no pieces */
         BFS_TRY(bfs__rank_start(r, k));
     BFS_TRY(bfs__writer_end_file(&r->w, r->file_hex[fidx]));

@@ -30,18 +30,19 @@ uint64_t bfs__base_rss(const bfs_input *in, const bfs_plan *p)
 }
 
 /* the predicted peak RSS of convert with this plan and --mem (see the top of this file) */
-int bfs__predict_rss(const bfs_plan *p, uint64_t mem, int threads, uint64_t base, bfs_mem_model *m, uint64_t *peak)
+int bfs__predict_rss(const bfs_plan *p, const bool *mine, uint64_t mem, int threads, uint64_t base, bfs_mem_model *m,
+                     uint64_t *peak)
 {
     if (threads <= 0) {
         const long n = sysconf(_SC_NPROCESSORS_ONLN);
         threads = n > 0 ? (int)n : 1;
     }
-    const int rc = bfs__mem_model(p, mem, threads, m);
+    const int rc = bfs__mem_model(p, mine, mem, threads, m);
     *peak = rc < 0 ? 0 : base + m->buffers + m->input + m->fixed;
     return rc;
 }
 
-int bfs__pick_mem(const bfs_input *in, const bfs_plan *p, const bfs_convert_opts *o, uint64_t *mem)
+int bfs__pick_mem(const bfs_input *in, const bfs_plan *p, const bool *mine, const bfs_convert_opts *o, uint64_t *mem)
 {
     *mem = o->mem ? o->mem : BFS_DEFAULT_MEM;
     if (!o->max_rss)
@@ -56,13 +57,13 @@ int bfs__pick_mem(const bfs_input *in, const bfs_plan *p, const bfs_convert_opts
         lo = step;
     if (lo > hi)
         hi = lo;
-    int rc = bfs__predict_rss(p, lo, o->threads, base, &m, &peak);
+    int rc = bfs__predict_rss(p, mine, lo, o->threads, base, &m, &peak);
     if (rc < 0 || peak > o->max_rss)
         return bfs__err(BFS_ENOMEM, "--max-rss %llu: this conversion needs at least %llu bytes (predicted peak RSS at --mem %llu, the least it can use)",
                         (unsigned long long)o->max_rss, (unsigned long long)peak, (unsigned long long)lo);
     while (lo < hi) { /* the largest mem in [lo, hi] that fits; lo fits */
         const uint64_t mid = lo + ((hi - lo) / step + 1) / 2 * step;
-        rc = bfs__predict_rss(p, mid, o->threads, base, &m, &peak);
+        rc = bfs__predict_rss(p, mine, mid, o->threads, base, &m, &peak);
         if (rc == 0 && peak <= o->max_rss)
             lo = mid;
         else
@@ -160,13 +161,13 @@ int bfs_inspect(const char *input_arg, const bfs_convert_opts *o_arg, int as_jso
 
     /* what convert will allocate: its rule, bfs__unit_budget */
     uint64_t mem = 0, unit = 0;
-    BFS_TRY(bfs__pick_mem(in, p, o, &mem));
-    const bool fits = bfs__unit_budget(p, mem, &unit);
+    BFS_TRY(bfs__pick_mem(in, p, pp.mine, o, &mem));
+    const bool fits = bfs__unit_budget(p, pp.mine, mem, &unit); /* --ranks: the files convert writes */
     const uint64_t peak = 2 * unit;
     bfs_mem_model mm;
     uint64_t rss = 0;
     if (fits)
-        BFS_TRY(bfs__predict_rss(p, mem, o->threads, bfs__base_rss(in, p), &mm, &rss));
+        BFS_TRY(bfs__predict_rss(p, pp.mine, mem, o->threads, bfs__base_rss(in, p), &mm, &rss));
     else
         memset(&mm, 0, sizeof mm);
     uint64_t in_bytes = 0;

@@ -108,6 +108,12 @@ static int bfs__srchash_range(bfs_srchash *h, const bfs_raw *r, uint64_t off, ui
         return bfs__err(BFS_EINTERNAL, "%s: tensor \"%s\": source bytes [%llu, %llu) read before [%llu, %llu)",
                         h->in->files[r->file].path, r->st->name, (unsigned long long)off, (unsigned long long)end,
                         (unsigned long long)t->cursor, (unsigned long long)off);
+    if (t->cursor == 0 && end == r->nbytes) { /* the whole tensor at once: no streaming state */
+        XXH128_canonicalFromHash(&t->digest, XXH3_128bits(r->data, (size_t)end));
+        t->cursor = end;
+        t->done = true;
+        return 0;
+    }
     if (!t->st) {
         t->st = XXH3_createState();
         if (!t->st)

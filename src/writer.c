@@ -49,15 +49,23 @@ void bfs__xxh128_update(XXH3_state_t *st, const void *p, size_t n)
     XXH3_128bits_update(st, p, n);
 }
 
-bool bfs__unit_budget(const bfs_plan *p, uint64_t mem, uint64_t *unit_bytes)
+bool bfs__unit_budget(const bfs_plan *p, const bool *mine, uint64_t mem, uint64_t *unit_bytes)
 {
     if (!mem)
         mem = BFS_DEFAULT_MEM;
-    uint64_t unit = mem / 2, need = 64;
-    for (int f = 0; f < p->nfiles; f++)
+    uint64_t unit = mem / 2, need = 64, data = 0;
+    for (int f = 0; f < p->nfiles; f++) {
+        if (mine && !mine[f])
+            continue;
+        const uint64_t d = p->files[f].size - p->files[f].data_start;
+        data = d > data ? d : data;
         for (size_t i = 0; i < p->files[f].npieces; i++)
             if (p->files[f].pieces[i].nbytes > need)
                 need = p->files[f].pieces[i].nbytes;
+    }
+    /* room for batches of small pieces, where a file holds that many bytes */
+    const uint64_t batch = data < BFS_BATCH_BYTES ? data : BFS_BATCH_BYTES;
+    need = batch > need ? batch : need;
     if (unit > need)
         unit = need;
     *unit_bytes = (unit + 4095) & ~4095ull;
@@ -83,19 +91,98 @@ uint64_t bfs__buf_page(void)
     return v;
 }
 
-int bfs__mem_model(const bfs_plan *p, uint64_t mem, int nthreads, bfs_mem_model *m)
+
+size_t bfs__batch_end(const bfs_plan *p, const bfs_outfile *of, size_t pi, uint64_t unit_bytes)
+{
+    uint64_t sum = 0;
+    size_t e = pi;
+    while (e < of->npieces && e - pi < BFS_BATCH_MAX && of->pieces[e].nbytes <= unit_bytes - sum) {
+        sum += of->pieces[e].nbytes;
+        e++;
+    }
+    return e > pi + 1 ? e : pi + 1;
+}
+
+static int bfs__cmp_prange(const void *x, const void *y)
+{
+    const bfs_prange *a = x, *b = y;
+    if (a->file != b->file)
+        return a->file < b->file ? -1 : 1;
+    return a->a < b->a ? -1 : a->a > b->a;
+}
+
+size_t bfs__batch_pages(const bfs_plan *p, const bfs_outfile *of, size_t p0, size_t p1, uint64_t pg, bfs_prange *out)
+{
+    size_t n = 0;
+    bool sorted = true;
+    for (size_t k = p0; k < p1; k++) {
+        const bfs_piece *pc = &of->pieces[k];
+        if (pc->row0 == pc->row1)
+            continue;
+        bfs_srange s[BFS_UNIT_MAX_SRC];
+        const bfs_unit u = {.t = &p->t[pc->tensor], .row0 = pc->row0, .row1 = pc->row1};
+        const int ns = bfs__unit_sources(&u, s);
+        for (int i = 0; i < ns; i++) {
+            if (s[i].len == 0)
+                continue;
+            const uint64_t a = s[i].r->file_offset + s[i].off, b = a + s[i].len;
+            out[n] = (bfs_prange){.file = s[i].r->file, .a = a / pg * pg, .b = (b + pg - 1) / pg * pg};
+            if (n > 0 && bfs__cmp_prange(&out[n - 1], &out[n]) > 0)
+                sorted = false;
+            n++;
+        }
+    }
+    if (!sorted)
+        qsort(out, n, sizeof *out, bfs__cmp_prange);
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (m > 0 && out[m - 1].file == out[i].file && out[i].a <= out[m - 1].b) {
+            if (out[i].b > out[m - 1].b)
+                out[m - 1].b = out[i].b;
+        } else {
+            out[m++] = out[i];
+        }
+    }
+    return m;
+}
+
+int bfs__mem_model(const bfs_plan *p, const bool *mine, uint64_t mem, int nthreads, bfs_mem_model *m)
 {
     memset(m, 0, sizeof *m);
-    if (!bfs__unit_budget(p, mem, &m->unit_bytes))
+    if (!bfs__unit_budget(p, mine, mem, &m->unit_bytes))
         return bfs__err(BFS_ENOMEM, "--mem %llu is too small for this plan", (unsigned long long)mem);
     const uint64_t pg = 4096;
     uint64_t touched[2] = {0, 0}, header = 0;
     int slot = 0; /* convert alternates the buffers over the whole run */
+    bfs_prange *pr = malloc(BFS_BATCH_MAX * BFS_UNIT_MAX_SRC * sizeof *pr);
+    if (!pr)
+        return bfs__err(BFS_ENOMEM, "out of memory");
     for (int f = 0; f < p->nfiles; f++) {
+        if (mine && !mine[f])
+            continue; /* only the files this run writes, as convert walks them */
         const bfs_outfile *of = &p->files[f];
         header = of->data_start > header ? of->data_start : header;
-        for (size_t pi = 0; pi < of->npieces; pi++) {
-            const bfs_piece *pc = &of->pieces[pi];
+        for (size_t pi = 0; pi < of->npieces;) {
+            const size_t pe = bfs__batch_end(p, of, pi, m->unit_bytes);
+            if (pe > pi + 1) { /* a batch, as bfs__write_batch runs it */
+                uint64_t len = 0, in = 0;
+                for (size_t k = pi; k < pe; k++)
+                    len += of->pieces[k].nbytes;
+                const uint64_t bp = bfs__buf_page(); /* the buffer's pages: maybe huge */
+                const uint64_t end = (of->pieces[pi].offset % BFS_DIO_ALIGN + len + bp - 1) / bp * bp;
+                touched[slot] = end > touched[slot] ? end : touched[slot];
+                const size_t nr = bfs__batch_pages(p, of, pi, pe, pg, pr);
+                for (size_t i = 0; i < nr; i++)
+                    in += pr[i].b - pr[i].a;
+                if (touched[0] + touched[1] + in > m->buffers + m->input) {
+                    m->buffers = touched[0] + touched[1];
+                    m->input = in;
+                }
+                slot ^= 1;
+                pi = pe;
+                continue;
+            }
+            const bfs_piece *pc = &of->pieces[pi++];
             const bfs_ltensor *t = &p->t[pc->tensor];
             const uint64_t row_bytes = t->row_elems * bfs__dtype_size(t->out_dtype);
             if (pc->row0 == pc->row1 || row_bytes == 0)
@@ -127,6 +214,7 @@ int bfs__mem_model(const bfs_plan *p, uint64_t mem, int nthreads, bfs_mem_model 
             }
         }
     }
+    free(pr);
     m->unit_bytes += BFS_DIO_ALIGN;
     /* two files' carries: the next file's header while the last one ends */
     const uint64_t carry = header + BFS_DIO_ALIGN < BFS_CARRY_BYTES ? header + BFS_DIO_ALIGN : BFS_CARRY_BYTES;
@@ -266,14 +354,26 @@ static int bfs__writer_do(bfs_writer *w, const bfs_wjob *j)
     bfs_wfile *const f = &w->files[j->file];
     if (j->end)
         return bfs__writer_tail(w, f);
-    if (f->zw) { /* a frame boundary before every piece */
+    if (f->zw) { /* a frame boundary before every piece (each piece of a batch) */
         const double t0 = bfs__wnow();
-        if (j->piece >= 0 && j->piece != f->zpiece) {
-            f->zpiece = j->piece;
-            rc = bfs__zst_cut_tensor(f->zw, f->zplan->t[f->zof->pieces[j->piece].tensor].out_dtype);
+        const int last = j->piece >= 0 && j->piece_last > j->piece ? j->piece_last : j->piece;
+        const uint8_t *p = j->buf;
+        uint64_t o = j->off;
+        for (int k = j->piece; rc == 0; k++) {
+            size_t n = j->len - (size_t)(o - j->off);
+            if (k >= 0 && k < last)
+                n = (size_t)(f->zof->pieces[k].offset + f->zof->pieces[k].nbytes - o);
+            if (k >= 0 && k != f->zpiece) {
+                f->zpiece = k;
+                rc = bfs__zst_cut_tensor(f->zw, f->zplan->t[f->zof->pieces[k].tensor].out_dtype);
+            }
+            if (rc == 0)
+                rc = bfs__zst_write(f->zw, p, n);
+            p += n;
+            o += n;
+            if (k >= last)
+                break;
         }
-        if (rc == 0)
-            rc = bfs__zst_write(f->zw, j->buf, j->len);
         w->st.zst += bfs__wnow() - t0;
         if (rc < 0)
             return rc;
@@ -379,6 +479,7 @@ int bfs__writer_begin_file(bfs_writer *w, int fd, const char *what, char (*piece
     XXH3_128bits_reset(w->file_st);
     XXH3_128bits_reset(w->piece_st);
     w->piece_hex = piece_hex;
+    w->of = of;
     w->cur = k;
     f->fd = fd;
     f->what = what;
@@ -416,20 +517,42 @@ int bfs__writer_wait_file(bfs_writer *w, int file)
 }
 
 /* both hashes, 256 KiB at a time: the second reads it from L2 */
+static void bfs__hash_both(bfs_writer *w, const uint8_t *p, size_t len, bool piece)
+{
+    for (size_t o = 0; o < len;) {
+        const size_t n = len - o < BFS_HASH_CHUNK ? len - o : BFS_HASH_CHUNK;
+        bfs__xxh128_update(w->file_st, p + o, n);
+        if (piece)
+            bfs__xxh128_update(w->piece_st, p + o, n);
+        o += n;
+    }
+}
+
+static void bfs__piece_digest(bfs_writer *w, int piece)
+{
+    bfs__hash_hex(XXH3_128bits_digest(w->piece_st), w->piece_hex[piece]);
+    XXH3_128bits_reset(w->piece_st);
+}
+
 static void bfs__writer_hash(bfs_writer *w, const bfs_wjob *j)
 {
     const double t0 = bfs__wnow();
-    const uint8_t *jb = j->buf;
-    for (size_t o = 0; o < j->len;) {
-        const size_t n = j->len - o < BFS_HASH_CHUNK ? j->len - o : BFS_HASH_CHUNK;
-        bfs__xxh128_update(w->file_st, jb + o, n);
-        if (j->piece >= 0)
-            bfs__xxh128_update(w->piece_st, jb + o, n);
-        o += n;
-    }
-    if (j->piece >= 0 && j->piece_end) {
-        bfs__hash_hex(XXH3_128bits_digest(w->piece_st), w->piece_hex[j->piece]);
-        XXH3_128bits_reset(w->piece_st);
+    if (j->piece >= 0 && j->piece_last > j->piece) { /* a batch: each piece's bytes, its hash */
+        const uint8_t *p = j->buf;
+        uint64_t o = j->off;
+        for (int k = j->piece; k <= j->piece_last; k++) {
+            const bfs_piece *pc = &w->of->pieces[k];
+            const size_t n = k < j->piece_last ? (size_t)(pc->offset + pc->nbytes - o) : j->len - (size_t)(o - j->off);
+            bfs__hash_both(w, p, n, true);
+            if (k < j->piece_last || j->piece_end)
+                bfs__piece_digest(w, k);
+            p += n;
+            o += n;
+        }
+    } else {
+        bfs__hash_both(w, j->buf, j->len, j->piece >= 0);
+        if (j->piece >= 0 && j->piece_end)
+            bfs__piece_digest(w, j->piece);
     }
     w->st.hash += bfs__wnow() - t0;
 }
@@ -440,6 +563,9 @@ int bfs__writer_push(bfs_writer *w, const bfs_wjob *jin)
         return bfs__err(BFS_EINTERNAL, "writer: a job before any file");
     bfs_wjob j = *jin;
     j.file = w->cur;
+    if (j.piece >= 0 && j.piece_last > j.piece && (!w->of || (size_t)j.piece_last >= w->of->npieces))
+        return bfs__err(BFS_EINTERNAL, "writer: a batch of pieces [%d, %d] without its file's pieces", j.piece,
+                        j.piece_last);
     if (!j.end)
         bfs__writer_hash(w, &j);
     const double t0 = bfs__wnow();

@@ -27,9 +27,29 @@
 #define BFS_CARRY_BYTES (1u << 20)
 
 /* Size of each of the two unit buffers for --mem `mem` (0: the default): mem/2, no
- * bigger than the largest piece needs (at least 64 bytes), rounded up to 4 KiB.
- * Returns false when the largest indivisible unit (one dim-0 row) exceeds mem/2. */
-bool bfs__unit_budget(const bfs_plan *p, uint64_t mem, uint64_t *unit_bytes);
+ * bigger than the largest piece needs (at least 64 bytes) or BFS_BATCH_BYTES (for
+ * batches of small pieces) when the largest file's data holds that much, rounded up
+ * to 4 KiB. mine: per output file, whether this run writes it (NULL: all). Returns
+ * false when the largest indivisible unit (one dim-0 row) exceeds mem/2. */
+#define BFS_BATCH_BYTES (8ull << 20)
+bool bfs__unit_budget(const bfs_plan *p, const bool *mine, uint64_t mem, uint64_t *unit_bytes);
+
+/* Batches: consecutive whole pieces of one file whose bytes together fit one unit
+ * buffer go through the pipeline as ONE unit (one identity check, one writer job, one
+ * release of their input pages), so that a model of many small tensors does not pay
+ * per-tensor syscalls and hand-offs. Returns the end of the batch that begins at piece
+ * pi: > pi + 1 for a batch, pi + 1 for a piece on its own (cut into units of rows,
+ * bfs__write_piece). At most BFS_BATCH_MAX pieces. */
+#define BFS_BATCH_MAX 4096
+size_t bfs__batch_end(const bfs_plan *p, const bfs_outfile *of, size_t pi, uint64_t unit_bytes);
+/* The input pages that pieces [p0, p1) of `of` read (dim-0 rows of their sources),
+ * outward to pages of `pg` bytes, sorted by (file, offset) and merged where they touch:
+ * at most BFS_UNIT_MAX_SRC * (p1 - p0) ranges into out. Returns how many. */
+typedef struct bfs_prange {
+    int file;
+    uint64_t a, b; /* page-aligned [a, b) of the file (b may pass its end by < pg) */
+} bfs_prange;
+size_t bfs__batch_pages(const bfs_plan *p, const bfs_outfile *of, size_t p0, size_t p1, uint64_t pg, bfs_prange *out);
 
 /* The unit buffers' page: BFS_HUGE_PAGE where transparent huge pages may back them
  * (/sys/kernel/mm/transparent_hugepage/enabled not "never"; BFSHARD_HUGEPAGES=0 turns
@@ -53,21 +73,25 @@ typedef struct bfs_mem_model {
 /* The source hashing thread's window (convert.c reads the input through the map in
  * steps of this and drops them) */
 #define BFS_SRC_HASH_WINDOW (4u << 20)
-int bfs__mem_model(const bfs_plan *p, uint64_t mem, int nthreads, bfs_mem_model *m);
+int bfs__mem_model(const bfs_plan *p, const bool *mine, uint64_t mem, int nthreads, bfs_mem_model *m);
 /* inspect.c: base (the resident set besides the model's parts, bfs__base_rss) + the
  * model = the predicted peak. threads <= 0: one per online CPU. */
-int bfs__predict_rss(const bfs_plan *p, uint64_t mem, int threads, uint64_t base, bfs_mem_model *m, uint64_t *peak);
+int bfs__predict_rss(const bfs_plan *p, const bool *mine, uint64_t mem, int threads, uint64_t base, bfs_mem_model *m,
+                     uint64_t *peak);
 /* The program, the input headers and the plan: a deterministic estimate. */
 uint64_t bfs__base_rss(const bfs_input *in, const bfs_plan *p);
 /* o->mem, or for o->max_rss the largest --mem up to the default (in 64 KiB steps)
  * whose predicted peak fits: BFS_ENOMEM naming the least peak when none does. */
-int bfs__pick_mem(const bfs_input *in, const bfs_plan *p, const bfs_convert_opts *o, uint64_t *mem);
+int bfs__pick_mem(const bfs_input *in, const bfs_plan *p, const bool *mine, const bfs_convert_opts *o, uint64_t *mem);
 
 typedef struct bfs_wjob {
     const void *buf;
     size_t len;
     uint64_t off;
     int piece;     /* index in the file's pieces, -1 for the header */
+    /* a batch (bfs__batch_end): pieces [piece, piece_last] (whole; the file's `of` given
+     * to begin_file); 0 or == piece: one piece */
+    int piece_last;
     bool piece_end;
     /* the off % BFS_DIO_ALIGN bytes before buf are the producer's, and buf minus that
      * is BFS_DIO_ALIGN-aligned: the writer may overwrite them (with the file's bytes
@@ -120,6 +144,7 @@ typedef struct bfs_writer {
     bfs_wfile files[2];
     int cur;           /* the file jobs are pushed to, -1 before the first */
     XXH3_state_t *file_st, *piece_st; /* the pushing thread's, for the current file */
+    const bfs_outfile *of;  /* the current file's pieces (batches), may be NULL */
     char (*piece_hex)[33];
     _Atomic uint64_t total; /* tensor bytes over the run */
     bfs_wstages st;

@@ -6,6 +6,7 @@
 #include "writer.h"
 
 #include <fcntl.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -181,6 +182,160 @@ static void max_rss_option(void **s)
     free(tmp);
 }
 
+
+/* A checkpoint of many small tensors (BF16, F32 cast, 0-d, zero-element, a few bigger
+ * ones), as `bench/gen_synth.py tiny` makes them, in two files. */
+static void write_many(const char *dir, int n)
+{
+    char path[512];
+    for (int file = 0; file < 2; file++) {
+        size_t cap = (size_t)n * 160 + 256, hl = 0, dl = 0;
+        char *h = malloc(cap);
+        uint8_t *data = malloc((size_t)n * 8192);
+        assert_non_null(h);
+        assert_non_null(data);
+        hl += (size_t)snprintf(h + hl, cap - hl, "{\"__metadata__\":{\"format\":\"pt\"}");
+        rng = 777u + (uint32_t)file;
+        for (int i = file; i < n; i += 2) {
+            const int kind = i % 5;
+            const uint32_t el = kind == 3 ? 0 : 64 + rnd() % (i % 97 == 0 ? 2000 : 700);
+            const size_t es = kind == 1 ? 4 : 2, nb = (kind == 4 ? 1 : el) * es;
+            char shape[64];
+            if (kind == 4)
+                snprintf(shape, sizeof shape, "[]");
+            else if (kind == 2 && el >= 64)
+                snprintf(shape, sizeof shape, "[%u,16]", el / 16);
+            else
+                snprintf(shape, sizeof shape, "[%u]", el);
+            const size_t nbytes = kind == 2 && el >= 64 ? (size_t)(el / 16) * 16 * es : nb;
+            hl += (size_t)snprintf(h + hl, cap - hl, ",\"m.t%05d\":{\"dtype\":\"%s\",\"shape\":%s,\"data_offsets\":[%zu,%zu]}",
+                                   i, es == 4 ? "F32" : "BF16", shape, dl, dl + nbytes);
+            for (size_t k = 0; k < nbytes; k++)
+                data[dl + k] = (uint8_t)rnd();
+            dl += nbytes;
+        }
+        hl += (size_t)snprintf(h + hl, cap - hl, "}");
+        while (hl % 8)
+            h[hl++] = ' ';
+        snprintf(path, sizeof path, "%s/model-%05d-of-00002.safetensors", dir, file + 1);
+        FILE *f = fopen(path, "wb");
+        assert_non_null(f);
+        uint8_t len[8];
+        for (int b = 0; b < 8; b++)
+            len[b] = (uint8_t)((uint64_t)hl >> (8 * b));
+        assert_int_equal(fwrite(len, 1, 8, f), 8);
+        assert_int_equal(fwrite(h, 1, hl, f), hl);
+        assert_int_equal(fwrite(data, 1, dl, f), dl);
+        assert_int_equal(fclose(f), 0);
+        free(h);
+        free(data);
+    }
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    assert_int_equal(tu_write_file(path, "{\"model_type\": \"llama\"}\n", 24), 0);
+}
+
+/* Many small tensors go through in batches (one unit, one writer job per batch): the
+ * same bytes and hashes as with units too small to batch, buffered or O_DIRECT, with a
+ * compressed copy (a frame cut at every tensor of a batch), and they verify; W = 3. */
+static void many_small_tensors_batched(void **s)
+{
+    (void)s;
+    char *tmp = tu_tmpdir("many");
+    const char *b = tu_bfshard();
+    assert_int_equal(tu_sh("mkdir -p %s/in", tmp), 0);
+    char in[512];
+    snprintf(in, sizeof in, "%s/in", tmp);
+    write_many(in, 3000);
+    /* default: batches of up to BFS_BATCH_BYTES; --mem 8K: 4 KiB units, small batches and
+     * tensors cut into rows; --mem 64M buffered; with the compressed copy */
+    assert_int_equal(tu_sh("%s convert %s %s/a -w 3 --device cpu --quiet && %s verify %s/a --quiet", b, in, tmp, b, tmp), 0);
+    assert_int_equal(tu_sh("%s convert %s %s/b -w 3 --device cpu --mem 8K --quiet && %s verify %s/b --quiet", b, in, tmp, b, tmp), 0);
+    assert_int_equal(tu_sh("BFSHARD_DIRECT=0 %s convert %s %s/c -w 3 --device cpu --mem 64M --quiet", b, in, tmp), 0);
+    assert_int_equal(tu_sh("%s convert %s %s/d -w 3 --device cpu --compress zstd:1 --quiet && %s verify %s/d --quiet", b, in, tmp, b, tmp), 0);
+    for (int r = 1; r <= 3; r++)
+        for (const char *o = "bcd"; *o; o++)
+            assert_int_equal(tu_sh("cmp -s %s/a/shard-0000%d-model-00001-of-00001.safetensors "
+                                   "%s/%c/shard-0000%d-model-00001-of-00001.safetensors",
+                                   tmp, r, tmp, *o, r),
+                             0);
+    assert_int_equal(tu_sh("cmp -s %s/a/xxh128sums.txt %s/b/xxh128sums.txt && cmp -s %s/a/xxh128sums.txt %s/c/xxh128sums.txt "
+                           "&& cmp -s %s/a/bfshard.manifest.json %s/b/bfshard.manifest.json",
+                           tmp, tmp, tmp, tmp, tmp, tmp),
+                     0);
+    /* each rank file's tensors as stock tools see them; the frames of the .zst decode to it */
+    assert_int_equal(tu_sh("cd %s/a && xxh128sum -c --quiet xxh128sums.txt", tmp), 0);
+    assert_int_equal(tu_sh("zstd -dc -q %s/d/shard-00002-model-00001-of-00001.safetensors.zst | "
+                           "cmp -s - %s/a/shard-00002-model-00001-of-00001.safetensors",
+                           tmp, tmp),
+                     0);
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
+/* inspect --ranks predicts the memory of the files convert --ranks writes, not of all */
+static void inspect_ranks_predicts_its_files(void **s)
+{
+    (void)s;
+    const char *b = tu_bfshard();
+    assert_int_equal(tu_sh("a=$(%s inspect fixtures/mxfp4-tiny -w 8 --json | grep -o '\"predicted\": [0-9]*' | tr -dc 0-9) && "
+                           "r=$(%s inspect fixtures/mxfp4-tiny -w 8 --ranks 0 --json | grep -o '\"predicted\": [0-9]*' | tr -dc 0-9) && "
+                           "test -n \"$a\" && test -n \"$r\" && test \"$r\" -lt \"$a\"",
+                           b, b),
+                     0);
+}
+
+/* The rank files' headers are written directly (plan.c): byte for byte what jansson dumps
+ * of the same JSON, for names with quotes, backslashes, control characters, non-ASCII. */
+static void header_text_as_jansson(void **s)
+{
+    (void)s;
+    char *tmp = tu_tmpdir("hdr");
+    static const char *names[] = {"plain.w", "q\\\"uote", "back\\\\slash", "nl\\nx", "ctl\\u0001\\u001fy", "\\u00fcml/\\u4e2d"};
+    char h[2048], path[600];
+    size_t hl = (size_t)snprintf(h, sizeof h, "{");
+    for (int i = 0; i < 6; i++)
+        hl += (size_t)snprintf(h + hl, sizeof h - hl, "%s\"%s\":{\"dtype\":\"F32\",\"shape\":[%d],\"data_offsets\":[%d,%d]}",
+                               i ? "," : "", names[i], 4 + i, 16 * i + i * (i - 1) * 2, 16 * (i + 1) + (i + 1) * i * 2);
+    hl += (size_t)snprintf(h + hl, sizeof h - hl, "}");
+    while (hl % 8)
+        h[hl++] = ' ';
+    const size_t dl = 16 * 6 + 6 * 5 * 2;
+    uint8_t *file = calloc(1, 8 + hl + dl);
+    for (int b = 0; b < 8; b++)
+        file[b] = (uint8_t)((uint64_t)hl >> (8 * b));
+    memcpy(file + 8, h, hl);
+    snprintf(path, sizeof path, "%s/in", tmp);
+    assert_int_equal(tu_sh("mkdir -p %s", path), 0);
+    snprintf(path, sizeof path, "%s/in/model.safetensors", tmp);
+    assert_int_equal(tu_write_file(path, file, 8 + hl + dl), 0);
+    free(file);
+    for (int w = 1; w <= 2; w++) {
+        assert_int_equal(tu_sh("%s convert %s/in %s/o%d -w %d --device cpu --quiet", tu_bfshard(), tmp, tmp, w, w), 0);
+        snprintf(path, sizeof path, "%s/o%d/shard-00001-model-00001-of-00001.safetensors", tmp, w);
+        size_t len = 0;
+        uint8_t *out = tu_read_file(path, &len);
+        assert_non_null(out);
+        uint64_t n = 0;
+        for (int b = 0; b < 8; b++)
+            n |= (uint64_t)out[b] << (8 * b);
+        size_t tl = (size_t)n;
+        while (tl > 0 && out[8 + tl - 1] == ' ')
+            tl--;
+        json_error_t e;
+        json_t *j = json_loadb((const char *)out + 8, tl, 0, &e);
+        assert_non_null(j);
+        char *again = json_dumps(j, JSON_COMPACT);
+        assert_non_null(again);
+        assert_int_equal(strlen(again), tl);
+        assert_memory_equal(again, out + 8, tl);
+        free(again);
+        json_decref(j);
+        free(out);
+    }
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -188,6 +343,9 @@ int main(void)
         cmocka_unit_test(xxh128_update_same_digest),
         cmocka_unit_test(convert_direct_and_buffered),
         cmocka_unit_test(max_rss_option),
+        cmocka_unit_test(many_small_tensors_batched),
+        cmocka_unit_test(inspect_ranks_predicts_its_files),
+        cmocka_unit_test(header_text_as_jansson),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
