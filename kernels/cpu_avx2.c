@@ -483,7 +483,7 @@ static inline void fp8_run(const uint8_t *w, size_t n, float sf, uint16_t *o)
  *  - the sign: ADJ[high nibble] = h + 0x80 * sign is added to the high byte, mod 256. v * s
  *    with v < 0 is -(|v| * s) exactly and RNE is symmetric, so a negative code flips the
  *    sign bit of its result, whatever the sign of s (the zero codes too: 0 * s).
- *  - the NaN codes 0x7F / 0xFF: blended to 0x7FC0.
+ *  - the NaN codes 0x7F / 0xFF: U[15] = 0x7FC0, no ADJ.
  * Tables are cached by scale value (FP8_SLOTS per call): a DeepSeek 128 x 128 block builds
  * its tables once per 128-row band, not once per row. */
 
@@ -521,10 +521,12 @@ static void fp8_tab_build(float s, fp8_tab *t)
                                            2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
     _mm256_store_si256((__m256i *)t->t, _mm256_permute4x64_epi64(_mm256_shuffle_epi8(tw, split), 0xD8));
     _mm256_storeu_si256((__m256i *)t->u, _mm256_permute4x64_epi64(_mm256_shuffle_epi8(uw, split), 0xD8));
+    t->u[15] = 0xC0, t->u[31] = 0x7F; /* the NaN codes: 0x7FC0 */
     t->ok = 1;
 }
 
-/* 32 codes -> 32 bf16 at o; tl, th, ul, uh: the tables in both lanes */
+/* 32 codes -> 32 bf16 at o; tl, th, ul, uh: the tables in both lanes. The NaN codes take U
+ * too (entry 15, unused by e = 0) and no ADJ (a vpshufb index with bit 7 set gives 0). */
 static inline void fp8_lut32(__m256i c, __m256i tl, __m256i th, __m256i ul, __m256i uh, uint16_t *o)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
@@ -532,14 +534,13 @@ static inline void fp8_lut32(__m256i c, __m256i tl, __m256i th, __m256i ul, __m2
                                          0, 1, 2, 3, 4, 5, 6, 7, -128, -127, -126, -125, -124, -123, -122, -121);
     c = _mm256_permute4x64_epi64(c, 0xD8); /* lanes: codes 0..7, 16..23 | 8..15, 24..31 */
     const __m256i idx = _mm256_and_si256(c, m4);
-    const __m256i hn = _mm256_and_si256(_mm256_srli_epi16(c, 4), m4);
+    const __m256i nan = _mm256_cmpeq_epi8(_mm256_add_epi8(c, c), _mm256_set1_epi8(-2)); /* |c| == 0x7F */
+    const __m256i hn = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), m4), nan);
     const __m256i sub = _mm256_cmpeq_epi8(_mm256_and_si256(c, _mm256_set1_epi8(0x78)), _mm256_setzero_si256());
-    const __m256i nan = _mm256_cmpeq_epi8(_mm256_or_si256(c, _mm256_set1_epi8(-128)), _mm256_set1_epi8(-1));
-    __m256i lo = _mm256_blendv_epi8(_mm256_shuffle_epi8(tl, idx), _mm256_shuffle_epi8(ul, idx), sub);
-    __m256i hi = _mm256_blendv_epi8(_mm256_shuffle_epi8(th, idx), _mm256_shuffle_epi8(uh, idx), sub);
+    const __m256i spec = _mm256_or_si256(sub, nan);
+    const __m256i lo = _mm256_blendv_epi8(_mm256_shuffle_epi8(tl, idx), _mm256_shuffle_epi8(ul, idx), spec);
+    __m256i hi = _mm256_blendv_epi8(_mm256_shuffle_epi8(th, idx), _mm256_shuffle_epi8(uh, idx), spec);
     hi = _mm256_add_epi8(hi, _mm256_shuffle_epi8(adj, hn));
-    lo = _mm256_blendv_epi8(lo, _mm256_set1_epi8(-64), nan);  /* 0xC0 */
-    hi = _mm256_blendv_epi8(hi, _mm256_set1_epi8(0x7F), nan);
     _mm256_storeu_si256((__m256i *)o, _mm256_unpacklo_epi8(lo, hi));
     _mm256_storeu_si256((__m256i *)(o + 16), _mm256_unpackhi_epi8(lo, hi));
 }
