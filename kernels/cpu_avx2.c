@@ -382,7 +382,9 @@ static void bnb4_avx2(const bfs_bnb4_desc *d, size_t i0, size_t i1, uint16_t *ou
 /* ---- issue-12 formats: FP8 scaled, INT4 pack-quantized, NVFP4 (also the AVX-512 level's)
  * Every value is ref_formats.h's: the input value (exact in float32) times the scale, one
  * float32 multiply, rounded once to bf16. What makes them fast:
- *  - FP8: an E4M3 byte, sign-extended to 16 bits and shifted left by 7 (bit 14 cleared),
+ *  - FP8: per scale, vpshufb tables and an exponent add (see "FP8 by table" below). Scales
+ *    where that is not exact (zero, |s| < 2^-119, huge, inf, NaN) multiply (fp8_run):
+ *    an E4M3 byte, sign-extended to 16 bits and shifted left by 7 (bit 14 cleared),
  *    is the half-precision pattern of x * 2^-8, exactly, subnormals included; vcvtph2ps
  *    widens it exactly (no subnormal float32 arises), and the run's scale is taken as
  *    s * 2^8 (exact), so the one multiply sees the same real product x * s and rounds it
@@ -478,7 +480,8 @@ static inline void fp8_run(const uint8_t *w, size_t n, float sf, uint16_t *o)
  *    rounding and the bf16 one then commute with the power of two): |s| >= 2^-119 makes the
  *    smallest, 2^-7 * |s|, normal; the largest (h = 7) are compared bit for bit with the
  *    reference when the table is built (an overflow to inf in the bf16 rounding agrees, a
- *    float32 overflow does not). A scale that fails takes fp8_run, the multiply.
+ *    float32 overflow does not; a subnormal T entry, shifted, would not agree either, so
+ *    the 2^-119 bound is belt and braces). A scale that fails takes fp8_run, the multiply.
  *  - subnormal and zero codes (e = 0): U[m] = bf16(f32(m * 2^-9 * s)), the reference itself.
  *  - the sign: ADJ[high nibble] = h + 0x80 * sign is added to the high byte, mod 256. v * s
  *    with v < 0 is -(|v| * s) exactly and RNE is symmetric, so a negative code flips the
