@@ -382,7 +382,9 @@ static void bnb4_avx2(const bfs_bnb4_desc *d, size_t i0, size_t i1, uint16_t *ou
 /* ---- issue-12 formats: FP8 scaled, INT4 pack-quantized, NVFP4 (also the AVX-512 level's)
  * Every value is ref_formats.h's: the input value (exact in float32) times the scale, one
  * float32 multiply, rounded once to bf16. What makes them fast:
- *  - FP8: an E4M3 byte, sign-extended to 16 bits and shifted left by 7 (bit 14 cleared),
+ *  - FP8: per scale, vpshufb tables and an exponent add (see "FP8 by table" below). Scales
+ *    where that is not exact (zero, |s| < 2^-119, huge, inf, NaN) multiply (fp8_run):
+ *    an E4M3 byte, sign-extended to 16 bits and shifted left by 7 (bit 14 cleared),
  *    is the half-precision pattern of x * 2^-8, exactly, subnormals included; vcvtph2ps
  *    widens it exactly (no subnormal float32 arises), and the run's scale is taken as
  *    s * 2^8 (exact), so the one multiply sees the same real product x * s and rounds it
@@ -467,10 +469,117 @@ static inline void fp8_run(const uint8_t *w, size_t n, float sf, uint16_t *o)
         o[k] = bfs_scaled_value(bfs_e4m3_to_f32(w[k]), sf);
 }
 
+/* ---- FP8 by table (the fast path of bfs__fp8_avx2) ---------------------------------------
+ * For one scale s the bf16 results of the E4M3 codes come from 16-entry byte tables looked
+ * up with vpshufb, as the 4-bit formats do; no multiply per element:
+ *  - normal codes (e = 1..15, m): v = (1 + m/8) * 2^(e-7) = (1 + m/8) * 2^(p-7) * 4^h with
+ *    p = e & 1, h = e >> 1; the table index m + 8p is the code's low nibble. With
+ *    T[m + 8p] = bf16(f32((1 + m/8) * 2^(p-7) * s)), the result is T with 2h added to its
+ *    exponent field, i.e. h added to its high byte (nothing carries into the low byte).
+ *    That is the reference's bits while every product is a normal float32 (the float32
+ *    rounding and the bf16 one then commute with the power of two): |s| >= 2^-119 makes the
+ *    smallest, 2^-7 * |s|, normal; the largest (h = 7) are compared bit for bit with the
+ *    reference when the table is built (an overflow to inf in the bf16 rounding agrees, a
+ *    float32 overflow does not; a subnormal T entry, shifted, would not agree either, so
+ *    the 2^-119 bound is belt and braces). A scale that fails takes fp8_run, the multiply.
+ *  - subnormal and zero codes (e = 0): U[m] = bf16(f32(m * 2^-9 * s)), the reference itself.
+ *  - the sign: ADJ[high nibble] = h + 0x80 * sign is added to the high byte, mod 256. v * s
+ *    with v < 0 is -(|v| * s) exactly and RNE is symmetric, so a negative code flips the
+ *    sign bit of its result, whatever the sign of s (the zero codes too: 0 * s).
+ *  - the NaN codes 0x7F / 0xFF: U[15] = 0x7FC0, no ADJ.
+ * Tables are cached by scale value (FP8_SLOTS per call): a DeepSeek 128 x 128 block builds
+ * its tables once per 128-row band, not once per row. */
+
+typedef struct fp8_tab {
+    _Alignas(32) uint8_t t[32]; /* T: 16 low bytes, then 16 high bytes */
+    uint8_t u[32];              /* U: low bytes (entries 0..7), then high bytes */
+    uint32_t key;               /* float32 bits of s */
+    int ok;                     /* the table path is exact for s */
+} fp8_tab;
+
+/* s -> *t: the tables, and whether they may be used; the reference arithmetic, in SIMD */
+static void fp8_tab_build(float s, fp8_tab *t)
+{
+    t->key = bfs_f32_bits(s);
+    t->ok = 0;
+    const uint32_t a = t->key & 0x7FFFFFFFu;
+    if (a < 0x04000000u || a >= 0x7F800000u) /* |s| < 2^-119, inf, NaN */
+        return;
+    const __m256 sv = _mm256_set1_ps(s);
+    const __m256 mant = _mm256_setr_ps(1.0f, 1.125f, 1.25f, 1.375f, 1.5f, 1.625f, 1.75f, 1.875f);
+    const __m256 sub = _mm256_setr_ps(0.0f, 1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f);
+#define FP8_BF16(x, k) bf16_rne8(_mm256_castps_si256(_mm256_mul_ps(_mm256_mul_ps((x), _mm256_set1_ps(k)), sv)))
+    const __m256i t0 = FP8_BF16(mant, 0x1p-7f), t1 = FP8_BF16(mant, 0x1p-6f);
+    const __m256i c0 = FP8_BF16(mant, 0x1p7f), c1 = FP8_BF16(mant, 0x1p8f); /* h = 7 */
+    const __m256i u0 = FP8_BF16(sub, 0x1p-9f);
+#undef FP8_BF16
+    /* 16 bf16 in order: T, the h = 7 products, U twice */
+    const __m256i tw = _mm256_permute4x64_epi64(_mm256_packus_epi32(t0, t1), 0xD8);
+    const __m256i cw = _mm256_permute4x64_epi64(_mm256_packus_epi32(c0, c1), 0xD8);
+    const __m256i uw = _mm256_permute4x64_epi64(_mm256_packus_epi32(u0, u0), 0xD8);
+    if (_mm256_movemask_epi8(_mm256_cmpeq_epi16(_mm256_add_epi16(tw, _mm256_set1_epi16(0x0700)), cw)) != -1)
+        return;
+    /* per lane: low bytes of 8 words, then their high bytes */
+    const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0,
+                                           2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    _mm256_store_si256((__m256i *)t->t, _mm256_permute4x64_epi64(_mm256_shuffle_epi8(tw, split), 0xD8));
+    _mm256_storeu_si256((__m256i *)t->u, _mm256_permute4x64_epi64(_mm256_shuffle_epi8(uw, split), 0xD8));
+    t->u[15] = 0xC0, t->u[31] = 0x7F; /* the NaN codes: 0x7FC0 */
+    t->ok = 1;
+}
+
+/* 32 codes -> 32 bf16 at o; tl, th, ul, uh: the tables in both lanes. The NaN codes take U
+ * too (entry 15, unused by e = 0) and no ADJ (a vpshufb index with bit 7 set gives 0). */
+static inline void fp8_lut32(__m256i c, __m256i tl, __m256i th, __m256i ul, __m256i uh, uint16_t *o)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i adj = _mm256_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, -128, -127, -126, -125, -124, -123, -122, -121,
+                                         0, 1, 2, 3, 4, 5, 6, 7, -128, -127, -126, -125, -124, -123, -122, -121);
+    c = _mm256_permute4x64_epi64(c, 0xD8); /* lanes: codes 0..7, 16..23 | 8..15, 24..31 */
+    const __m256i idx = _mm256_and_si256(c, m4);
+    const __m256i nan = _mm256_cmpeq_epi8(_mm256_add_epi8(c, c), _mm256_set1_epi8(-2)); /* |c| == 0x7F */
+    const __m256i hn = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), m4), nan);
+    const __m256i sub = _mm256_cmpeq_epi8(_mm256_and_si256(c, _mm256_set1_epi8(0x78)), _mm256_setzero_si256());
+    const __m256i spec = _mm256_or_si256(sub, nan);
+    const __m256i lo = _mm256_blendv_epi8(_mm256_shuffle_epi8(tl, idx), _mm256_shuffle_epi8(ul, idx), spec);
+    __m256i hi = _mm256_blendv_epi8(_mm256_shuffle_epi8(th, idx), _mm256_shuffle_epi8(uh, idx), spec);
+    hi = _mm256_add_epi8(hi, _mm256_shuffle_epi8(adj, hn));
+    _mm256_storeu_si256((__m256i *)o, _mm256_unpacklo_epi8(lo, hi));
+    _mm256_storeu_si256((__m256i *)(o + 16), _mm256_unpackhi_epi8(lo, hi));
+}
+
+/* n E4M3 bytes through the tables of t (t->ok) -> n bf16 at o */
+static inline void fp8_run_tab(const uint8_t *w, size_t n, const fp8_tab *t, uint16_t *o)
+{
+    const __m256i tl = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)t->t));
+    const __m256i th = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)(t->t + 16)));
+    const __m256i ul = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->u));
+    const __m256i uh = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(t->u + 16)));
+    size_t k = 0;
+    for (; k + 32 <= n; k += 32)
+        fp8_lut32(_mm256_loadu_si256((const __m256i *)(w + k)), tl, th, ul, uh, o + k);
+    if (k == n)
+        return;
+    if (n >= 32) { /* the last 32, again over a few done ones */
+        fp8_lut32(_mm256_loadu_si256((const __m256i *)(w + n - 32)), tl, th, ul, uh, o + n - 32);
+        return;
+    }
+    _Alignas(32) uint8_t b[32] = {0};
+    _Alignas(32) uint16_t r[32];
+    memcpy(b, w, n);
+    fp8_lut32(_mm256_load_si256((const __m256i *)b), tl, th, ul, uh, r);
+    memcpy(o, r, n * 2);
+}
+
+enum { FP8_SLOTS = 64 };
+
 void bfs__fp8_avx2(const bfs_fp8_desc *d, size_t i0, size_t i1, uint16_t *out)
 {
     assert(i0 <= i1 && d->cols > 0 && d->bh > 0 && d->bw > 0);
     const size_t C = d->cols, bw = d->bw, gcols = (C + bw - 1) / bw;
+    fp8_tab cache[FP8_SLOTS]; /* slot g % FP8_SLOTS: the tables of column block g's scale */
+    for (size_t j = 0; j < FP8_SLOTS; j++)
+        cache[j].key = 0, cache[j].ok = 0; /* right for s = +0.0, never ok */
     uint16_t *o = out;
     for (size_t i = i0; i < i1;) { /* a row at a time, its scale blocks without a division */
         const size_t r = i / C, c0 = i % C;
@@ -480,7 +589,14 @@ void bfs__fp8_avx2(const bfs_fp8_desc *d, size_t i0, size_t i1, uint16_t *out)
         size_t g = c0 / bw;
         for (size_t c = c0; c < cend; g++) {
             const size_t ce = (g + 1) * bw < cend ? (g + 1) * bw : cend;
-            fp8_run(w + c, ce - c, bfs_scale_at(d->scale, srow + g, d->scale_bf16), o);
+            const float s = bfs_scale_at(d->scale, srow + g, d->scale_bf16);
+            fp8_tab *const t = &cache[g % FP8_SLOTS];
+            if (t->key != bfs_f32_bits(s))
+                fp8_tab_build(s, t);
+            if (t->ok)
+                fp8_run_tab(w + c, ce - c, t, o);
+            else
+                fp8_run(w + c, ce - c, s, o);
             o += ce - c;
             c = ce;
         }

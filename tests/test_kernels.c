@@ -1149,6 +1149,108 @@ static int L_SCALAR = BFS_CPU_SCALAR, L_AVX2 = BFS_CPU_AVX2, L_AVX512 = BFS_CPU_
 static int L_AVX512_EMU = LEVEL_AVX512_EMU;
 #endif
 
+/* The FP8 table path (kernels/cpu_avx2.c, "FP8 by table"): a scale takes it when every
+ * product of a normal code is a normal float32 (|s| >= 2^-119) and the largest ones
+ * (e = 14, 15) agree bit for bit with the shifted table; else the multiply path. Scales on
+ * both sides of both edges: powers of two 2^-126..2^-112 and 2^112..2^127 and their
+ * neighbours, the s where 448 * s rounds to bf16 inf and where it overflows float32 (and
+ * 240 * s, 480 * s), float32 subnormals, +-0, both signs, as float32 and as bf16; one
+ * scale for all codes, then blocks of 5..256 columns (runs that start and end inside a
+ * block, shorter than 32 and not a multiple of it), over 64 column blocks a row (the table
+ * cache's slots collide), row bands of 3 sharing a block's tables. */
+static void test_q12_fp8_table(void **state)
+{
+    const bfs_kernel_ops *k = level_ops(state);
+    enum { MAXS = 1024 };
+    float *sv = xmalloc(MAXS * sizeof(float));
+    size_t ns = 0;
+#define SV_ADD(f)                                                                  \
+    do {                                                                           \
+        const float f_ = (f);                                                      \
+        assert_true(ns + 2 <= MAXS);                                               \
+        sv[ns++] = f_;                                                             \
+        sv[ns++] = -f_;                                                            \
+    } while (0)
+    for (int e = -126; e <= 127; e++) {
+        if (e > -112 && e < 112)
+            continue;
+        const uint32_t p = (uint32_t)(e + 127) << 23;
+        SV_ADD(f32_of(p));
+        SV_ADD(f32_of(p - 1));
+        SV_ADD(f32_of(p + 1));
+        SV_ADD(f32_of(p + 0x600000u)); /* 1.75 * 2^e */
+    }
+    /* 448 * s (e = 15, m = 6) at bf16's overflow midpoint and float32's; 240 and 480 too */
+    static const double tops[] = {448.0, 240.0, 480.0, 416.0};
+    for (size_t t = 0; t < sizeof tops / sizeof *tops; t++) {
+        const float edges[] = {(float)((2.0 - 0x1p-8) * 0x1p127 / tops[t]), (float)((2.0 - 0x1p-24) * 0x1p127 / tops[t])};
+        for (size_t j = 0; j < 2; j++)
+            for (int d = -6; d <= 6; d++)
+                SV_ADD(f32_of(bfs_f32_bits(edges[j]) + (uint32_t)d));
+    }
+    SV_ADD(0.0f);
+    SV_ADD(f32_of(1));          /* the smallest subnormal */
+    SV_ADD(f32_of(0x007FFFFF)); /* the largest */
+    SV_ADD(f32_of(0x00800000));
+    SV_ADD(3.7e-4f);
+    SV_ADD(1.0f / 3.0f);
+#undef SV_ADD
+    uint8_t *sb = xmalloc(ns * 2); /* the same scales as bf16 */
+    for (size_t j = 0; j < ns; j++) {
+        const uint16_t h = (uint16_t)(bfs_f32_bits(sv[j]) >> 16);
+        memcpy(sb + 2 * j, &h, 2);
+    }
+
+    /* one scale for all 256 codes (twice each, in two orders, 3 rows of 200) */
+    {
+        const size_t rows = 3, cols = 200, n = rows * cols;
+        uint8_t *w = xmalloc(n);
+        for (size_t i = 0; i < n; i++)
+            w[i] = (uint8_t)(i < 256 ? i : (i * 7) % 256);
+        for (size_t j = 0; j < ns; j++)
+            for (int bf = 0; bf < 2; bf++) {
+                const bfs_fp8_desc d = {w, bf ? sb + 2 * j : (const uint8_t *)&sv[j], bf, cols, rows, cols};
+                const q12_case c = {0, &d, n};
+                q12_compare(k, &c, 0, n, 0, "fp8 table tensor");
+                q12_compare(k, &c, 37, 37 + 23, 1, "fp8 table tensor");
+            }
+        free(w);
+    }
+
+    /* blocks: bh x bw, scales cycling through the list */
+    {
+        static const size_t bws[][2] = {{1, 5}, {1, 31}, {1, 32}, {3, 33}, {1, 100}, {3, 128}, {2, 256}};
+        for (size_t bi = 0; bi < sizeof bws / sizeof *bws; bi++) {
+            const size_t bh = bws[bi][0], bw = bws[bi][1], cols = bw * 70 + 11;
+            const size_t gcols = (cols + bw - 1) / bw, grows = (ns + gcols - 1) / gcols + 1;
+            const size_t rows = grows * bh, n = rows * cols;
+            uint8_t *w = xmalloc(n), *sc = xmalloc(grows * gcols * 4);
+            for (size_t i = 0; i < n; i++)
+                w[i] = (uint8_t)(i * 131 + i / 251);
+            for (int bf = 0; bf < 2; bf++) {
+                for (size_t j = 0; j < grows * gcols; j++) {
+                    const size_t q = (j * 17) % ns;
+                    if (bf)
+                        memcpy(sc + 2 * j, sb + 2 * q, 2);
+                    else
+                        memcpy(sc + 4 * j, &sv[q], 4);
+                }
+                const bfs_fp8_desc d = {w, sc, bf, cols, bh, bw};
+                const q12_case c = {0, &d, n};
+                q12_compare(k, &c, 0, n, (size_t)bf, "fp8 table blocks");
+                q12_compare(k, &c, bw / 2, n - bw / 3 - 1, 2, "fp8 table blocks");
+                for (size_t a = 0; a < 40; a++) /* starts and ends inside blocks */
+                    q12_compare(k, &c, a * (bw + 3) + a % 7, a * (bw + 3) + a % 7 + 1 + (a * 29) % (2 * bw + 40), a % 3,
+                                "fp8 table blocks");
+            }
+            free(w);
+            free(sc);
+        }
+    }
+    free(sv);
+    free(sb);
+}
+
 #define LEVEL_TESTS(tag, lv)                                                      \
     {"mxfp4_exhaustive/" tag, test_mxfp4_exhaustive, NULL, NULL, &(lv)},          \
         {"mxfp4_shapes/" tag, test_mxfp4_shapes, NULL, NULL, &(lv)},              \
@@ -1158,7 +1260,8 @@ static int L_AVX512_EMU = LEVEL_AVX512_EMU;
         {"cast_f16/" tag, test_cast_f16, NULL, NULL, &(lv)},                      \
         {"cast_f64/" tag, test_cast_f64, NULL, NULL, &(lv)},                      \
         {"q12_ops/" tag, test_q12_ops, NULL, NULL, &(lv)},                        \
-        {"q12_edges/" tag, test_q12_edges, NULL, NULL, &(lv)}
+        {"q12_edges/" tag, test_q12_edges, NULL, NULL, &(lv)},                    \
+        {"q12_fp8_table/" tag, test_q12_fp8_table, NULL, NULL, &(lv)}
 
 int main(void)
 {
