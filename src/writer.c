@@ -94,9 +94,13 @@ uint64_t bfs__buf_page(void)
 
 size_t bfs__batch_end(const bfs_plan *p, const bfs_outfile *of, size_t pi, uint64_t unit_bytes)
 {
+    /* at most BFS_BATCH_BYTES: batching is for small pieces; a large one already makes a
+     * unit worth its overheads, and filling the buffers with large ones would only make
+     * the pipeline coarser and the resident set larger */
+    const uint64_t cap = unit_bytes < BFS_BATCH_BYTES ? unit_bytes : BFS_BATCH_BYTES;
     uint64_t sum = 0;
     size_t e = pi;
-    while (e < of->npieces && e - pi < BFS_BATCH_MAX && of->pieces[e].nbytes <= unit_bytes - sum) {
+    while (e < of->npieces && e - pi < BFS_BATCH_MAX && of->pieces[e].nbytes <= cap - sum) {
         sum += of->pieces[e].nbytes;
         e++;
     }

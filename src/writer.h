@@ -35,7 +35,7 @@
 bool bfs__unit_budget(const bfs_plan *p, const bool *mine, uint64_t mem, uint64_t *unit_bytes);
 
 /* Batches: consecutive whole pieces of one file whose bytes together fit one unit
- * buffer go through the pipeline as ONE unit (one identity check, one writer job, one
+ * buffer and BFS_BATCH_BYTES go through the pipeline as ONE unit (one identity check, one writer job, one
  * release of their input pages), so that a model of many small tensors does not pay
  * per-tensor syscalls and hand-offs. Returns the end of the batch that begins at piece
  * pi: > pi + 1 for a batch, pi + 1 for a piece on its own (cut into units of rows,
