@@ -1,0 +1,171 @@
+/*
+ * The manifest of a conversion is streamed (issue 15): tensors[] goes out one tensor at
+ * a time, never a tree of every tensor and piece in memory. Its bytes must stay exactly
+ * jansson's JSON_INDENT(1) | JSON_PRESERVE_ORDER of the whole manifest (the format every
+ * other writer of a manifest, merge and compress, uses), for many tensors, with names
+ * that need escaping (quotes, backslashes, control characters) or are not ASCII, zero-
+ * element and scalar tensors, tensors with fewer rows than ranks, at W = 1 and W = 3; the
+ * seal holds and verify passes. A write that fails half way through the manifest (a full
+ * disk: RLIMIT_FSIZE) leaves no manifest and no temporary, and a rerun finishes.
+ */
+#include "testutil.h"
+
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define NT 3000
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* DIR/model.safetensors: NT BF16 tensors, rows 0..6 of 2 columns, a scalar, odd names */
+static void write_input(const char *dir)
+{
+    static const char *odd[] = {"q\"uote\"", "back\\slash\\", "ctl\x01\x02\t\n\r\x1f\x7f", "caf\xc3\xa9.\xe6\x97\xa5\xe6\x9c\xac",
+                                "emoji\xf0\x9f\x98\x80", "slash/and space", "\\u0041 not an escape", "manifest_xxh3_128",
+                                "tensors", "\": \"tensors\": \""};
+    const size_t nodd = sizeof odd / sizeof odd[0];
+    char **names = calloc(NT, sizeof *names);
+    assert_non_null(names);
+    for (size_t i = 0; i < NT; i++) {
+        char b[128];
+        if (i < nodd)
+            snprintf(b, sizeof b, "%s", odd[i]);
+        else
+            snprintf(b, sizeof b, "model.layers.%zu.w\"%zu\\", i / 7, i);
+        names[i] = strdup(b);
+    }
+    qsort(names, NT, sizeof *names, cmp_str); /* data in the header's (sorted) order */
+    json_t *h = json_object();
+    size_t off = 0;
+    for (size_t i = 0; i < NT; i++) {
+        const size_t rows = i % 7; /* 0: a zero-element tensor */
+        json_t *shape = i == 5 ? json_array() : json_pack("[I, i]", (json_int_t)rows, 2);
+        const size_t nb = i == 5 ? 2 : rows * 4;
+        json_object_set_new(h, names[i], json_pack("{s:s, s:o, s:[I, I]}", "dtype", "BF16", "shape", shape,
+                                                   "data_offsets", (json_int_t)off, (json_int_t)(off + nb)));
+        off += nb;
+    }
+    char *text = json_dumps(h, JSON_COMPACT | JSON_SORT_KEYS);
+    assert_non_null(text);
+    const size_t n = strlen(text), hl = (n + 7) / 8 * 8;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    for (int i = 0; i < 8; i++)
+        fputc((int)(((uint64_t)hl >> (8 * i)) & 0xff), f);
+    assert_int_equal(fwrite(text, 1, n, f), n);
+    for (size_t i = n; i < hl; i++)
+        fputc(' ', f);
+    for (size_t i = 0; i < off; i++)
+        fputc((int)((i * 131 + 7) & 0x3f), f);
+    assert_int_equal(fclose(f), 0);
+    free(text);
+    json_decref(h);
+    for (size_t i = 0; i < NT; i++)
+        free(names[i]);
+    free(names);
+}
+
+/* the file is jansson's dump of itself, plus '\n'; returns its tensors[] length */
+static size_t check_jansson_format(const char *path)
+{
+    size_t len = 0;
+    char *text = (char *)tu_read_file(path, &len);
+    assert_non_null(text);
+    json_error_t e;
+    json_t *m = json_loadb(text, len, JSON_REJECT_DUPLICATES, &e);
+    if (!m)
+        fail_msg("%s: not JSON: %s (line %d)", path, e.text, e.line);
+    char *again = json_dumps(m, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+    assert_non_null(again);
+    const size_t n = strlen(again);
+    assert_int_equal(len, n + 1);
+    assert_int_equal(text[n], '\n');
+    if (memcmp(text, again, n) != 0) {
+        size_t i = 0;
+        while (text[i] == again[i])
+            i++;
+        fail_msg("%s: differs from jansson's dump at byte %zu", path, i);
+    }
+    const size_t nt = json_array_size(json_object_get(m, "tensors"));
+    free(again);
+    free(text);
+    json_decref(m);
+    return nt;
+}
+
+static void many_tensors_exact_format(void **s)
+{
+    (void)s;
+    char *tmp = tu_tmpdir("mfs");
+    char in[4096], out[4096];
+    snprintf(in, sizeof in, "%s/in", tmp);
+    assert_int_equal(mkdir(in, 0755), 0);
+    write_input(in);
+    const int ws[] = {1, 3};
+    for (size_t k = 0; k < 2; k++) {
+        snprintf(out, sizeof out, "%s/out%d", tmp, ws[k]);
+        assert_int_equal(tu_sh("%s convert '%s' '%s' -w %d --quiet", tu_bfshard(), in, out, ws[k]), 0);
+        snprintf(out, sizeof out, "%s/out%d/bfshard.manifest.json", tmp, ws[k]);
+        assert_int_equal(check_jansson_format(out), NT);
+        /* the odd names are there, escaped as jansson escapes them */
+        assert_int_equal(tu_sh("grep -qF '\"name\": \"ctl\\u0001\\u0002\\t\\n\\r\\u001F\x7f\"' '%s'", out), 0);
+        assert_int_equal(tu_sh("grep -qF '\"name\": \"q\\\"uote\\\"\"' '%s'", out), 0);
+        assert_int_equal(tu_sh("grep -qF '\"name\": \"caf\xc3\xa9.\xe6\x97\xa5\xe6\x9c\xac\"' '%s'", out), 0);
+        snprintf(out, sizeof out, "%s/out%d", tmp, ws[k]);
+        assert_int_equal(tu_sh("%s verify '%s' --quiet", tu_bfshard(), out), 0);
+    }
+    /* a part's manifest is streamed the same way */
+    snprintf(out, sizeof out, "%s/parts", tmp);
+    assert_int_equal(tu_sh("%s convert '%s' '%s' -w 3 --ranks 0,2 --quiet", tu_bfshard(), in, out), 0);
+    assert_int_equal(tu_sh("%s convert '%s' '%s' -w 3 --ranks 1 --quiet", tu_bfshard(), in, out), 0);
+    snprintf(out, sizeof out, "%s/parts/bfshard.part-0,2.json", tmp);
+    assert_int_equal(check_jansson_format(out), NT);
+    snprintf(out, sizeof out, "%s/parts", tmp);
+    assert_int_equal(tu_sh("%s merge '%s' --quiet && %s verify '%s' --quiet", tu_bfshard(), out, tu_bfshard(), out), 0);
+    /* merge's manifest (a whole tree, dumped at once) is byte for byte the streamed one,
+     * but for the build's revision and the seal */
+    assert_int_equal(tu_sh("cd '%s' && cmp -s parts/bfshard.manifest.json out3/bfshard.manifest.json", tmp), 0);
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
+static void failed_write_leaves_no_manifest(void **s)
+{
+    (void)s;
+    char *tmp = tu_tmpdir("mff");
+    char in[4096], out[4096];
+    snprintf(in, sizeof in, "%s/in", tmp);
+    assert_int_equal(mkdir(in, 0755), 0);
+    write_input(in);
+    snprintf(out, sizeof out, "%s/out", tmp);
+    /* the weights file (~0.2 MB) fits, the manifest (~1.7 MB) does not */
+    assert_int_equal(tu_sh("%s convert '%s' '%s/big' --quiet && test $(stat -c %%s '%s/big/bfshard.manifest.json') -gt "
+                           "1200000 && test $(stat -c %%s '%s'/big/shard-*.safetensors) -lt 600000",
+                           tu_bfshard(), in, tmp, tmp, tmp), 0);
+    assert_int_equal(tu_sh("bash -c 'ulimit -f 1000; exec %s convert \"%s\" \"%s\" --quiet' 2>'%s/err'", tu_bfshard(),
+                           in, out, tmp), 4);
+    assert_int_equal(tu_sh("grep -q 'bfshard.manifest.json' '%s/err'", tmp), 0);
+    assert_int_equal(tu_sh("test -e '%s/bfshard.manifest.json'", out), 1);
+    assert_int_equal(tu_sh("ls -A '%s' | grep -q partial", out), 1);
+    /* the rerun (resume) finishes and verifies */
+    assert_int_equal(tu_sh("%s convert '%s' '%s' --quiet && %s verify '%s' --quiet", tu_bfshard(), in, out,
+                           tu_bfshard(), out), 0);
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
+int main(void)
+{
+    signal(SIGXFSZ, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(many_tensors_exact_format),
+        cmocka_unit_test(failed_write_leaves_no_manifest),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
