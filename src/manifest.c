@@ -64,35 +64,50 @@ static json_t *bfs__shape_json(const uint64_t *s, int n)
     return a;
 }
 
+/* NULL when out of memory: jansson drops a NULL value silently, so every key is checked */
 static json_t *bfs__manifest_head(const bfs_manifest_in *mi)
 {
     const bfs_convert_opts *o = mi->o;
     json_t *m = json_object();
-    json_object_set_new(m, "tool", json_string("bfshard"));
-    json_object_set_new(m, "version", json_string(BFS_VERSION_STRING));
-    json_object_set_new(m, "revision", json_string(bfs_build_revision())); /* git describe of the build */
-    json_object_set_new(m, "manifest_version", json_integer(1));
-    json_object_set_new(m, "hash", json_string("XXH3-128 (canonical big-endian hex, as xxh128sum)"));
-    json_object_set_new(m, "plan_fingerprint", json_string(mi->fingerprint));
-    json_object_set_new(m, "options",
-                        json_pack("{s:i, s:s, s:s, s:b, s:I}", "world_size", o->world_size, "layout",
-                                  mi->plan->layout == BFS_LAYOUT_DCP ? "dcp" : "hf", "mxfp4_layout",
-                                  o->mxfp4_layout == BFS_MXFP4_HF ? "hf" : "openai", "keep_dtype", o->keep_dtype,
-                                  "max_shard_size", (json_int_t)o->max_shard_size));
+    bool ok = m != NULL;
+    ok = ok && json_object_set_new(m, "tool", json_string("bfshard")) == 0;
+    ok = ok && json_object_set_new(m, "version", json_string(BFS_VERSION_STRING)) == 0;
+    ok = ok && json_object_set_new(m, "revision", json_string(bfs_build_revision())) == 0; /* git describe of the build */
+    ok = ok && json_object_set_new(m, "manifest_version", json_integer(1)) == 0;
+    ok = ok && json_object_set_new(m, "hash", json_string("XXH3-128 (canonical big-endian hex, as xxh128sum)")) == 0;
+    ok = ok && json_object_set_new(m, "plan_fingerprint", json_string(mi->fingerprint)) == 0;
+    ok = ok && json_object_set_new(m, "options",
+                                   json_pack("{s:i, s:s, s:s, s:b, s:I}", "world_size", o->world_size, "layout",
+                                             mi->plan->layout == BFS_LAYOUT_DCP ? "dcp" : "hf", "mxfp4_layout",
+                                             o->mxfp4_layout == BFS_MXFP4_HF ? "hf" : "openai", "keep_dtype",
+                                             o->keep_dtype, "max_shard_size", (json_int_t)o->max_shard_size)) == 0;
     /* source.files[].content_xxh3_128: XXH3-128 of the canonical digests of the file's header
      * and of each tensor's data in file order, from the bytes the kernels read (srchash.c) */
     json_t *src = json_array();
-    for (int i = 0; i < mi->in->nfiles; i++)
-        json_array_append_new(src, json_pack("{s:s, s:I, s:o}", "name", mi->in->files[i].name, "size",
-                                             (json_int_t)mi->in->files[i].size, BFS_MF_SRC_HASH,
-                                             bfs__hash_val(mi->src_hex[i], !mi->src_mine || mi->src_mine[i])));
-    json_object_set_new(m, "source", json_pack("{s:o}", "files", src));
-    if (mi->in->config_json) {
-        json_t *cfg = json_loads(mi->in->config_json, 0, NULL);
+    for (int i = 0; ok && src && i < mi->in->nfiles; i++)
+        ok = json_array_append_new(src, json_pack("{s:s, s:I, s:o}", "name", mi->in->files[i].name, "size",
+                                                  (json_int_t)mi->in->files[i].size, BFS_MF_SRC_HASH,
+                                                  bfs__hash_val(mi->src_hex[i], !mi->src_mine || mi->src_mine[i]))) == 0;
+    if (!ok || !src || json_array_size(src) != (size_t)mi->in->nfiles) {
+        json_decref(src);
+        json_decref(m);
+        return NULL;
+    }
+    json_t *sobj = json_pack("{s:o}", "files", src);
+    ok = json_object_set_new(m, "source", sobj) == 0;
+    if (ok && mi->in->config_json) {
+        json_error_t jerr;
+        json_t *cfg = json_loads(mi->in->config_json, 0, &jerr);
         json_t *qc = cfg ? json_object_get(cfg, "quantization_config") : NULL;
-        if (qc)
-            json_object_set(json_object_get(m, "source"), "quantization_config", qc);
+        if (!cfg && json_error_code(&jerr) == json_error_out_of_memory)
+            ok = false;
+        if (qc && json_object_set(sobj, "quantization_config", qc) != 0)
+            ok = false;
         json_decref(cfg);
+    }
+    if (!ok) {
+        json_decref(m);
+        return NULL;
     }
     return m;
 }
@@ -104,10 +119,11 @@ static json_t *bfs__manifest_files(const bfs_manifest_in *mi)
     for (int f = 0; f < p->nfiles; f++) {
         json_t *e = json_pack("{s:s, s:I, s:o, s:s}", "name", p->files[f].name, "size", (json_int_t)p->files[f].size,
                               BFS_MF_HASH, bfs__hash_val(mi->file_hex[f], !mi->mine || mi->mine[f]), "kind", "weights");
-        if (p->layout == BFS_LAYOUT_DCP)
-            json_object_set_new(e, "rank", json_integer(f));
-        if (mi->zst && mi->zst[f])
-            json_object_set(e, "zst", mi->zst[f]);
+        if (e && ((p->layout == BFS_LAYOUT_DCP && json_object_set_new(e, "rank", json_integer(f)) != 0) ||
+                  (mi->zst && mi->zst[f] && json_object_set(e, "zst", mi->zst[f]) != 0))) {
+            json_decref(e); /* one file short: the caller counts them */
+            e = NULL;
+        }
         json_array_append_new(files, e);
     }
     for (size_t i = 0; i < json_array_size(mi->aux); i++)
@@ -171,8 +187,10 @@ static json_t *bfs__manifest_shards(const bfs_manifest_in *mi, size_t i, const s
                               "nbytes", (json_int_t)pc->nbytes, "shape", bfs__shape_json(shape, t->ndim),
                               "saved_offsets", bfs__shape_json(so, t->ndim), BFS_MF_HASH,
                               bfs__hash_val(mi->piece_hex[f][pi], !mi->mine || mi->mine[f]));
-        if (p->layout == BFS_LAYOUT_DCP)
-            json_object_set_new(s, "rank", json_integer(f));
+        if (p->layout == BFS_LAYOUT_DCP && s && json_object_set_new(s, "rank", json_integer(f)) != 0) {
+            json_decref(s); /* one shard short: the caller counts them */
+            s = NULL;
+        }
         json_array_append_new(shards, s);
     }
     return shards;
@@ -201,8 +219,12 @@ static json_t *bfs__manifest_tensor(const bfs_manifest_in *mi, size_t i, const s
     /* jansson answers an allocation failure with NULL, which json_*_append_new() drops
      * silently: count what was built, so that a short manifest is never written */
     shards = bfs__manifest_shards(mi, i, first, at);
-    whole = whole && json_array_size(shards) == first[i + 1] - first[i];
-    if (whole && json_object_set_new(e, "shards", shards) == 0)
+    if (!whole || json_array_size(shards) != first[i + 1] - first[i]) {
+        json_decref(shards);
+        json_decref(e);
+        return NULL;
+    }
+    if (json_object_set_new(e, "shards", shards) == 0) /* takes shards, also on failure */
         return e;
     json_decref(e);
     return NULL;

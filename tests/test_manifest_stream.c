@@ -9,28 +9,34 @@
  * disk: RLIMIT_FSIZE) leaves no manifest and no temporary, and a rerun finishes.
  */
 #include "testutil.h"
+#include "bfshard.h"
+
+#include <stdatomic.h>
 
 #include <jansson.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #define NT 3000
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-/* DIR/model.safetensors: NT BF16 tensors, rows 0..6 of 2 columns, a scalar, odd names */
-static void write_input(const char *dir)
+/* DIR/model.safetensors: nt BF16 tensors, rows 0..6 of 2 columns, a scalar, odd names */
+static void write_input_n(const char *dir, size_t nt)
 {
     static const char *odd[] = {"q\"uote\"", "back\\slash\\", "ctl\x01\x02\t\n\r\x1f\x7f", "caf\xc3\xa9.\xe6\x97\xa5\xe6\x9c\xac",
                                 "emoji\xf0\x9f\x98\x80", "slash/and space", "\\u0041 not an escape", "manifest_xxh3_128",
                                 "tensors", "\": \"tensors\": \""};
     const size_t nodd = sizeof odd / sizeof odd[0];
-    char **names = calloc(NT, sizeof *names);
+    char **names = calloc(nt, sizeof *names);
     assert_non_null(names);
-    for (size_t i = 0; i < NT; i++) {
+    for (size_t i = 0; i < nt; i++) {
         char b[128];
         if (i < nodd)
             snprintf(b, sizeof b, "%s", odd[i]);
@@ -38,10 +44,10 @@ static void write_input(const char *dir)
             snprintf(b, sizeof b, "model.layers.%zu.w\"%zu\\", i / 7, i);
         names[i] = strdup(b);
     }
-    qsort(names, NT, sizeof *names, cmp_str); /* data in the header's (sorted) order */
+    qsort(names, nt, sizeof *names, cmp_str); /* data in the header's (sorted) order */
     json_t *h = json_object();
     size_t off = 0;
-    for (size_t i = 0; i < NT; i++) {
+    for (size_t i = 0; i < nt; i++) {
         const size_t rows = i % 7; /* 0: a zero-element tensor */
         json_t *shape = i == 5 ? json_array() : json_pack("[I, i]", (json_int_t)rows, 2);
         const size_t nb = i == 5 ? 2 : rows * 4;
@@ -66,10 +72,12 @@ static void write_input(const char *dir)
     assert_int_equal(fclose(f), 0);
     free(text);
     json_decref(h);
-    for (size_t i = 0; i < NT; i++)
+    for (size_t i = 0; i < nt; i++)
         free(names[i]);
     free(names);
 }
+
+static void write_input(const char *dir) { write_input_n(dir, NT); }
 
 /* the file is jansson's dump of itself, plus '\n'; returns its tensors[] length */
 static size_t check_jansson_format(const char *path)
@@ -160,12 +168,83 @@ static void failed_write_leaves_no_manifest(void **s)
     free(tmp);
 }
 
+/* Every jansson allocation of a conversion failing in turn: the run fails (no manifest,
+ * no temporary) or its manifest is, byte for byte, the one of a run without failures. */
+static _Atomic long jn_left = -1; /* the allocation that fails: jn_left reaches 0 */
+static void *jn_malloc(size_t n) { return atomic_fetch_sub(&jn_left, 1) == 0 ? NULL : malloc(n); }
+
+static void jansson_failures_never_short(void **s)
+{
+    (void)s;
+    char *tmp = tu_tmpdir("mfo");
+    char in[4096], out[4096], mf[4096];
+    snprintf(in, sizeof in, "%s/in", tmp);
+    assert_int_equal(mkdir(in, 0755), 0);
+    write_input_n(in, 40);
+    bfs_convert_opts o;
+    bfs_convert_opts_init(&o);
+    o.world_size = 3;
+    o.device = "cpu";
+    o.threads = 1;
+    snprintf(out, sizeof out, "%s/ref", tmp);
+    json_set_alloc_funcs(jn_malloc, free);
+    jn_left = LONG_MAX;
+    assert_int_equal(bfs_convert(in, out, &o, NULL), 0);
+    const long total = LONG_MAX - jn_left;
+    jn_left = -1;
+    snprintf(mf, sizeof mf, "%s/bfshard.manifest.json", out);
+    size_t rlen = 0;
+    uint8_t *ref = tu_read_file(mf, &rlen);
+    assert_non_null(ref);
+    assert_true(total > 100);
+    int failed = 0, died = 0;
+    for (long k = 0; k < total; k += getenv("MF_OOM_ALL") ? 1 : 1 + total / 150) {
+        snprintf(out, sizeof out, "%s/o", tmp);
+        tu_rmrf(out);
+        /* in a child: jansson 2.14's parser itself may abort on an allocation failure
+         * (load.c lex_scan_string: assert(0)) -- a crash, never a short manifest */
+        const pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            jn_left = k;
+            const int rc = bfs_convert(in, out, &o, NULL);
+            _exit(rc < 0 ? -rc : rc);
+        }
+        int st = 0;
+        assert_int_equal(waitpid(pid, &st, 0), pid);
+        snprintf(mf, sizeof mf, "%s/o/bfshard.manifest.json", tmp);
+        size_t len = 0;
+        uint8_t *got = tu_read_file(mf, &len);
+        if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+            assert_non_null(got);
+            if (len != rlen || memcmp(got, ref, len) != 0)
+                fail_msg("allocation %ld of %ld failed: exit 0 with another manifest", k, total);
+        } else {
+            failed++;
+            died += !WIFEXITED(st);
+            if (got)
+                fail_msg("allocation %ld of %ld failed: status %#x, and a manifest", k, total, st);
+            if (WIFEXITED(st))
+                assert_int_equal(tu_sh("ls -A '%s' 2>/dev/null | grep -q partial", out), 1);
+        }
+        free(got);
+    }
+    if (died)
+        fprintf(stderr, "  %d runs died in jansson's parser (an allocation failure it asserts on)\n", died);
+    json_set_alloc_funcs(malloc, free);
+    assert_true(failed > 0);
+    free(ref);
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
 int main(void)
 {
     signal(SIGXFSZ, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(many_tensors_exact_format),
         cmocka_unit_test(failed_write_leaves_no_manifest),
+        cmocka_unit_test(jansson_failures_never_short),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
