@@ -168,8 +168,11 @@ static void failed_write_leaves_no_manifest(void **s)
     free(tmp);
 }
 
-/* Every jansson allocation of a conversion failing in turn: the run fails (no manifest,
- * no temporary) or its manifest is, byte for byte, the one of a run without failures. */
+/* Every jansson allocation of a conversion failing in turn (a sample of 150; all of them
+ * with MF_OOM_ALL=1, a few minutes): the run fails (no manifest, no temporary) or its
+ * manifest is, byte for byte, the one of a run without failures. Found: unchecked keys
+ * of the head ("revision" dropped) and of entries ("rank"), and json_dumps() itself
+ * (a dropped '"', bfs__json_text). */
 static _Atomic long jn_left = -1; /* the allocation that fails: jn_left reaches 0 */
 static void *jn_malloc(size_t n) { return atomic_fetch_sub(&jn_left, 1) == 0 ? NULL : malloc(n); }
 
