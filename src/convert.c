@@ -236,13 +236,13 @@ static int bfs__write_manifest(bfs_run *r)
                                 .src_hex = (const char (*)[33])r->src_hex, .file_hex = (const char (*)[33])r->file_hex,
                                 .piece_hex = r->piece_hex, .zst = r->zst, .aux = r->aux,
                                 .mine = r->mine, .src_mine = r->src_mine, .part = r->mine ? r->part : NULL};
-    int rc = bfs__manifest_build(&mi, &m);
+    int rc = bfs__manifest_build_head(&mi, &m);
     if (rc == 0 && r->mine) /* a part: its manifest only; bfs_merge writes the sums and the manifest */
-        rc = bfs__manifest_write_as(r->dirfd, r->outdir, r->pname, m);
+        rc = bfs__manifest_write_conv(r->dirfd, r->outdir, r->pname, &mi, m);
     else if (rc == 0)
         rc = bfs__manifest_write_sums(r->dirfd, r->outdir, json_object_get(m, "files"));
     if (rc == 0 && !r->mine)
-        rc = bfs__manifest_write(r->dirfd, r->outdir, m);
+        rc = bfs__manifest_write_conv(r->dirfd, r->outdir, BFS_MANIFEST_NAME, &mi, m);
     json_decref(m);
     return rc;
 }

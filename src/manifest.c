@@ -18,6 +18,8 @@
 #define BFS_MF_SRC_HASH "content_xxh3_128" /* source.files[]: srchash.c */
 #define BFS_MF_SEAL "manifest_xxh3_128"
 #define BFS_MF_ZERO_SEAL "00000000000000000000000000000000"
+/* the head's "tensors" until bfs__manifest_write_conv() writes the array in its place */
+#define BFS_MF_TENSORS_HOLE "bfshard: the tensors array goes here"
 
 void bfs__report(FILE *out, const char *fmt, ...)
 {
@@ -50,43 +52,62 @@ json_t *bfs__manifest_zst_entry(const char *zname, uint64_t size, const char *he
 /* a hash, or null where another part of the conversion knows it */
 static json_t *bfs__hash_val(const char *hex, bool known) { return known ? json_string(hex) : json_null(); }
 
+/* NULL when out of memory (never a short shape) */
 static json_t *bfs__shape_json(const uint64_t *s, int n)
 {
     json_t *a = json_array();
-    for (int d = 0; d < n; d++)
-        json_array_append_new(a, json_integer((json_int_t)s[d]));
+    for (int d = 0; a && d < n; d++)
+        if (json_array_append_new(a, json_integer((json_int_t)s[d])) != 0) {
+            json_decref(a);
+            a = NULL;
+        }
     return a;
 }
 
+/* NULL when out of memory: jansson drops a NULL value silently, so every key is checked */
 static json_t *bfs__manifest_head(const bfs_manifest_in *mi)
 {
     const bfs_convert_opts *o = mi->o;
     json_t *m = json_object();
-    json_object_set_new(m, "tool", json_string("bfshard"));
-    json_object_set_new(m, "version", json_string(BFS_VERSION_STRING));
-    json_object_set_new(m, "revision", json_string(bfs_build_revision())); /* git describe of the build */
-    json_object_set_new(m, "manifest_version", json_integer(1));
-    json_object_set_new(m, "hash", json_string("XXH3-128 (canonical big-endian hex, as xxh128sum)"));
-    json_object_set_new(m, "plan_fingerprint", json_string(mi->fingerprint));
-    json_object_set_new(m, "options",
-                        json_pack("{s:i, s:s, s:s, s:b, s:I}", "world_size", o->world_size, "layout",
-                                  mi->plan->layout == BFS_LAYOUT_DCP ? "dcp" : "hf", "mxfp4_layout",
-                                  o->mxfp4_layout == BFS_MXFP4_HF ? "hf" : "openai", "keep_dtype", o->keep_dtype,
-                                  "max_shard_size", (json_int_t)o->max_shard_size));
+    bool ok = m != NULL;
+    ok = ok && json_object_set_new(m, "tool", json_string("bfshard")) == 0;
+    ok = ok && json_object_set_new(m, "version", json_string(BFS_VERSION_STRING)) == 0;
+    ok = ok && json_object_set_new(m, "revision", json_string(bfs_build_revision())) == 0; /* git describe of the build */
+    ok = ok && json_object_set_new(m, "manifest_version", json_integer(1)) == 0;
+    ok = ok && json_object_set_new(m, "hash", json_string("XXH3-128 (canonical big-endian hex, as xxh128sum)")) == 0;
+    ok = ok && json_object_set_new(m, "plan_fingerprint", json_string(mi->fingerprint)) == 0;
+    ok = ok && json_object_set_new(m, "options",
+                                   json_pack("{s:i, s:s, s:s, s:b, s:I}", "world_size", o->world_size, "layout",
+                                             mi->plan->layout == BFS_LAYOUT_DCP ? "dcp" : "hf", "mxfp4_layout",
+                                             o->mxfp4_layout == BFS_MXFP4_HF ? "hf" : "openai", "keep_dtype",
+                                             o->keep_dtype, "max_shard_size", (json_int_t)o->max_shard_size)) == 0;
     /* source.files[].content_xxh3_128: XXH3-128 of the canonical digests of the file's header
      * and of each tensor's data in file order, from the bytes the kernels read (srchash.c) */
     json_t *src = json_array();
-    for (int i = 0; i < mi->in->nfiles; i++)
-        json_array_append_new(src, json_pack("{s:s, s:I, s:o}", "name", mi->in->files[i].name, "size",
-                                             (json_int_t)mi->in->files[i].size, BFS_MF_SRC_HASH,
-                                             bfs__hash_val(mi->src_hex[i], !mi->src_mine || mi->src_mine[i])));
-    json_object_set_new(m, "source", json_pack("{s:o}", "files", src));
-    if (mi->in->config_json) {
-        json_t *cfg = json_loads(mi->in->config_json, 0, NULL);
+    for (int i = 0; ok && src && i < mi->in->nfiles; i++)
+        ok = json_array_append_new(src, json_pack("{s:s, s:I, s:o}", "name", mi->in->files[i].name, "size",
+                                                  (json_int_t)mi->in->files[i].size, BFS_MF_SRC_HASH,
+                                                  bfs__hash_val(mi->src_hex[i], !mi->src_mine || mi->src_mine[i]))) == 0;
+    if (!ok || !src || json_array_size(src) != (size_t)mi->in->nfiles) {
+        json_decref(src);
+        json_decref(m);
+        return NULL;
+    }
+    json_t *sobj = json_pack("{s:o}", "files", src);
+    ok = json_object_set_new(m, "source", sobj) == 0;
+    if (ok && mi->in->config_json) {
+        json_error_t jerr;
+        json_t *cfg = json_loads(mi->in->config_json, 0, &jerr);
         json_t *qc = cfg ? json_object_get(cfg, "quantization_config") : NULL;
-        if (qc)
-            json_object_set(json_object_get(m, "source"), "quantization_config", qc);
+        if (!cfg && json_error_code(&jerr) == json_error_out_of_memory)
+            ok = false;
+        if (qc && json_object_set(sobj, "quantization_config", qc) != 0)
+            ok = false;
         json_decref(cfg);
+    }
+    if (!ok) {
+        json_decref(m);
+        return NULL;
     }
     return m;
 }
@@ -98,10 +119,11 @@ static json_t *bfs__manifest_files(const bfs_manifest_in *mi)
     for (int f = 0; f < p->nfiles; f++) {
         json_t *e = json_pack("{s:s, s:I, s:o, s:s}", "name", p->files[f].name, "size", (json_int_t)p->files[f].size,
                               BFS_MF_HASH, bfs__hash_val(mi->file_hex[f], !mi->mine || mi->mine[f]), "kind", "weights");
-        if (p->layout == BFS_LAYOUT_DCP)
-            json_object_set_new(e, "rank", json_integer(f));
-        if (mi->zst && mi->zst[f])
-            json_object_set(e, "zst", mi->zst[f]);
+        if (e && ((p->layout == BFS_LAYOUT_DCP && json_object_set_new(e, "rank", json_integer(f)) != 0) ||
+                  (mi->zst && mi->zst[f] && json_object_set(e, "zst", mi->zst[f]) != 0))) {
+            json_decref(e); /* one file short: the caller counts them */
+            e = NULL;
+        }
         json_array_append_new(files, e);
     }
     for (size_t i = 0; i < json_array_size(mi->aux); i++)
@@ -165,57 +187,61 @@ static json_t *bfs__manifest_shards(const bfs_manifest_in *mi, size_t i, const s
                               "nbytes", (json_int_t)pc->nbytes, "shape", bfs__shape_json(shape, t->ndim),
                               "saved_offsets", bfs__shape_json(so, t->ndim), BFS_MF_HASH,
                               bfs__hash_val(mi->piece_hex[f][pi], !mi->mine || mi->mine[f]));
-        if (p->layout == BFS_LAYOUT_DCP)
-            json_object_set_new(s, "rank", json_integer(f));
+        if (p->layout == BFS_LAYOUT_DCP && s && json_object_set_new(s, "rank", json_integer(f)) != 0) {
+            json_decref(s); /* one shard short: the caller counts them */
+            s = NULL;
+        }
         json_array_append_new(shards, s);
     }
     return shards;
 }
 
-static json_t *bfs__manifest_tensors(const bfs_manifest_in *mi)
+/* tensors[i], complete (its shards counted), or NULL when out of memory */
+static json_t *bfs__manifest_tensor(const bfs_manifest_in *mi, size_t i, const size_t *first, const bfs_piece_at *at)
 {
     const bfs_plan *p = mi->plan;
-    size_t *first = NULL;
-    bfs_piece_at *at = NULL;
-    if (bfs__pieces_by_tensor(p, &first, &at) < 0)
+    const bfs_ltensor *t = &p->t[i];
+    json_t *srcs = json_array(), *shards = NULL, *e = NULL;
+    bool whole = srcs != NULL;
+    for (int k = 0; whole && k < t->nsrc; k++)
+        whole = json_array_append_new(srcs, json_string(t->src[k]->st->name)) == 0;
+    if (!whole) {
+        json_decref(srcs);
         return NULL;
-    json_t *tensors = json_array();
-    for (size_t i = 0; i < p->nt; i++) {
-        const bfs_ltensor *t = &p->t[i];
-        json_t *srcs = json_array();
-        for (int k = 0; k < t->nsrc; k++)
-            json_array_append_new(srcs, json_string(t->src[k]->st->name));
-        json_t *e = json_pack("{s:s, s:s, s:o, s:s, s:s, s:o}", "name", t->name, "dtype", bfs__dtype_name(t->out_dtype),
-                              "shape", bfs__shape_json(t->shape, t->ndim), "format", bfs__kind_name(t), "transform",
-                              t->transform, "sources", srcs);
-        json_object_set_new(e, "action", json_string(bfs__kind_action(t)));
-        if (t->kind == BFS_K_BNB4 || t->kind == BFS_K_CAST || (t->kind == BFS_K_PASS && t->out_dtype != t->src_dtype))
-            json_object_set_new(e, "source_dtype", json_string(bfs__dtype_name(t->src_dtype)));
-        json_object_set_new(e, "shards", bfs__manifest_shards(mi, i, first, at));
-        json_array_append_new(tensors, e);
     }
-    free(first);
-    free(at);
-    return tensors;
+    e = json_pack("{s:s, s:s, s:o, s:s, s:s, s:o}", "name", t->name, "dtype", bfs__dtype_name(t->out_dtype), "shape",
+                  bfs__shape_json(t->shape, t->ndim), "format", bfs__kind_name(t), "transform", t->transform,
+                  "sources", srcs);
+    whole = e && json_object_set_new(e, "action", json_string(bfs__kind_action(t))) == 0;
+    if (whole &&
+        (t->kind == BFS_K_BNB4 || t->kind == BFS_K_CAST || (t->kind == BFS_K_PASS && t->out_dtype != t->src_dtype)))
+        whole = json_object_set_new(e, "source_dtype", json_string(bfs__dtype_name(t->src_dtype))) == 0;
+    /* jansson answers an allocation failure with NULL, which json_*_append_new() drops
+     * silently: count what was built, so that a short manifest is never written */
+    shards = bfs__manifest_shards(mi, i, first, at);
+    if (!whole || json_array_size(shards) != first[i + 1] - first[i]) {
+        json_decref(shards);
+        json_decref(e);
+        return NULL;
+    }
+    if (json_object_set_new(e, "shards", shards) == 0) /* takes shards, also on failure */
+        return e;
+    json_decref(e);
+    return NULL;
 }
 
-int bfs__manifest_build(const bfs_manifest_in *mi, json_t **out)
+int bfs__manifest_build_head(const bfs_manifest_in *mi, json_t **out)
 {
     json_t *m = bfs__manifest_head(mi);
     *out = NULL;
     if (!m)
         return bfs__err(BFS_ENOMEM, "out of memory building the manifest");
-    json_t *files = bfs__manifest_files(mi), *tensors = bfs__manifest_tensors(mi);
+    json_t *files = bfs__manifest_files(mi);
     /* jansson answers an allocation failure with NULL, which json_*_append_new() drops
      * silently: count what was built, so that a short manifest is never written */
-    size_t pieces = 0, shards = 0;
-    for (int f = 0; f < mi->plan->nfiles; f++)
-        pieces += mi->plan->files[f].npieces;
-    for (size_t i = 0; i < json_array_size(tensors); i++)
-        shards += json_array_size(json_object_get(json_array_get(tensors, i), "shards"));
-    bool whole = files && tensors && json_array_size(files) == (size_t)mi->plan->nfiles + json_array_size(mi->aux) &&
-                 json_array_size(tensors) == mi->plan->nt && shards == pieces;
-    if (json_object_set_new(m, "files", files) != 0 || json_object_set_new(m, "tensors", tensors) != 0)
+    bool whole = files && json_array_size(files) == (size_t)mi->plan->nfiles + json_array_size(mi->aux);
+    if (json_object_set_new(m, "files", files) != 0 ||
+        json_object_set_new(m, "tensors", json_string(BFS_MF_TENSORS_HOLE)) != 0) /* bfs__manifest_write_conv */
         whole = false;
     if (mi->plan->ndropped) { /* input tensors with no output (docs/FORMATS.md 6.0) */
         json_t *d = json_array();
@@ -339,6 +365,134 @@ int bfs__manifest_write_as(int dirfd, const char *outdir, const char *name, json
     int rc = bfs__manifest_seal(text, n);
     if (rc == 0)
         rc = bfs__write_durable(dirfd, outdir, name, text, n);
+    free(text);
+    return rc;
+}
+
+/* ---- a conversion's manifest, streamed ----------------------------------------------------
+ * tensors[] has an object per tensor and one per piece (1.6M pieces for 200k tensors at
+ * W = 8): it is never a tree in memory. The head (bfs__manifest_build_head: every key,
+ * "tensors" a placeholder string) is dumped whole, and the array goes in the
+ * placeholder's place one tensor at a time: built as a small tree, dumped, freed. The
+ * bytes are exactly json_dumps() of the whole tree with JSON_INDENT(1) |
+ * JSON_PRESERVE_ORDER, plus '\n': a tensor is at depth 2, so its own dump gets two
+ * spaces after each '\n' (a JSON string never holds a raw newline), and the array's
+ * frame is jansson's, "[\n  " A ",\n  " B "\n ]", or "[]" when empty. The seal is
+ * hashed as the bytes go out (the zero seal in place) and then written at its offset,
+ * before the commit: temp file, fdatasync, rename, directory fsync (durable.h). */
+#define BFS_MF_TENSORS_KEY "\n \"tensors\": " /* only a key of the top object follows "\n " */
+#define BFS_MF_BUF ((size_t)1 << 20)
+
+typedef struct {
+    int fd;
+    const char *what; /* the temporary's path, for messages */
+    char *buf;
+    size_t n;         /* bytes in buf */
+    uint64_t off;     /* bytes written before them */
+    XXH3_state_t *st; /* of every byte handed over */
+    int rc;           /* the first error; then nothing more is written */
+} bfs_mf_out;
+
+static void bfs__mf_flush(bfs_mf_out *w)
+{
+    if (w->rc == 0 && w->n) {
+        XXH3_128bits_update(w->st, w->buf, w->n);
+        w->rc = bfs__pwrite_all(w->fd, w->buf, w->n, w->off, w->what);
+        w->off += w->n;
+    }
+    w->n = 0;
+}
+
+static void bfs__mf_put(bfs_mf_out *w, const char *s, size_t len)
+{
+    while (len && w->rc == 0) {
+        if (w->n == BFS_MF_BUF)
+            bfs__mf_flush(w);
+        const size_t k = len < BFS_MF_BUF - w->n ? len : BFS_MF_BUF - w->n;
+        memcpy(w->buf + w->n, s, k);
+        w->n += k;
+        s += k;
+        len -= k;
+    }
+}
+
+static void bfs__mf_puts(bfs_mf_out *w, const char *s) { bfs__mf_put(w, s, strlen(s)); }
+
+/* json_dump_callback()'s sink for a tensor: depth 2 */
+static int bfs__mf_put_tensor(const char *s, size_t len, void *data)
+{
+    bfs_mf_out *w = data;
+    const char *nl;
+    while ((nl = memchr(s, '\n', len)) != NULL) {
+        const size_t k = (size_t)(nl - s) + 1;
+        bfs__mf_put(w, s, k);
+        bfs__mf_put(w, "  ", 2);
+        s += k;
+        len -= k;
+    }
+    bfs__mf_put(w, s, len);
+    return w->rc < 0 ? -1 : 0;
+}
+
+int bfs__manifest_write_conv(int dirfd, const char *outdir, const char *name, const bfs_manifest_in *mi,
+                             const json_t *head)
+{
+    const size_t flags = JSON_INDENT(1) | JSON_PRESERVE_ORDER, kl = strlen(BFS_MF_TENSORS_KEY);
+    const size_t hl = strlen("\"" BFS_MF_TENSORS_HOLE "\"");
+    const bfs_plan *p = mi->plan;
+    int rc = 0;
+    bfs_tmpfile t = {.fd = -1, .dirfd = -1};
+    bfs_mf_out w = {.fd = -1};
+    size_t *first = NULL, len = 0, shards = 0, pieces = 0;
+    bfs_piece_at *at = NULL;
+    char *text = bfs__json_text(head, flags, &len), *key = NULL, what[PATH_MAX + NAME_MAX + 32], hex[33];
+    if (!text)
+        BFS_FAIL(BFS_ENOMEM, "out of memory building the manifest");
+    key = memmem(text, len, BFS_MF_TENSORS_KEY, kl);
+    char *const hole = key ? key + kl : NULL, *const tail = hole ? hole + hl : NULL;
+    char *const seal = tail && (size_t)(tail - text) <= len && !memcmp(hole, "\"" BFS_MF_TENSORS_HOLE "\"", hl)
+                           ? bfs__seal_find(tail, len - (size_t)(tail - text)) : NULL;
+    if (!seal)
+        BFS_FAIL(BFS_EINTERNAL, "manifest head without its tensors placeholder or its seal");
+    BFS_TRY(bfs__pieces_by_tensor(p, &first, &at));
+    for (int f = 0; f < p->nfiles; f++)
+        pieces += p->files[f].npieces;
+    w.buf = malloc(BFS_MF_BUF);
+    w.st = XXH3_createState();
+    if (!w.buf || !w.st || XXH3_128bits_reset(w.st) != XXH_OK)
+        BFS_FAIL(BFS_ENOMEM, "out of memory writing the manifest");
+    BFS_TRY(bfs__tmp_open(&t, dirfd, outdir, name));
+    snprintf(what, sizeof what, "%s/%s", t.dir, t.tmp);
+    w.fd = t.fd;
+    w.what = what;
+    bfs__mf_put(&w, text, (size_t)(hole - text));
+    bfs__mf_puts(&w, p->nt ? "[\n  " : "[]");
+    for (size_t i = 0; i < p->nt && w.rc == 0; i++) {
+        json_t *e = bfs__manifest_tensor(mi, i, first, at);
+        if (!e)
+            BFS_FAIL(BFS_ENOMEM, "out of memory building the manifest");
+        shards += first[i + 1] - first[i];
+        const int drc = json_dump_callback(e, bfs__mf_put_tensor, &w, flags);
+        json_decref(e);
+        if (drc != 0 && w.rc == 0)
+            BFS_FAIL(BFS_ENOMEM, "out of memory writing the manifest");
+        bfs__mf_puts(&w, i + 1 < p->nt ? ",\n  " : "\n ]");
+    }
+    const uint64_t seal_at = w.off + w.n + (uint64_t)(seal - tail);
+    bfs__mf_put(&w, tail, len - (size_t)(tail - text));
+    bfs__mf_flush(&w);
+    BFS_TRY(w.rc);
+    if (shards != pieces) /* every tensor, every shard: never a short manifest */
+        BFS_FAIL(BFS_EINTERNAL, "manifest of %zu shards for %zu pieces", shards, pieces);
+    bfs__hash_hex(XXH3_128bits_digest(w.st), hex);
+    BFS_TRY(bfs__pwrite_all(t.fd, hex, 32, seal_at, what));
+    BFS_TRY(bfs__tmp_commit(&t));
+cleanup:
+    bfs__tmp_abort(&t);
+    XXH3_freeState(w.st);
+    free(w.buf);
+    free(first);
+    free(at);
     free(text);
     return rc;
 }

@@ -40,8 +40,14 @@ typedef struct bfs_manifest_file {
     json_t *zst;        /* the compressed copy's entry, or NULL */
 } bfs_manifest_file;
 
-/* The complete manifest of a finished conversion (new reference), sealed on write. */
-int bfs__manifest_build(const bfs_manifest_in *mi, json_t **out);
+/* The manifest of a finished conversion but its tensors (new reference): "tensors" is a
+ * placeholder, for bfs__manifest_write_conv(). "files" is whole (xxh128sums.txt). */
+int bfs__manifest_build_head(const bfs_manifest_in *mi, json_t **out);
+/* Write it as OUTDIR's `name`, durably and sealed, with the tensors array streamed in the
+ * placeholder's place, one tensor at a time: memory does not grow with the tensors, and
+ * the bytes are those of bfs__manifest_write_as() of the whole tree. */
+int bfs__manifest_write_conv(int dirfd, const char *outdir, const char *name, const bfs_manifest_in *mi,
+                             const json_t *head);
 /* files[] entry of a small file we wrote beside the weights (new reference, NULL when out of memory). */
 json_t *bfs__manifest_aux_entry(const char *name, uint64_t size, const char *hex, const char *kind);
 /* files[].zst entry of a compressed copy (new reference, NULL when out of memory). */

@@ -143,21 +143,47 @@ cleanup:
     return rc;
 }
 
-/* json_dumps plus a final newline, as a text file should end; NULL when out of memory. */
+/* json_dumps plus a final newline, as a text file should end; NULL when out of memory.
+ * Not json_dumps() itself: jansson (2.14) ignores a failed write of an object's key, so
+ * one failed allocation of its buffer can drop a '"' and the dump still succeeds. Here a
+ * failure is sticky: every later write fails too, and the dump with it. */
+typedef struct {
+    char *buf;
+    size_t n, cap;
+    bool failed;
+} bfs_json_buf;
+
+static int bfs__json_buf_put(const char *s, size_t len, void *data)
+{
+    bfs_json_buf *b = data;
+    if (!b->failed && len + 2 > b->cap - b->n) { /* room for the '\n' and the NUL too */
+        size_t nc = b->cap ? b->cap : 4096;
+        while (nc - b->n < len + 2 && nc <= SIZE_MAX / 2)
+            nc *= 2;
+        char *nb = nc - b->n >= len + 2 ? realloc(b->buf, nc) : NULL;
+        if (nb) {
+            b->buf = nb;
+            b->cap = nc;
+        } else
+            b->failed = true;
+    }
+    if (b->failed)
+        return -1;
+    memcpy(b->buf + b->n, s, len);
+    b->n += len;
+    return 0;
+}
+
 char *bfs__json_text(const json_t *j, size_t flags, size_t *len)
 {
-    char *text = json_dumps(j, flags);
-    if (!text)
-        return NULL;
-    const size_t n = strlen(text);
-    char *t2 = realloc(text, n + 2);
-    if (!t2) {
-        free(text);
+    bfs_json_buf b = {0};
+    if (json_dump_callback(j, bfs__json_buf_put, &b, flags) != 0 || b.failed || bfs__json_buf_put("", 0, &b) != 0) {
+        free(b.buf);
         return NULL;
     }
-    t2[n] = '\n';
-    t2[n + 1] = '\0';
+    b.buf[b.n] = '\n';
+    b.buf[b.n + 1] = '\0';
     if (len)
-        *len = n + 1;
-    return t2;
+        *len = b.n + 1;
+    return b.buf;
 }
