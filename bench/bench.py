@@ -43,9 +43,10 @@ TARGETS = {
     "rss_growth": 1.05,        # peak RSS of the 4x larger checkpoint <= 1.05x the smaller one's
     "time_linear": 4.2,        # wall time of the 4x larger checkpoint <= 4.2x the smaller one's
     "rss_predicted": 0.10,     # measured peak RSS within 10% of `inspect`'s prediction
-    "tiny_tensors_per_s": 50000,  # many tiny tensors (--tiny): >= 50k tensors/s end to end, W = 1 and 8
 }
-INFO_ONLY = {"thread_efficiency": 0.8}  # reported, not a bar: near-linear would be >= 0.8
+# reported, not bars of issue 15: near-linear thread scaling would be >= 0.8; the project's
+# own aim for many tiny tensors (--tiny) is >= 50k tensors/s end to end at W = 1 and 8
+INFO_ONLY = {"thread_efficiency": 0.8, "tiny_tensors_per_s": 50000}
 
 
 def log(*a):
@@ -720,7 +721,7 @@ class Bench:
                     "rss_growth": "4x model: peak RSS <= %.2fx",
                     "time_linear": "4x model: time <= %.1fx (per byte x4)",
                     "rss_predicted": "peak RSS within %.2f of inspect",
-                    "tiny_tensors_per_s": "tiny tensors: >= %.0f tensors/s"}[key] % lim
+                    "tiny_tensors_per_s": "(info) tiny tensors, aim >= %.0f tensors/s"}[key] % lim
             detail = ", ".join(
                 f"{x.get('op') or x.get('model') or x.get('what') or ''} {x[field]:.2f}".strip() for x in items)
             tag = ("PASS" if ok else "FAIL") if key in TARGETS else "info"
