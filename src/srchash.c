@@ -29,9 +29,33 @@
 #include "srchash.h"
 #include "bfs_io.h"
 #include "formats/format.h"
+#include "writer.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+/* Bytes no kernel read (a part's view of other parts' rows, what is left after its last
+ * unit, tensors only the planner read) are hashed through the map in windows of
+ * BFS_SRC_HASH_WINDOW, each window's whole pages dropped from the mapping behind it
+ * (MADV_DONTNEED: a read-only file map re-faults them if read again), so that a part's
+ * resident set does not grow with the source files it owns -- the memory model counts
+ * one window. */
+
+static void bfs__hash_mapped(XXH3_state_t *st, const uint8_t *p, uint64_t n)
+{
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    for (uint64_t o = 0; o < n;) {
+        const size_t w = n - o < BFS_SRC_HASH_WINDOW ? (size_t)(n - o) : BFS_SRC_HASH_WINDOW;
+        XXH3_128bits_update(st, p + o, w);
+        const uintptr_t a = ((uintptr_t)(p + o) + pg - 1) / pg * pg, b = (uintptr_t)(p + o + w) / pg * pg;
+        if (b > a)
+            (void)madvise((void *)a, b - a, MADV_DONTNEED);
+        o += w;
+    }
+}
 
 typedef struct {
     uint64_t cursor;     /* bytes hashed, [0, cursor) of the tensor's data */
@@ -102,13 +126,14 @@ static int bfs__srchash_range(bfs_srchash *h, const bfs_raw *r, uint64_t off, ui
     const uint64_t end = off + len;
     if (end <= t->cursor || len == 0)
         return 0;
+    uint64_t kread = off; /* where the kernel's read begins */
     if (h->mine && off > t->cursor && end <= r->nbytes)
         off = t->cursor; /* a part: the rows before are another part's, read here */
     if (off > t->cursor || end > r->nbytes)
         return bfs__err(BFS_EINTERNAL, "%s: tensor \"%s\": source bytes [%llu, %llu) read before [%llu, %llu)",
                         h->in->files[r->file].path, r->st->name, (unsigned long long)off, (unsigned long long)end,
                         (unsigned long long)t->cursor, (unsigned long long)off);
-    if (t->cursor == 0 && end == r->nbytes) { /* the whole tensor at once: no streaming state */
+    if (t->cursor == 0 && end == r->nbytes && kread == 0) { /* the whole tensor at once: no streaming state */
         XXH128_canonicalFromHash(&t->digest, XXH3_128bits(r->data, (size_t)end));
         t->cursor = end;
         t->done = true;
@@ -120,7 +145,11 @@ static int bfs__srchash_range(bfs_srchash *h, const bfs_raw *r, uint64_t off, ui
             return bfs__err(BFS_ENOMEM, "out of memory hashing tensor \"%s\"", r->st->name);
         XXH3_128bits_reset(t->st);
     }
-    XXH3_128bits_update(t->st, r->data + t->cursor, (size_t)(end - t->cursor));
+    if (kread > t->cursor) /* bytes before the kernel's range: no kernel read them */
+        bfs__hash_mapped(t->st, r->data + t->cursor, kread - t->cursor);
+    else
+        kread = t->cursor;
+    XXH3_128bits_update(t->st, r->data + kread, (size_t)(end - kread));
     t->cursor = end;
     if (t->cursor == r->nbytes) {
         XXH128_canonicalFromHash(&t->digest, XXH3_128bits_digest(t->st));
@@ -154,13 +183,23 @@ int bfs__srchash_finish(bfs_srchash *h, char (*hex)[33])
         if (t->done)
             continue;
         if (r->nbytes == 0 || t->cursor == 0) { /* empty, or read by the planner only */
-            XXH128_canonicalFromHash(&t->digest, XXH3_128bits(r->data, (size_t)r->nbytes));
+            XXH3_state_t *ts = XXH3_createState();
+            if (!ts)
+                return bfs__err(BFS_ENOMEM, "out of memory hashing tensor \"%s\"", r->st->name);
+            XXH3_128bits_reset(ts);
+            bfs__hash_mapped(ts, r->data, r->nbytes);
+            XXH128_canonicalFromHash(&t->digest, XXH3_128bits_digest(ts));
+            XXH3_freeState(ts);
             t->done = true;
             continue;
         }
-        const int rc = bfs__srchash_range(h, r, t->cursor, r->nbytes - t->cursor);
-        if (rc < 0)
-            return rc;
+        /* the rest after its last unit: no kernel reads it */
+        bfs__hash_mapped(t->st, r->data + t->cursor, r->nbytes - t->cursor);
+        XXH128_canonicalFromHash(&t->digest, XXH3_128bits_digest(t->st));
+        XXH3_freeState(t->st);
+        t->st = NULL;
+        t->cursor = r->nbytes;
+        t->done = true;
     }
     XXH3_state_t *st = XXH3_createState();
     if (!st)
