@@ -304,6 +304,8 @@ const char *bfs__esc(const char *s, char *buf, size_t cap);
 /* json_dumps(j, flags) plus a final newline; *len excludes the NUL. NULL when out of memory. */
 struct json_t;
 char *bfs__json_text(const struct json_t *j, size_t flags, size_t *len);
+/* json_dumps(j, flags) that fails instead of dropping a character when out of memory */
+char *bfs__json_dump(const struct json_t *j, size_t flags);
 int bfs__read_small_file(const char *path, size_t max, char **out, size_t *len);
 
 

@@ -251,11 +251,17 @@ static int bfs__write_hf_index(bfs_run *r)
 {
     const bfs_plan *p = r->plan;
     json_t *wm = json_object();
+    bool whole = wm != NULL; /* an entry jansson failed to add must not give a short index */
     for (int f = 0; f < p->nfiles; f++)
         for (size_t pi = 0; pi < p->files[f].npieces; pi++)
-            json_object_set_new(wm, p->t[p->files[f].pieces[pi].tensor].name, json_string(p->files[f].name));
+            if (json_object_set_new(wm, p->t[p->files[f].pieces[pi].tensor].name, json_string(p->files[f].name)) != 0)
+                whole = false;
+    if (!whole) {
+        json_decref(wm);
+        return bfs__err(BFS_ENOMEM, "out of memory building model.safetensors.index.json");
+    }
     json_t *root = json_pack("{s:{s:I}, s:o}", "metadata", "total_size", (json_int_t)p->total_bytes, "weight_map", wm);
-    char *text = json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS);
+    char *text = bfs__json_dump(root, JSON_INDENT(2) | JSON_SORT_KEYS);
     json_decref(root);
     if (!text)
         return bfs__err(BFS_ENOMEM, "out of memory");

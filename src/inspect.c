@@ -228,7 +228,7 @@ int bfs_inspect(const char *input_arg, const bfs_convert_opts *o_arg, int as_jso
                                   (json_int_t)mm.fixed, "process", (json_int_t)(rss ? rss - mm.buffers - mm.input - mm.fixed : 0)));
 
     if (as_json) {
-        char *s = json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+        char *s = bfs__json_dump(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
         if (!s)
             BFS_FAIL(BFS_ENOMEM, "out of memory");
         fprintf(out, "%s\n", s);

@@ -27,7 +27,7 @@ static bool bfs__exists(const char *dir, const char *name)
 
 static int bfs__print_json(FILE *out, const json_t *root)
 {
-    char *s = json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+    char *s = bfs__json_dump(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     if (!s)
         return bfs__err(BFS_ENOMEM, "out of memory");
     fprintf(out, "%s\n", s);

@@ -166,7 +166,7 @@ static int bfs__cmp_file_order(const void *a, const void *b, void *arg)
 }
 
 /* ---- the header text, written directly (jansson for 200k tensors x ranks costs seconds):
- * byte for byte what json_dumps(JSON_COMPACT) makes of the same object, keys in insertion
+ * byte for byte what bfs__json_dump(JSON_COMPACT) makes of the same object, keys in insertion
  * order; a string holding a control character is escaped by jansson itself. */
 typedef struct {
     char *p;
@@ -209,7 +209,7 @@ static void bfs__sb_json_str(bfs_sbuf *b, const char *s, size_t n)
     for (size_t i = 0; i < n; i++)
         if ((unsigned char)s[i] < 0x20) { /* \n, \u001f...: jansson's own escapes */
             json_t *j = json_stringn(s, n);
-            char *t = j ? json_dumps(j, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+            char *t = j ? bfs__json_dump(j, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
             if (t)
                 bfs__sb_str(b, t);
             else

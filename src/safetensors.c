@@ -60,7 +60,7 @@ void bfs__st_put_len(uint8_t prefix[8], uint64_t n)
 char *bfs__st_header_text(const json_t *hdr, size_t align, size_t *len)
 {
     assert(align > 0);
-    char *text = json_dumps(hdr, JSON_COMPACT);
+    char *text = bfs__json_dump(hdr, JSON_COMPACT);
     if (!text)
         return NULL;
     const size_t n = strlen(text), hl = ((8 + n + align - 1) / align) * align - 8;
@@ -132,7 +132,7 @@ int bfs__st_parse(const uint8_t *buf, uint64_t file_size, const char *what, bfs_
                 if (!json_is_string(mv))
                     BFS_FAIL(BFS_EINPUT, "%s: __metadata__ value of \"%s\" is not a string", what, mk);
             }
-            h->metadata_json = json_dumps(val, JSON_COMPACT | JSON_SORT_KEYS);
+            h->metadata_json = bfs__json_dump(val, JSON_COMPACT | JSON_SORT_KEYS);
             continue;
         }
         bfs_st_tensor *t = &h->t[h->n];

@@ -174,6 +174,18 @@ static int bfs__json_buf_put(const char *s, size_t len, void *data)
     return 0;
 }
 
+/* json_dumps() without its silent truncation (see above): the text alone, NUL-ended */
+char *bfs__json_dump(const json_t *j, size_t flags)
+{
+    bfs_json_buf b = {0};
+    if (json_dump_callback(j, bfs__json_buf_put, &b, flags) != 0 || b.failed || bfs__json_buf_put("", 0, &b) != 0) {
+        free(b.buf);
+        return NULL;
+    }
+    b.buf[b.n] = '\0';
+    return b.buf;
+}
+
 char *bfs__json_text(const json_t *j, size_t flags, size_t *len)
 {
     bfs_json_buf b = {0};
