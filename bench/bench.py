@@ -438,46 +438,33 @@ class Bench:
     # ---- (e) inspect's predicted peak RSS vs the measured one ----
     def mem_predict(self):
         out = []
+        # every W x --mem, and a part: inspect --ranks predicts the files convert --ranks writes
+        cases = [(W, mem, None) for W in (1, 8) for mem in ("64M", "256M", "1G")] + [(8, "256M", "0")]
         for L in self.a.mem_layers:
             inp = self.dataset("gpt-oss", L)
-            for W in (1, 8):
-                for mem in ("64M", "256M", "1G"):
-                    p = subprocess.run([self.bfshard, "inspect", inp, "--world-size", str(W), "--mem", mem, "--json"], capture_output=True, text=True)
-                    try:
-                        pred = json.loads(p.stdout)["memory"]["peak_rss"]["predicted"]
-                    except (ValueError, KeyError):
-                        self.note(f"inspect --mem {mem} gave no peak_rss: {p.stderr.strip()[:200]}")
-                        continue
-                    o = os.path.join(self.disk, "mem-out")
-                    rmtree(o)
-                    c = self.convert_cmd(inp, o, world=W) + ["--mem", mem]
-                    r = timed(c)
-                    rmtree(o)
-                    if r["rc"] != 0:
-                        self.note(f"convert --mem {mem} failed: {r.get('stderr', '')[-300:]}")
-                        continue
-                    log(f"mem: L{L} W{W} --mem {mem}: predicted {pred / 1e6:.1f} MB, measured {r['max_rss_kb'] / 1e3:.1f} MB")
-                    out.append({"layers": L, "world": W, "mem": mem, "predicted": pred, "measured": r["max_rss_kb"] * 1024,
-                                "wall_s": r["wall_s"]})
-            # a part: inspect --ranks predicts the files convert --ranks writes
-            W, mem, ranks = 8, "256M", "0"
-            p = subprocess.run([self.bfshard, "inspect", inp, "--world-size", str(W), "--mem", mem, "--ranks", ranks,
-                                "--json"], capture_output=True, text=True)
-            try:
-                pred = json.loads(p.stdout)["memory"]["peak_rss"]["predicted"]
-            except (ValueError, KeyError):
-                self.note(f"inspect --ranks {ranks} gave no peak_rss: {p.stderr.strip()[:200]}")
-                continue
-            o = os.path.join(self.disk, "mem-out")
-            rmtree(o)
-            r = timed(self.convert_cmd(inp, o, world=W) + ["--mem", mem, "--ranks", ranks])
-            rmtree(o)
-            if r["rc"] != 0:
-                self.note(f"convert --ranks {ranks} failed: {r.get('stderr', '')[-300:]}")
-                continue
-            log(f"mem: L{L} W{W} --mem {mem} --ranks {ranks}: predicted {pred / 1e6:.1f} MB, measured {r['max_rss_kb'] / 1e3:.1f} MB")
-            out.append({"layers": L, "world": W, "mem": mem, "ranks": ranks, "predicted": pred,
-                        "measured": r["max_rss_kb"] * 1024, "wall_s": r["wall_s"]})
+            for W, mem, ranks in cases:
+                extra = ["--mem", mem] + (["--ranks", ranks] if ranks else [])
+                what = f"--mem {mem}" + (f" --ranks {ranks}" if ranks else "")
+                p = subprocess.run([self.bfshard, "inspect", inp, "--world-size", str(W), "--json"] + extra,
+                                   capture_output=True, text=True)
+                try:
+                    pred = json.loads(p.stdout)["memory"]["peak_rss"]["predicted"]
+                except (ValueError, KeyError):
+                    self.note(f"inspect {what} gave no peak_rss: {p.stderr.strip()[:200]}")
+                    continue
+                o = os.path.join(self.disk, "mem-out")
+                rmtree(o)
+                r = timed(self.convert_cmd(inp, o, world=W) + extra)
+                rmtree(o)
+                if r["rc"] != 0:
+                    self.note(f"convert {what} failed: {r.get('stderr', '')[-300:]}")
+                    continue
+                log(f"mem: L{L} W{W} {what}: predicted {pred / 1e6:.1f} MB, measured {r['max_rss_kb'] / 1e3:.1f} MB")
+                d = {"layers": L, "world": W, "mem": mem, "predicted": pred, "measured": r["max_rss_kb"] * 1024,
+                     "wall_s": r["wall_s"]}
+                if ranks:
+                    d["ranks"] = ranks
+                out.append(d)
         self.res["mem_predict"] = out
 
     # ---- (f) per-tensor overhead: very many tiny tensors ----
@@ -690,7 +677,7 @@ class Bench:
             P("")
             P("(e) peak RSS, measured vs `inspect`'s prediction (convert --device cpu to disk):")
             for d in mp:
-                P(f"    {d['layers']} layer(s) W={d['world']:<2d} --mem {d['mem']:>5s}: predicted {d['predicted'] / 1e6:7.1f} MB, "
+                P(f"    {d['layers']} layer(s) W={d['world']:<2d} --mem {d['mem']:>5s}{' --ranks ' + d['ranks'] if d.get('ranks') else ''}: predicted {d['predicted'] / 1e6:7.1f} MB, "
                   f"measured {d['measured'] / 1e6:7.1f} MB ({(d['measured'] / d['predicted'] - 1) * 100:+5.1f}%)")
             targ["rss_predicted"] = [{"what": f"L{d['layers']} W{d['world']} {d['mem']}" + (f" ranks {d['ranks']}" if d.get("ranks") else ""),
                                       "ratio": abs(d["measured"] / d["predicted"] - 1)} for d in mp]

@@ -76,6 +76,45 @@ static inline void lut_expand32(__m128i c0, __m128i c1, __m128i tl, __m128i th, 
     _mm_storeu_si128((__m128i *)(o + 24), _mm_unpackhi_epi8(l1, h1));
 }
 
+/* 16 bf16 (in order) -> [their 16 low bytes | their 16 high bytes] */
+static inline __m256i bf16_bytes16(__m256i w)
+{
+    /* per lane: low bytes of 8 words, then their high bytes */
+    const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0,
+                                           2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    return _mm256_permute4x64_epi64(_mm256_shuffle_epi8(w, split), 0xD8);
+}
+
+/* 16 bf16 (in order) -> the vpshufb tables: *tl = their low bytes, *th = their high bytes,
+ * each in both lanes. */
+static inline void lut16_split(__m256i w, __m256i *tl, __m256i *th)
+{
+    const __m256i bytes = bf16_bytes16(w);
+    *tl = _mm256_permute2x128_si256(bytes, bytes, 0x00);
+    *th = _mm256_permute2x128_si256(bytes, bytes, 0x11);
+}
+
+/* 4-bit codes [e, end) (e even; element i in byte i / 2, nibble order `order` as
+ * x86_codes64) through the tables tl/th to *o, 64 then 32 at a time: returns the first
+ * element not done (fewer than 32 are left), *o moved past what was written. */
+static inline size_t lut_span(const uint8_t *codes, size_t e, size_t end, int order, __m256i tl, __m256i th,
+                              uint16_t **o)
+{
+    for (; e + 64 <= end; e += 64, *o += 64) {
+        __m256i c0, c1;
+        x86_codes64(_mm256_loadu_si256((const __m256i *)(codes + e / 2)), order, &c0, &c1);
+        lut_expand64(c0, c1, tl, th, *o);
+    }
+    if (e + 32 <= end) {
+        __m128i c0, c1;
+        x86_codes32(_mm_loadu_si128((const __m128i *)(codes + e / 2)), order, &c0, &c1);
+        lut_expand32(c0, c1, _mm256_castsi256_si128(tl), _mm256_castsi256_si128(th), *o);
+        e += 32;
+        *o += 32;
+    }
+    return e;
+}
+
 /* ---- MXFP4 ------------------------------------------------------------------------ */
 
 /* mx_lo[s][code], mx_hi[s][code]: low and high byte of bfs_mxfp4_value(code, 2^(s-127)). */
@@ -341,9 +380,6 @@ static void bnb4_avx2(const bfs_bnb4_desc *d, size_t i0, size_t i1, uint16_t *ou
     if (i0 == i1)
         return;
     const __m256 t0 = _mm256_loadu_ps(d->table), t1 = _mm256_loadu_ps(d->table + 8);
-    /* per lane: low bytes of 8 words, then their high bytes */
-    const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0,
-                                           2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
     const uint8_t *const codes = d->codes;
     size_t e, bend;
     float scale;
@@ -353,27 +389,13 @@ static void bnb4_avx2(const bfs_bnb4_desc *d, size_t i0, size_t i1, uint16_t *ou
         const __m256i w = bf16_pack16(_mm256_mul_ps(t0, s), _mm256_mul_ps(t1, s));
         _Alignas(32) uint16_t lut[16];
         _mm256_store_si256((__m256i *)lut, w);
-        /* [lo 0..15 | hi 0..15] -> each half broadcast to both lanes */
-        const __m256i bytes = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(w, split), 0xD8);
-        const __m256i tl = _mm256_permute2x128_si256(bytes, bytes, 0x00);
-        const __m256i th = _mm256_permute2x128_si256(bytes, bytes, 0x11);
-
+        __m256i tl, th;
+        lut16_split(w, &tl, &th);
         if (e & 1) { /* starts on the second element of a byte */
             o = x86_bnb_lut_run(lut, codes, e, e + 1, o);
             e++;
         }
-        for (; e + 64 <= bend; e += 64, o += 64) {
-            __m256i c0, c1;
-            x86_codes64(_mm256_loadu_si256((const __m256i *)(codes + e / 2)), X86_BNB, &c0, &c1);
-            lut_expand64(c0, c1, tl, th, o);
-        }
-        if (e + 32 <= bend) {
-            __m128i c0, c1;
-            x86_codes32(_mm_loadu_si128((const __m128i *)(codes + e / 2)), X86_BNB, &c0, &c1);
-            lut_expand32(c0, c1, _mm256_castsi256_si128(tl), _mm256_castsi256_si128(th), o);
-            e += 32;
-            o += 32;
-        }
+        e = lut_span(codes, e, bend, X86_BNB, tl, th, &o);
         o = x86_bnb_lut_run(lut, codes, e, bend, o);
     }
 }
@@ -519,11 +541,8 @@ static void fp8_tab_build(float s, fp8_tab *t)
     const __m256i uw = _mm256_permute4x64_epi64(_mm256_packus_epi32(u0, u0), 0xD8);
     if (_mm256_movemask_epi8(_mm256_cmpeq_epi16(_mm256_add_epi16(tw, _mm256_set1_epi16(0x0700)), cw)) != -1)
         return;
-    /* per lane: low bytes of 8 words, then their high bytes */
-    const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0,
-                                           2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-    _mm256_store_si256((__m256i *)t->t, _mm256_permute4x64_epi64(_mm256_shuffle_epi8(tw, split), 0xD8));
-    _mm256_storeu_si256((__m256i *)t->u, _mm256_permute4x64_epi64(_mm256_shuffle_epi8(uw, split), 0xD8));
+    _mm256_store_si256((__m256i *)t->t, bf16_bytes16(tw));
+    _mm256_storeu_si256((__m256i *)t->u, bf16_bytes16(uw));
     t->u[15] = 0xC0, t->u[31] = 0x7F; /* the NaN codes: 0x7FC0 */
     t->ok = 1;
 }
@@ -604,17 +623,6 @@ void bfs__fp8_avx2(const bfs_fp8_desc *d, size_t i0, size_t i1, uint16_t *out)
     }
 }
 
-/* 16 bf16 (in order) -> the vpshufb tables: *tl = their low bytes, *th = their high bytes,
- * each in both lanes. */
-static inline void lut16_split(__m256i w, __m256i *tl, __m256i *th)
-{
-    const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0,
-                                           2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-    const __m256i bytes = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(w, split), 0xD8);
-    *tl = _mm256_permute2x128_si256(bytes, bytes, 0x00);
-    *th = _mm256_permute2x128_si256(bytes, bytes, 0x11);
-}
-
 void bfs__int4_avx2(const bfs_int4_desc *d, size_t i0, size_t i1, uint16_t *out)
 {
     assert(i0 <= i1 && d->cols > 0 && d->group_size > 0 && d->group_size * d->ngroups == d->cols);
@@ -645,18 +653,7 @@ void bfs__int4_avx2(const bfs_int4_desc *d, size_t i0, size_t i1, uint16_t *out)
                 *o++ = lut[bfs_int4_nibble(row + (cc / 8) * 4, (unsigned)(cc % 8))];
                 cc++;
             }
-            for (; cc + 64 <= cend; cc += 64, o += 64) {
-                __m256i c0, c1;
-                x86_codes64(_mm256_loadu_si256((const __m256i *)(row + cc / 2)), X86_MX, &c0, &c1);
-                lut_expand64(c0, c1, tl, th, o);
-            }
-            if (cc + 32 <= cend) {
-                __m128i c0, c1;
-                x86_codes32(_mm_loadu_si128((const __m128i *)(row + cc / 2)), X86_MX, &c0, &c1);
-                lut_expand32(c0, c1, _mm256_castsi256_si128(tl), _mm256_castsi256_si128(th), o);
-                cc += 32;
-                o += 32;
-            }
+            cc = lut_span(row, cc, cend, X86_MX, tl, th, &o); /* nibble cc of the row: byte cc / 2 */
         }
         for (; cc < cend; cc++)
             *o++ = lut[bfs_int4_nibble(row + (cc / 8) * 4, (unsigned)(cc % 8))];

@@ -137,6 +137,20 @@ static int bfs__rank_open(bfs_run *r, const bfs_outfile *of, bfs_tmpfile *t, cha
 
 static int bfs__rank_start(bfs_run *r, bfs_rank *k);
 
+/* One unit between its identity checks: its kernel (timed), then its source bytes hashed --
+ * the bytes the kernel read, since nothing wrote the file after the check before it. */
+static int bfs__run_unit(bfs_run *r, const bfs_unit *u)
+{
+    bfs_srange sr[BFS_UNIT_MAX_SRC];
+    const int ns = bfs__unit_sources(u, sr);
+    for (int k = 0; k < ns; k++)
+        r->in_read += sr[k].len;
+    const double t0 = bfs__now();
+    const int rc = r->be->run(r->be, u);
+    r->t_dequant += bfs__now() - t0;
+    return rc < 0 ? rc : bfs__srchash_unit(r->sh, u);
+}
+
 /* Units of one piece through the backend into the writer; r->slot is the buffer to fill
  * next (it alternates over the whole run: the writer may still be on the last file's
  * last unit when the next file's first one is filled). */
@@ -168,16 +182,7 @@ static int bfs__write_piece(bfs_run *r, const bfs_outfile *of, size_t pi)
             bfs__advise_sources(r->in, &next, false);
         }
         BFS_TRY(bfs__check_sources(r, t));
-        {
-            bfs_srange sr[BFS_UNIT_MAX_SRC];
-            const int ns = bfs__unit_sources(&u, sr);
-            for (int k = 0; k < ns; k++)
-                r->in_read += sr[k].len;
-        }
-        const double t0 = bfs__now();
-        BFS_TRY(r->be->run(r->be, &u));
-        r->t_dequant += bfs__now() - t0;
-        BFS_TRY(bfs__srchash_unit(r->sh, &u)); /* the bytes the kernel read: nothing wrote the file since the check */
+        BFS_TRY(bfs__run_unit(r, &u));
         BFS_TRY(bfs__check_sources(r, t));
         bfs__advise_sources(r->in, &u, true);
         const bfs_wjob j = {.buf = out, .len = (size_t)(n * row_bytes), .off = off, .piece = (int)pi,
@@ -305,14 +310,7 @@ static int bfs__write_batch(bfs_run *r, const bfs_outfile *of, size_t p0, size_t
         if (pc->row0 == pc->row1 || pc->nbytes == 0)
             continue;
         const bfs_unit u = {.t = &r->plan->t[pc->tensor], .row0 = pc->row0, .row1 = pc->row1, .out = out + len};
-        bfs_srange sr[BFS_UNIT_MAX_SRC];
-        const int ns = bfs__unit_sources(&u, sr);
-        for (int i = 0; i < ns; i++)
-            r->in_read += sr[i].len;
-        const double t0 = bfs__now();
-        BFS_TRY(r->be->run(r->be, &u));
-        r->t_dequant += bfs__now() - t0;
-        BFS_TRY(bfs__srchash_unit(r->sh, &u)); /* the bytes the kernel read: nothing wrote the file since the check */
+        BFS_TRY(bfs__run_unit(r, &u));
         len += pc->nbytes;
     }
     BFS_TRY(bfs__check_batch(r, of, p0, p1));
