@@ -49,12 +49,13 @@ static inline __m256i bf16_pack16(__m256 a, __m256 b)
 
 /* ---- 16-entry bf16 tables looked up with vpshufb -------------------------------- */
 
-/* 64 codes (one per byte; c0 = codes 0..15 | 32..47, c1 = 16..31 | 48..63, the
- * order unpack gives) -> 64 bf16 at o. tl/th: low/high bytes of the table, per lane. */
-static inline void lut_expand64(__m256i c0, __m256i c1, __m256i tl, __m256i th, uint16_t *o)
+/* 64 codes (c0 = per lane the codes of one table pair's block, c1 the other's) -> 64 bf16
+ * at o, as lut_expand64 with a table pair for c0 (tl0/th0) and one for c1 (tl1/th1). */
+static inline void lut_expand64x2(__m256i c0, __m256i c1, __m256i tl0, __m256i th0, __m256i tl1,
+                                  __m256i th1, uint16_t *o)
 {
-    const __m256i l0 = _mm256_shuffle_epi8(tl, c0), h0 = _mm256_shuffle_epi8(th, c0);
-    const __m256i l1 = _mm256_shuffle_epi8(tl, c1), h1 = _mm256_shuffle_epi8(th, c1);
+    const __m256i l0 = _mm256_shuffle_epi8(tl0, c0), h0 = _mm256_shuffle_epi8(th0, c0);
+    const __m256i l1 = _mm256_shuffle_epi8(tl1, c1), h1 = _mm256_shuffle_epi8(th1, c1);
     const __m256i w0 = _mm256_unpacklo_epi8(l0, h0); /* 0..7   | 32..39 */
     const __m256i w1 = _mm256_unpackhi_epi8(l0, h0); /* 8..15  | 40..47 */
     const __m256i w2 = _mm256_unpacklo_epi8(l1, h1); /* 16..23 | 48..55 */
@@ -63,6 +64,13 @@ static inline void lut_expand64(__m256i c0, __m256i c1, __m256i tl, __m256i th, 
     _mm256_storeu_si256((__m256i *)(o + 16), _mm256_permute2x128_si256(w2, w3, 0x20));
     _mm256_storeu_si256((__m256i *)(o + 32), _mm256_permute2x128_si256(w0, w1, 0x31));
     _mm256_storeu_si256((__m256i *)(o + 48), _mm256_permute2x128_si256(w2, w3, 0x31));
+}
+
+/* 64 codes (one per byte; c0 = codes 0..15 | 32..47, c1 = 16..31 | 48..63, the
+ * order unpack gives) -> 64 bf16 at o. tl/th: low/high bytes of the table, per lane. */
+static inline void lut_expand64(__m256i c0, __m256i c1, __m256i tl, __m256i th, uint16_t *o)
+{
+    lut_expand64x2(c0, c1, tl, th, tl, th, o);
 }
 
 /* 32 codes (c0 = codes 0..15, c1 = 16..31) -> 32 bf16 at o. */
@@ -687,23 +695,6 @@ static inline void nv_block16(const bfs_nvfp4_desc *d, size_t i, uint16_t *o)
         a[h] = _mm256_mul_ps(_mm256_or_ps(mag, _mm256_castsi256_ps(sign)), s);
     }
     _mm256_storeu_si256((__m256i *)o, bf16_pack16(a[0], a[1]));
-}
-
-/* 64 codes (c0 = per lane the codes of one table pair's block, c1 the other's) -> 64 bf16
- * at o, as lut_expand64 with a table pair for c0 (tl0/th0) and one for c1 (tl1/th1). */
-static inline void lut_expand64x2(__m256i c0, __m256i c1, __m256i tl0, __m256i th0, __m256i tl1,
-                                  __m256i th1, uint16_t *o)
-{
-    const __m256i l0 = _mm256_shuffle_epi8(tl0, c0), h0 = _mm256_shuffle_epi8(th0, c0);
-    const __m256i l1 = _mm256_shuffle_epi8(tl1, c1), h1 = _mm256_shuffle_epi8(th1, c1);
-    const __m256i w0 = _mm256_unpacklo_epi8(l0, h0); /* 0..7   | 32..39 */
-    const __m256i w1 = _mm256_unpackhi_epi8(l0, h0); /* 8..15  | 40..47 */
-    const __m256i w2 = _mm256_unpacklo_epi8(l1, h1); /* 16..23 | 48..55 */
-    const __m256i w3 = _mm256_unpackhi_epi8(l1, h1); /* 24..31 | 56..63 */
-    _mm256_storeu_si256((__m256i *)o, _mm256_permute2x128_si256(w0, w1, 0x20));
-    _mm256_storeu_si256((__m256i *)(o + 16), _mm256_permute2x128_si256(w2, w3, 0x20));
-    _mm256_storeu_si256((__m256i *)(o + 32), _mm256_permute2x128_si256(w0, w1, 0x31));
-    _mm256_storeu_si256((__m256i *)(o + 48), _mm256_permute2x128_si256(w2, w3, 0x31));
 }
 
 void bfs__nvfp4_avx2(const bfs_nvfp4_desc *d, size_t i0, size_t i1, uint16_t *out)
