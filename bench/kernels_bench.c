@@ -202,8 +202,9 @@ static void do_op(const void *a, void *out)
 int main(int argc, char **argv)
 {
     const int reps = argc > 1 ? atoi(argv[1]) : 5;
+    const char *only = argc > 2 ? argv[2] : NULL; /* run the ops whose name contains this */
     if (reps < 1) {
-        fprintf(stderr, "usage: kernels_bench [repetitions >= 1]\n");
+        fprintf(stderr, "usage: kernels_bench [repetitions >= 1] [name substring]\n");
         return 2;
     }
 
@@ -309,6 +310,8 @@ int main(int argc, char **argv)
     int bad = 0;
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
         const bench_op *op = &ops[i];
+        if (only && !strstr(op->name, only))
+            continue;
         const size_t bytes = op->out_elems * 2;
         const memcpy_args m = {out, src, bytes};
         printf("\n%-34s %8.1f MB out\n", op->name, (double)bytes / 1e6);

@@ -175,13 +175,21 @@ static inline void mx_groups(const uint8_t *blk, const uint8_t *sc, size_t ng, u
  * back-to-back non-temporal stores when the run is line-aligned (no read for ownership, the
  * write-combining buffer completes at once). Loop order: blocks of TX_RB rows, within them
  * strips of TX_GS groups (one 64-byte input line per row), 32-row tiles down the block, with
- * the next tile's input lines prefetched (their stride, G * 16 bytes, defeats the hardware
- * prefetcher). The best of TX_GS 1..8 x TX_RB 128..5760 on AMD Zen 3. */
+ * the next tiles' input lines prefetched (their stride, G * 16 bytes, defeats the hardware
+ * prefetcher). A strip of whole groups (the common case) takes the fast path: the scale
+ * bytes of 4 groups x 32 rows come with 4 gathers and a byte transpose, the range check is
+ * one vector compare, each group's two next tiles go in turn (128-byte runs per column,
+ * fewer open DRAM rows than 64), and the tile body is inlined with no per-column tests.
+ * Tuned on AMD Zen 3 (TX_GS 1..8, TX_RB 128..5760, 1..4 tiles per group): 0.97x memcpy
+ * before the fast path, 1.17-1.28x (median of 10-12 processes) with it. */
 enum { TX_GS = 4, TX_RB = 256 };
+_Static_assert(TX_GS == 4, "the fast path gathers the scales of 4 groups (tx_scales4x32)");
 
 /* 16 rows from p (row stride rs) of one group -> d[q]: per lane (rows 0..7 | 8..15),
  * qword 0 = code byte 2q of the 8 rows, qword 1 = code byte 2q + 1. */
-static inline void tx_bytes16(const uint8_t *p, size_t rs, __m256i d[8])
+#define TX_INLINE static inline __attribute__((always_inline))
+
+TX_INLINE void tx_bytes16(const uint8_t *p, size_t rs, __m256i d[8])
 {
     __m256i a[8], b[8];
     for (int i = 0; i < 8; i++)
@@ -209,7 +217,7 @@ static inline void tx_bytes16(const uint8_t *p, size_t rs, __m256i d[8])
 
 /* codes x (per lane: qword 0 = column c, qword 1 = column c + 2, of 8 rows) -> the two
  * columns' 16 rows each; adj = (s - 127) << 7 per row, added to nonzero values. */
-static inline void tx_values(__m256i x, __m256i adj, __m256i *v0, __m256i *v1)
+TX_INLINE void tx_values(__m256i x, __m256i adj, __m256i *v0, __m256i *v1)
 {
     const __m256i tl = _mm256_setr_epi8(TX_LO, TX_LO, TX_LO, TX_LO);
     const __m256i th = _mm256_setr_epi8(TX_HI, TX_HI);
@@ -262,6 +270,68 @@ static inline void tx_tile(const uint8_t *grp, size_t rs, const uint8_t *s, int 
             }
         }
     }
+}
+
+/* sv: 32 scale bytes -> the exponent adds of rows 0..15 (a0) and 16..31 (a1); 0 when a
+ * scale is outside [2, 252] (then the tile goes through the table) */
+TX_INLINE int tx_adj32(__m256i sv, __m256i *a0, __m256i *a1)
+{
+    const __m256i ok = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_min_epu8(sv, _mm256_set1_epi8((char)252)), sv),
+                                        _mm256_cmpeq_epi8(_mm256_max_epu8(sv, _mm256_set1_epi8(2)), sv));
+    const __m256i b = _mm256_set1_epi16(127);
+    *a0 = _mm256_slli_epi16(_mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(sv)), b), 7);
+    *a1 = _mm256_slli_epi16(_mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(sv, 1)), b), 7);
+    return _mm256_movemask_epi8(ok) == -1;
+}
+
+/* The whole 32 x 32 tile of one group, streamed: every column's 32 rows are one aligned
+ * line at o + c * R. Values are stored as they are made (no arrays of results). */
+TX_INLINE void tx_tile32(const uint8_t *grp, size_t rs, __m256i a0, __m256i a1, uint16_t *o, size_t R)
+{
+    __m256i d0[8], d1[8];
+    tx_bytes16(grp, rs, d0);
+    tx_bytes16(grp + 16 * rs, rs, d1);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (size_t q = 0; q < 8; q++) {
+        __m256i x0, x2, y0, y2;
+        uint16_t *const oq = o + 4 * q * R;
+        tx_values(_mm256_and_si256(d0[q], m4), a0, &x0, &x2);
+        tx_values(_mm256_and_si256(d1[q], m4), a1, &y0, &y2);
+        _mm256_stream_si256((__m256i *)oq, x0);
+        _mm256_stream_si256((__m256i *)(oq + 16), y0);
+        _mm256_stream_si256((__m256i *)(oq + 2 * R), x2);
+        _mm256_stream_si256((__m256i *)(oq + 2 * R + 16), y2);
+        tx_values(_mm256_and_si256(_mm256_srli_epi16(d0[q], 4), m4), a0, &x0, &x2);
+        tx_values(_mm256_and_si256(_mm256_srli_epi16(d1[q], 4), m4), a1, &y0, &y2);
+        _mm256_stream_si256((__m256i *)(oq + R), x0);
+        _mm256_stream_si256((__m256i *)(oq + R + 16), y0);
+        _mm256_stream_si256((__m256i *)(oq + 3 * R), x2);
+        _mm256_stream_si256((__m256i *)(oq + 3 * R + 16), y2);
+    }
+}
+
+/* The scale bytes of 4 groups (from p, row stride G) for 32 rows -> sv[k]: group k's 32 */
+TX_INLINE void tx_scales4x32(const uint8_t *p, size_t G, __m256i sv[4])
+{
+    const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)G));
+    /* per lane: 4 rows x 4 groups -> 4 groups x 4 rows; then dwords (g0 r0-3, g1, g2, g3 |
+     * g0 r4-7, ...) -> qwords g0 r0-7, g1 r0-7, g2, g3 */
+    const __m256i by = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
+                                        0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m256i dw = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    __m256i q[4];
+    for (int j = 0; j < 4; j++) {
+        const __m256i g = _mm256_i32gather_epi32((const int *)(p + (size_t)8 * j * G), idx, 1);
+        q[j] = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(g, by), dw);
+    }
+    /* q[j] qword k = group k, rows 8j..8j+7 */
+    const __m256i l01 = _mm256_unpacklo_epi64(q[0], q[1]), h01 = _mm256_unpackhi_epi64(q[0], q[1]);
+    const __m256i l23 = _mm256_unpacklo_epi64(q[2], q[3]), h23 = _mm256_unpackhi_epi64(q[2], q[3]);
+    /* l01 = (g0: r0-7, r8-15 | g2: r0-7, r8-15); h01 the same for g1 | g3 */
+    sv[0] = _mm256_permute2x128_si256(l01, l23, 0x20);
+    sv[2] = _mm256_permute2x128_si256(l01, l23, 0x31);
+    sv[1] = _mm256_permute2x128_si256(h01, h23, 0x20);
+    sv[3] = _mm256_permute2x128_si256(h01, h23, 0x31);
 }
 
 /* rows [r0, r1) of group g, columns [ca, cb) of it, through the table (any scale) */
@@ -344,9 +414,35 @@ void bfs__mxfp4_transposed_x86(const bfs_mxfp4_desc *d, size_t item, size_t o0, 
                     tx_rows_edge(blk, sc, G, g, 0, r_a, ca, cb, ob + g * 32 * R, R);
                 }
             for (size_t r = rb; r < re; r += 32) {
-                if (r + 64 <= re) /* the next tile's input lines */
-                    for (size_t i = 32; i < 64; i++)
-                        _mm_prefetch((const char *)(blk + ((r + i) * G + g0) * 16), _MM_HINT_T0);
+                /* whole groups: two tiles of each in turn (128-byte runs per column) */
+                const int whole = ng == TX_GS && o0 <= g0 * 32 && (g0 + TX_GS) * 32 <= o1;
+                const int nt = whole && r + 64 <= re ? 2 : 1;
+                const size_t pa = r + 32 * (size_t)nt, pb = pa + 32 * (size_t)nt < re ? pa + 32 * (size_t)nt : re;
+                for (size_t i = pa; i < pb; i++) { /* the next step's input lines (1 or 2 per row) */
+                    const char *const pl = (const char *)(blk + (i * G + g0) * 16);
+                    _mm_prefetch(pl, _MM_HINT_T0);
+                    _mm_prefetch(pl + ng * 16 - 1, _MM_HINT_T0);
+                }
+                if (whole) {
+                    __m256i sv[2][TX_GS];
+                    for (int t = 0; t < nt; t++)
+                        tx_scales4x32(sc + (r + 32 * t) * G + g0, G, sv[t]);
+                    for (size_t k = 0; k < TX_GS; k++) {
+                        const size_t g = g0 + k;
+                        for (int t = 0; t < nt; t++) {
+                            const size_t rt = r + 32 * (size_t)t;
+                            __m256i a0, a1;
+                            if (tx_adj32(sv[t][k], &a0, &a1)) {
+                                tx_tile32(blk + (rt * G + g) * 16, G * 16, a0, a1, ob + g * 32 * R + rt, R);
+                            } else {
+                                tx_rows16(blk, sc, G, g, rt, 0, 32, ob + g * 32 * R, R);
+                                tx_rows16(blk, sc, G, g, rt + 16, 0, 32, ob + g * 32 * R, R);
+                            }
+                        }
+                    }
+                    r += 32 * (size_t)(nt - 1);
+                    continue;
+                }
                 uint8_t s[TX_GS][32];
                 for (size_t i = 0; i < 32; i++)
                     for (size_t k = 0; k < ng; k++)
