@@ -1,5 +1,6 @@
-"""bfshard: quantized Hugging Face checkpoints (MXFP4 as in gpt-oss, bitsandbytes NF4/FP4)
-to BF16 checkpoints pre-sharded for every FSDP rank, with integrity hashes.
+"""bfshard: quantized Hugging Face checkpoints (MXFP4 as in gpt-oss, bitsandbytes NF4/FP4,
+FP8, compressed-tensors INT4, NVFP4) to BF16 checkpoints pre-sharded for every FSDP rank,
+with integrity hashes.
 
     res = bfshard.convert("/models/gpt-oss-20b", "/ckpt/w8", world_size=8)
     plan = bfshard.inspect("/models/gpt-oss-20b", world_size=8)

@@ -19,8 +19,9 @@
 static const char *const usage_main =
     "usage: bfshard COMMAND [OPTIONS]\n"
     "\n"
-    "Convert quantized Hugging Face checkpoints (MXFP4 as in gpt-oss, bitsandbytes NF4/FP4)\n"
-    "into BF16 checkpoints pre-sharded for every FSDP rank, with integrity hashes.\n"
+    "Convert quantized Hugging Face checkpoints (MXFP4 as in gpt-oss, bitsandbytes NF4/FP4,\n"
+    "FP8, compressed-tensors INT4, NVFP4) into BF16 checkpoints pre-sharded for every FSDP\n"
+    "rank, with integrity hashes. Other quantized formats are refused.\n"
     "\n"
     "commands:\n"
     "  convert INPUT OUTDIR --world-size W   write one BF16 rank file per FSDP rank\n"
