@@ -46,7 +46,8 @@ int bfs__dir_sync(int dirfd, const char *dirpath);
 /* true when name is one of our temporaries (".X.partial"). */
 bool bfs__is_tmp_name(const char *name);
 /* Test hook: when $BFSHARD_TEST_SIGNAL is "POINT:SIGNUM[:N]" (points: "tmp" = a
- * temporary was just created, "hash" = verify is about to hash a file), raise SIGNUM the
+ * temporary was just created, "hash" = verify is about to hash a file, "part-scan" = a
+ * part scanned OUTDIR and is about to write its journal), raise SIGNUM the
  * Nth time (default 1st) POINT is reached: a signal at a known place, with no timing. */
 void bfs__test_signal(const char *point);
 

@@ -464,6 +464,30 @@ static int bfs__part_scan(DIR *d, int dirfd, const char *outdir, const char *fin
     return 0;
 }
 
+/* After our journal is in OUTDIR: every other part's journal or manifest again. Two parts
+ * started together each scan before the other's journal is there; each publishes its own,
+ * then looks again, so at least one of them sees the other (both may: then both stop). The
+ * one that stops removes the journal it just wrote (fresh: it wrote no rank file yet), so
+ * it leaves nothing that would refuse the other's later runs. */
+static int bfs__part_recheck(int dirfd, const char *outdir, const char *fingerprint, const bfs_plan *plan,
+                             const bool *mine, const char *jname, const char *pname, bool fresh)
+{
+    int rc = 0;
+    char list[NAME_MAX + 1];
+    DIR *d = fdopendir(dup(dirfd));
+    if (!d)
+        return bfs__err(BFS_EIO, "%s: cannot list output directory", outdir);
+    rewinddir(d);
+    struct dirent *e;
+    while (rc == 0 && (e = readdir(d)) != NULL)
+        if (strcmp(e->d_name, jname) && strcmp(e->d_name, pname) && bfs__part_name_list(e->d_name, list, sizeof list))
+            rc = bfs__check_other_part(dirfd, outdir, e->d_name, list, fingerprint, false, plan, mine);
+    closedir(d);
+    if (rc < 0 && fresh && unlinkat(dirfd, jname, 0) == 0)
+        (void)bfs__dir_sync(dirfd, outdir);
+    return rc;
+}
+
 /* our own files only: temporaries always, rank files and their copies unless resuming;
  * a name no manifest or journal of bfshard records is never removed */
 static void bfs__part_remove_own(int dirfd, const bfs_plan *plan, const bool *mine, bool resume, const char *pname,
@@ -521,10 +545,14 @@ static int bfs__prepare(const char *outdir, const char *fingerprint, bool force,
     } else {
         BFS_TRY(bfs__outdir_clean(d, *dirfd, outdir, journal, &own, resume, force));
     }
+    if (pname)
+        bfs__test_signal("part-scan"); /* between the scan and the journal (tests: two parts at once) */
     if (resume)
         BFS_TRY(bfs__outdir_resume(*dirfd, journal, plan, mine, reused, file_hex));
     else
         BFS_TRY(bfs__journal_start(*dirfd, outdir, jname, fingerprint, outputs, nout));
+    if (pname)
+        BFS_TRY(bfs__part_recheck(*dirfd, outdir, fingerprint, plan, mine, jname, pname, !resume));
 cleanup:
     if (d)
         closedir(d);

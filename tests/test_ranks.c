@@ -587,6 +587,56 @@ static void parts_and_the_lock(void **s)
     assert_false(exists(out2, "bfshard.part-0-1.json"));
 }
 
+/* Two overlapping parts started at the same moment: each scans OUTDIR before the other's
+ * journal is there. Part 1-2 is stopped (SIGSTOP from the library's test hook) between its
+ * scan and its journal; part 0-1 runs from start to end meanwhile; then 1-2 goes on: it must
+ * see 0-1 after publishing its own journal, stop with exit 10, and leave nothing behind. */
+static void parts_started_together(void **s)
+{
+    (void)s;
+    char whole[4096], out[4096], errb[4096], r2[8192], r2w[8192];
+    snprintf(whole, sizeof whole, "%s/lk-whole", g_tmp); /* parts_and_the_lock made it */
+    snprintf(out, sizeof out, "%s/together", g_tmp);
+    snprintf(errb, sizeof errb, "%s/together.err", g_tmp);
+    const pid_t b = fork();
+    assert_true(b >= 0);
+    if (b == 0) {
+        const int fd = open(errb, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0 || dup2(fd, 2) < 0)
+            _exit(127);
+        setenv("BFSHARD_TEST_SIGNAL", "part-scan:19", 1); /* SIGSTOP */
+        execl(tu_bfshard(), "bfshard", "convert", FX, out, "--world-size", "4", "--ranks", "1-2", "--quiet",
+              (char *)NULL);
+        _exit(127);
+    }
+    int st = 0;
+    for (int i = 0; i < 2000; i++) { /* until it stops itself */
+        if (waitpid(b, &st, WUNTRACED) == b && WIFSTOPPED(st))
+            break;
+        if (WIFEXITED(st))
+            fail_msg("part 1-2 exited %d before its journal: %s", WEXITSTATUS(st), slurp(errb));
+    }
+    assert_true(WIFSTOPPED(st));
+    assert_int_equal(cli("", "convert %s '%s' --world-size 4 --ranks 0-1 --quiet", FX, out), 0);
+    assert_int_equal(kill(b, SIGCONT), 0);
+    assert_int_equal(waitpid(b, &st, 0), b);
+    assert_true(WIFEXITED(st));
+    char *e = slurp(errb);
+    if (WEXITSTATUS(st) != 10 || !strstr(e, "bfshard.part-0-1.json") || !strstr(e, "include rank 1"))
+        fail_msg("part 1-2 after 0-1 finished beside it: exit %d: %s", WEXITSTATUS(st), e);
+    free(e);
+    /* nothing of 1-2 is left: no journal, no part manifest, no rank-2 file; 0-1's are whole */
+    assert_false(exists(out, ".bfshard-inprogress-1-2"));
+    assert_false(exists(out, "bfshard.part-1-2.json"));
+    assert_false(exists(out, R3));
+    snprintf(r2, sizeof r2, "%s/shard-00002-model-00001-of-00001.safetensors", out);
+    snprintf(r2w, sizeof r2w, "%s/shard-00002-model-00001-of-00001.safetensors", whole);
+    assert_int_equal(tu_sh("cmp -s '%s' '%s'", r2, r2w), 0);
+    /* and part 0-1's later runs are not refused by debris of 1-2: 2-3 completes it */
+    assert_int_equal(cli("", "convert %s '%s' --world-size 4 --ranks 2-3 --quiet", FX, out), 0);
+    assert_int_equal(cli("", "merge '%s' --quiet", out), 0);
+}
+
 int main(void)
 {
     g_tmp = tu_tmpdir("ranks");
@@ -596,6 +646,7 @@ int main(void)
         cmocka_unit_test(lists_merge_identical), cmocka_unit_test(auto_launchers),
         cmocka_unit_test(wrong_combinations),    cmocka_unit_test(node_local_verify),
         cmocka_unit_test(sigkill_part_resume),   cmocka_unit_test(parts_and_the_lock),
+        cmocka_unit_test(parts_started_together),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (rc == 0)
