@@ -32,19 +32,14 @@ static void write_st_json(const char *path, json_t *hdr, const uint8_t *data, si
 {
     char *text = json_dumps(hdr, JSON_COMPACT | JSON_SORT_KEYS);
     assert_non_null(text);
-    size_t n = strlen(text), hl = (n + 7) / 8 * 8 + pad;
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    uint8_t pre[8];
-    for (int i = 0; i < 8; i++)
-        pre[i] = (uint8_t)((uint64_t)hl >> (8 * i));
-    assert_int_equal(fwrite(pre, 1, 8, f), 8);
-    assert_int_equal(fwrite(text, 1, n, f), n);
-    for (size_t i = n; i < hl; i++)
-        fputc(' ', f);
-    if (len)
-        assert_int_equal(fwrite(data, 1, len, f), len);
-    assert_int_equal(fclose(f), 0);
+    const size_t n = strlen(text), hl = (n + 7) / 8 * 8 + pad;
+    char *padded = malloc(hl + 1);
+    assert_non_null(padded);
+    memcpy(padded, text, n);
+    memset(padded + n, ' ', hl - n);
+    padded[hl] = '\0';
+    tu_write_st(path, padded, data, len);
+    free(padded);
     free(text);
 }
 
