@@ -12,18 +12,10 @@
 /* Runs `bfshard ARGS` in dir; returns its exit code, its first stderr line in err. */
 static int cli_in(const char *dir, const char *args, char *err, size_t cap)
 {
-    char *tmp = tu_tmpdir("clierr");
-    char ef[4096], abs[4096];
-    snprintf(ef, sizeof ef, "%s/err", tmp);
-    assert_non_null(realpath(tu_bfshard(), abs));
-    const int rc = tu_sh("cd '%s' && '%s' %s 2>'%s' >/dev/null", dir, abs, args, ef);
-    size_t n = 0;
-    uint8_t *e = tu_read_file(ef, &n);
-    const char *nl = e ? memchr(e, '\n', n) : NULL;
-    snprintf(err, cap, "%.*s", e ? (int)(nl ? (size_t)(nl - (const char *)e) : n) : 0, e ? (char *)e : "");
-    free(e);
-    tu_rmrf(tmp);
-    free(tmp);
+    char cd[4200];
+    snprintf(cd, sizeof cd, "cd '%s' &&", dir);
+    const int rc = tu_cli(cd, args, err, cap);
+    err[strcspn(err, "\n")] = '\0';
     return rc;
 }
 

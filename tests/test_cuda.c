@@ -108,6 +108,31 @@ static bfs_ltensor mk_mx(const char *name, const uint8_t *blocks, const uint8_t 
     return t;
 }
 
+/* A 2-d BF16-output tensor [rows, cols], rows = units; the format's fields left zero. */
+static bfs_ltensor mk_2d(const char *name, bfs_kind kind, size_t rows, size_t cols)
+{
+    bfs_ltensor t;
+    memset(&t, 0, sizeof t);
+    t.name = (char *)name;
+    t.kind = kind;
+    t.out_dtype = BFS_DT_BF16;
+    t.ndim = 2;
+    t.shape[0] = rows;
+    t.shape[1] = cols;
+    t.d0 = rows;
+    t.row_elems = cols;
+    return t;
+}
+
+/* nblk MXFP4 blocks (16 bytes) and their scales (one byte each), random. */
+static void mx_random(size_t nblk, uint8_t **blocks, uint8_t **scales)
+{
+    *blocks = xmalloc(nblk * 16);
+    *scales = xmalloc(nblk);
+    fill_random(*blocks, nblk * 16);
+    fill_random(*scales, nblk);
+}
+
 static const float nf4_table[16] = BFS_NF4_TABLE_INIT;
 static const float fp4_table[16] = BFS_FP4_TABLE_INIT;
 
@@ -343,18 +368,9 @@ static void bnb_case(const char *qt, int dq, size_t bs, const uint64_t *budgets,
         ncode[i] = ((float)(rnd() >> 40) / (float)(1 << 24)) * 2.0f - 1.0f;
     for (size_t i = 0; i < nnb; i++)
         nabs[i] = (float)(rnd() >> 40) / (float)(1 << 24) * 0.1f;
-    bfs_ltensor t;
-    memset(&t, 0, sizeof t);
     char name[64];
     snprintf(name, sizeof name, "bnb.%s%s.bs%zu.weight", qt, dq ? ".dq" : "", bs);
-    t.name = name;
-    t.kind = BFS_K_BNB4;
-    t.out_dtype = BFS_DT_BF16;
-    t.ndim = 2;
-    t.shape[0] = rows;
-    t.shape[1] = cols;
-    t.d0 = rows;
-    t.row_elems = cols;
+    bfs_ltensor t = mk_2d(name, BFS_K_BNB4, rows, cols);
     snprintf(t.quant_type, sizeof t.quant_type, "%s", qt);
     t.double_quant = dq;
     t.src_dtype = BFS_DT_F16;
@@ -485,21 +501,6 @@ static uint8_t *mk_scales(size_t n, int bf16)
             put_f32(p, 3 * i + 1, special[i]);
     }
     return p;
-}
-
-static bfs_ltensor mk_2d(const char *name, bfs_kind kind, size_t rows, size_t cols)
-{
-    bfs_ltensor t;
-    memset(&t, 0, sizeof t);
-    t.name = (char *)name;
-    t.kind = kind;
-    t.out_dtype = BFS_DT_BF16;
-    t.ndim = 2;
-    t.shape[0] = rows;
-    t.shape[1] = cols;
-    t.d0 = rows;
-    t.row_elems = cols;
-    return t;
 }
 
 /* Whole tensor, single rows, units starting on odd rows and inside blocks, the last row;
@@ -678,16 +679,8 @@ static void test_passthrough(void **state)
     bfs_raw raw;
     memset(&raw, 0, sizeof raw);
     raw.data = data;
-    bfs_ltensor t;
-    memset(&t, 0, sizeof t);
-    t.name = "pass.i32";
-    t.kind = BFS_K_PASS;
+    bfs_ltensor t = mk_2d("pass.i32", BFS_K_PASS, rows, cols);
     t.out_dtype = t.src_dtype = BFS_DT_I32;
-    t.ndim = 2;
-    t.shape[0] = rows;
-    t.shape[1] = cols;
-    t.d0 = rows;
-    t.row_elems = cols;
     t.src[0] = &raw;
     t.nsrc = 1;
     bfs_backend *b = make_backend("cuda", 0, 0);
@@ -814,9 +807,8 @@ static void test_budget_errors(void **state)
 
     /* a budget that cannot hold one 32-column group of a 5760-row item */
     const size_t R = 5760, G = 2;
-    uint8_t *blocks = xmalloc(R * G * 16), *scales = xmalloc(R * G);
-    fill_random(blocks, R * G * 16);
-    fill_random(scales, R * G);
+    uint8_t *blocks, *scales;
+    mx_random(R * G, &blocks, &scales);
     const bfs_ltensor t = mk_mx("too_big.T", blocks, scales, 1, R, G, 1, 1);
     uint16_t *out = xmalloc(t.row_elems * 2);
     b = make_backend("cuda", 256 * 1024, t.row_elems * 2);
@@ -932,9 +924,8 @@ static void test_multi_gpu(void **state)
 
     /* units large enough to be split across the two devices */
     const size_t E = 5, R = 1024, G = 90, nblk = E * R * G;
-    uint8_t *blocks = xmalloc(nblk * 16), *scales = xmalloc(nblk);
-    fill_random(blocks, nblk * 16);
-    fill_random(scales, nblk);
+    uint8_t *blocks, *scales;
+    mx_random(nblk, &blocks, &scales);
     const bfs_ltensor t = mk_mx("split.T", blocks, scales, E, R, G, 1, 1);
     const bfs_ltensor tn = mk_mx("split", blocks, scales, E, R, G, 0, 1);
     b = make_backend("cuda:0,1", 16 * MiB, E * t.row_elems * 2);
@@ -1070,9 +1061,8 @@ static void test_injected_fault(void **state)
     if (g_ndev == 0)
         skip();
     const size_t E = 4, R = 64, G = 4;
-    uint8_t *blocks = xmalloc(E * R * G * 16), *scales = xmalloc(E * R * G);
-    fill_random(blocks, E * R * G * 16);
-    fill_random(scales, E * R * G);
+    uint8_t *blocks, *scales;
+    mx_random(E * R * G, &blocks, &scales);
     const bfs_ltensor t = mk_mx("fault.T", blocks, scales, E, R, G, 1, 1);
     uint16_t *out = xmalloc(E * t.row_elems * 2);
     for (long at = 1; at <= 7; at += 3) {
@@ -1103,9 +1093,8 @@ static void *dev1_main(void *p)
 {
     (void)p;
     const size_t E = 3, R = 100, G = 5;
-    uint8_t *blocks = xmalloc(E * R * G * 16), *scales = xmalloc(E * R * G);
-    fill_random(blocks, E * R * G * 16);
-    fill_random(scales, E * R * G);
+    uint8_t *blocks, *scales;
+    mx_random(E * R * G, &blocks, &scales);
     const bfs_ltensor t = mk_mx("dev1.T", blocks, scales, E, R, G, 1, 1);
     bfs_backend *b = make_backend("cuda:1", 64 * 1024, E * t.row_elems * 2);
     check_unit(b, &t, 0, E, NULL);

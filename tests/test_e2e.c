@@ -15,34 +15,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static const uint8_t *st_data(const stfile *f, const bfs_st_tensor *t) { return f->buf + f->h.data_start + t->begin; }
-
-static bool is_nan16(uint16_t v) { return (v & 0x7F80) == 0x7F80 && (v & 0x7F) != 0; }
-
-/* Compare bf16 bytes; the only differences allowed are documented upstream
- * inconsistencies: NaN payloads of a cast (torch's vectorised cast writes 0xFFFF,
- * its scalar one 0x7FC0: we write 0x7FC0) and, for bnb FP4, the sign of the
- * zero of code 8 (bitsandbytes' Python path gives +0.0, its C++/CUDA kernels -0.0,
- * as we do). Returns the number of other differences. */
-static size_t cmp_bf16(const uint8_t *got, const uint8_t *want, size_t nbytes, bool fp4, size_t *allowed)
-{
-    size_t bad = 0;
-    if (memcmp(got, want, nbytes) == 0)
-        return 0;
-    for (size_t i = 0; i + 1 < nbytes; i += 2) {
-        uint16_t g, w;
-        memcpy(&g, got + i, 2);
-        memcpy(&w, want + i, 2);
-        if (g == w)
-            continue;
-        if ((is_nan16(g) && is_nan16(w)) || (fp4 && w == 0x0000 && g == 0x8000))
-            (*allowed)++;
-        else if (bad++ < 5)
-            fprintf(stderr, "  element %zu: got 0x%04x want 0x%04x\n", i / 2, g, w);
-    }
-    return bad;
-}
-
 static void check_outdir(const char *outdir, const char *expected, int W, bool fp4)
 {
     stfile ex;
@@ -88,7 +60,7 @@ static void check_outdir(const char *outdir, const char *expected, int W, bool f
                 assert_int_equal(g->shape[0], b - a);
             for (int d = 1; d < e->ndim; d++)
                 assert_int_equal(g->shape[d], e->shape[d]);
-            const size_t bad = cmp_bf16(st_data(&rk[r], g), st_data(&ex, e) + a * row_bytes, (size_t)((b - a) * row_bytes),
+            const size_t bad = st_cmp_bf16(st_data(&rk[r], g), st_data(&ex, e) + a * row_bytes, (size_t)((b - a) * row_bytes),
                                         fp4, &allowed);
             if (bad)
                 fail_msg("W=%d rank %d: \"%s\": %zu elements differ from upstream", W, r, e->name, bad);
@@ -294,62 +266,26 @@ static void interrupt_and_resume(void **s)
 }
 
 /* ---- CLI errors: one line, naming the place, a distinct exit code ---------------------- */
-static int cli(const char *args, char *err, size_t cap)
-{
-    char *tmp = tu_tmpdir("cli");
-    char ef[4096];
-    snprintf(ef, sizeof ef, "%s/err", tmp);
-    const int rc = tu_sh("%s %s 2>%s >/dev/null", tu_bfshard(), args, ef);
-    size_t n = 0;
-    uint8_t *e = tu_read_file(ef, &n);
-    if (err) {
-        snprintf(err, cap, "%.*s", (int)n, e ? (char *)e : "");
-    }
-    free(e);
-    tu_rmrf(tmp);
-    free(tmp);
-    return rc;
-}
-
-static int count_lines(const char *s)
-{
-    int n = 0;
-    for (; *s; s++)
-        n += *s == '\n';
-    return n;
-}
-
-static void write_st(const char *path, const char *header, size_t data_len)
-{
-    const size_t hl = strlen(header);
-    uint8_t *b = calloc(1, 8 + hl + data_len);
-    for (int i = 0; i < 8; i++)
-        b[i] = (uint8_t)((uint64_t)hl >> (8 * i));
-    memcpy(b + 8, header, hl);
-    assert_int_equal(tu_write_file(path, b, 8 + hl + data_len), 0);
-    free(b);
-}
-
 static void cli_errors(void **s)
 {
     (void)s;
     char *tmp = tu_tmpdir("clierr");
     char args[8192], err[8192], p[4096];
 
-    assert_int_equal(cli("--version", NULL, 0), 0);
-    assert_int_equal(cli("convert --help", NULL, 0), 0);
-    assert_int_equal(cli("frobnicate", NULL, 0), 2);
+    assert_int_equal(tu_cli(NULL, "--version", NULL, 0), 0);
+    assert_int_equal(tu_cli(NULL, "convert --help", NULL, 0), 0);
+    assert_int_equal(tu_cli(NULL, "frobnicate", NULL, 0), 2);
     snprintf(args, sizeof args, "convert fixtures/bnb-nf4 %s/o --world-size 0", tmp);
-    assert_int_equal(cli(args, NULL, 0), 2);
+    assert_int_equal(tu_cli(NULL, args, NULL, 0), 2);
     snprintf(args, sizeof args, "convert fixtures/bnb-nf4 %s/o --mem 12Q", tmp);
-    assert_int_equal(cli(args, NULL, 0), 2);
+    assert_int_equal(tu_cli(NULL, args, NULL, 0), 2);
 
     /* truncated input: one line naming the file, exit 3 */
     snprintf(p, sizeof p, "%s/trunc", tmp);
     tu_sh("mkdir -p %s && head -c 50000 fixtures/bnb-nf4/model.safetensors > %s/model.safetensors", p, p);
     snprintf(args, sizeof args, "convert %s %s/o1 --quiet", p, tmp);
-    assert_int_equal(cli(args, err, sizeof err), 3);
-    assert_int_equal(count_lines(err), 1);
+    assert_int_equal(tu_cli(NULL, args, err, sizeof err), 3);
+    assert_int_equal(tu_count_lines(err), 1);
     assert_non_null(strstr(err, "model.safetensors"));
 
     /* MXFP4 blocks without scales */
@@ -357,71 +293,71 @@ static void cli_errors(void **s)
     tu_sh("mkdir -p %s", p);
     char f[4096];
     snprintf(f, sizeof f, "%s/model.safetensors", p);
-    write_st(f, "{\"m.experts.down_proj_blocks\":{\"dtype\":\"U8\",\"shape\":[1,2,1,16],\"data_offsets\":[0,32]}}", 32);
+    tu_write_st(f, "{\"m.experts.down_proj_blocks\":{\"dtype\":\"U8\",\"shape\":[1,2,1,16],\"data_offsets\":[0,32]}}", NULL, 32);
     snprintf(args, sizeof args, "convert %s %s/o2 --quiet", p, tmp);
-    assert_int_equal(cli(args, err, sizeof err), 3);
-    assert_int_equal(count_lines(err), 1);
+    assert_int_equal(tu_cli(NULL, args, err, sizeof err), 3);
+    assert_int_equal(tu_count_lines(err), 1);
     assert_non_null(strstr(err, "m.experts.down_proj_blocks"));
     assert_non_null(strstr(err, "offset"));
 
     /* blocks/scales shape mismatch */
-    write_st(f, "{\"x_blocks\":{\"dtype\":\"U8\",\"shape\":[1,2,1,16],\"data_offsets\":[0,32]},"
-                "\"x_scales\":{\"dtype\":\"U8\",\"shape\":[1,3,1],\"data_offsets\":[32,35]}}", 35);
-    assert_int_equal(cli(args, err, sizeof err), 3);
+    tu_write_st(f, "{\"x_blocks\":{\"dtype\":\"U8\",\"shape\":[1,2,1,16],\"data_offsets\":[0,32]},"
+                "\"x_scales\":{\"dtype\":\"U8\",\"shape\":[1,3,1],\"data_offsets\":[32,35]}}", NULL, 35);
+    assert_int_equal(tu_cli(NULL, args, err, sizeof err), 3);
     assert_non_null(strstr(err, "x_scales"));
 
     /* orphan scales */
-    write_st(f, "{\"x_scales\":{\"dtype\":\"U8\",\"shape\":[1,3,1],\"data_offsets\":[0,3]}}", 3);
-    assert_int_equal(cli(args, err, sizeof err), 3);
+    tu_write_st(f, "{\"x_scales\":{\"dtype\":\"U8\",\"shape\":[1,3,1],\"data_offsets\":[0,3]}}", NULL, 3);
+    assert_int_equal(tu_cli(NULL, args, err, sizeof err), 3);
 
     /* index naming a missing file */
     snprintf(p, sizeof p, "%s/badindex", tmp);
     tu_sh("mkdir -p %s && cp fixtures/mxfp4-tiny/* %s/ && rm %s/model-00002-of-00002.safetensors", p, p, p);
     snprintf(args, sizeof args, "convert %s %s/o3 --quiet", p, tmp);
-    assert_int_equal(cli(args, err, sizeof err), 3);
+    assert_int_equal(tu_cli(NULL, args, err, sizeof err), 3);
     assert_non_null(strstr(err, "model-00002-of-00002.safetensors"));
 
     /* symlink loop in the input directory */
     snprintf(p, sizeof p, "%s/loop", tmp);
     tu_sh("mkdir -p %s && ln -s loop.safetensors %s/loop.safetensors", p, p);
     snprintf(args, sizeof args, "convert %s %s/o4 --quiet", p, tmp);
-    assert_int_equal(cli(args, err, sizeof err), 3);
+    assert_int_equal(tu_cli(NULL, args, err, sizeof err), 3);
 
     /* output inside the input */
     snprintf(args, sizeof args, "convert fixtures/bnb-nf4 fixtures/bnb-nf4/out --quiet");
-    assert_int_equal(cli(args, err, sizeof err), 2);
+    assert_int_equal(tu_cli(NULL, args, err, sizeof err), 2);
     assert_int_equal(tu_sh("test -e fixtures/bnb-nf4/out"), 1);
 
     /* non-empty OUTDIR without --force */
     snprintf(p, sizeof p, "%s/full", tmp);
     tu_sh("mkdir -p %s && echo keep > %s/notes.txt", p, p);
     snprintf(args, sizeof args, "convert fixtures/bnb-nf4 %s --quiet", p);
-    assert_int_equal(cli(args, err, sizeof err), 8);
+    assert_int_equal(tu_cli(NULL, args, err, sizeof err), 8);
     /* --force replaces our files but leaves the user's */
     snprintf(args, sizeof args, "convert fixtures/bnb-nf4 %s --quiet --force", p);
-    assert_int_equal(cli(args, err, sizeof err), 0);
+    assert_int_equal(tu_cli(NULL, args, err, sizeof err), 0);
     assert_int_equal(tu_sh("test -e %s/notes.txt", p), 0);
 
     /* a budget too small for one row: exit 5 with the number that works */
     snprintf(args, sizeof args, "convert fixtures/mxfp4-tiny %s/o5 --mem 1K --quiet", tmp);
-    assert_int_equal(cli(args, err, sizeof err), 5);
+    assert_int_equal(tu_cli(NULL, args, err, sizeof err), 5);
     assert_non_null(strstr(err, "--mem"));
 
     /* --device cuda without a GPU: exit 6 */
     if (bfs_cuda_device_count() == 0) {
         snprintf(args, sizeof args, "convert fixtures/bnb-nf4 %s/o6 --device cuda --quiet", tmp);
-        assert_int_equal(cli(args, err, sizeof err), 6);
-        assert_int_equal(count_lines(err), 1);
+        assert_int_equal(tu_cli(NULL, args, err, sizeof err), 6);
+        assert_int_equal(tu_count_lines(err), 1);
     }
 
     /* a world size larger than dim 0 works (ranks without rows get no entry) */
     snprintf(args, sizeof args, "convert fixtures/mxfp4-tiny %s/o7 --world-size 64 --quiet", tmp);
-    assert_int_equal(cli(args, err, sizeof err), 0);
+    assert_int_equal(tu_cli(NULL, args, err, sizeof err), 0);
     snprintf(args, sizeof args, "verify %s/o7 --quiet", tmp);
-    assert_int_equal(cli(args, err, sizeof err), 0);
+    assert_int_equal(tu_cli(NULL, args, err, sizeof err), 0);
 
     /* inspect, both forms */
-    assert_int_equal(cli("inspect fixtures/mxfp4-tiny --world-size 4", NULL, 0), 0);
+    assert_int_equal(tu_cli(NULL, "inspect fixtures/mxfp4-tiny --world-size 4", NULL, 0), 0);
     assert_int_equal(tu_sh("%s inspect fixtures/bnb-nf4-dq --json | grep -q bnb-nf4-dq", tu_bfshard()), 0);
 
     /* a full disk: RLIMIT_FSIZE stands in; clear error, exit 4, no temp files */

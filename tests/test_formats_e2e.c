@@ -22,24 +22,6 @@ static const char *const fixtures[] = {
 };
 #define NFIX (sizeof fixtures / sizeof *fixtures)
 
-static bool is_nan16(uint16_t v) { return (v & 0x7F80) == 0x7F80 && (v & 0x7F) != 0; }
-
-/* bf16 bytes equal but for NaN payloads (ours 0x7FC0, upstream's 0xFFFF). */
-static size_t cmp_bf16(const uint8_t *got, const uint8_t *want, size_t nbytes)
-{
-    size_t bad = 0;
-    if (memcmp(got, want, nbytes) == 0)
-        return 0;
-    for (size_t i = 0; i + 1 < nbytes; i += 2) {
-        uint16_t g, w;
-        memcpy(&g, got + i, 2);
-        memcpy(&w, want + i, 2);
-        if (g != w && !(is_nan16(g) && is_nan16(w)) && bad++ < 5)
-            fprintf(stderr, "  element %zu: got 0x%04x want 0x%04x\n", i / 2, g, w);
-    }
-    return bad;
-}
-
 /* The output files (W rank files, or the one hf file) against the expected tensors. */
 static void check_out(const char *outdir, const char *expected, int W, bool hf)
 {
@@ -79,8 +61,9 @@ static void check_out(const char *outdir, const char *expected, int W, bool hf)
             assert_int_equal(g->ndim, e->ndim);
             for (int d = 0; d < e->ndim; d++)
                 assert_int_equal(g->shape[d], d ? e->shape[d] : b - a);
-            const size_t bad = cmp_bf16(rk[r].buf + rk[r].h.data_start + g->begin,
-                                        ex.buf + ex.h.data_start + e->begin + a * row_bytes, (size_t)((b - a) * row_bytes));
+            /* NaN payloads aside, equal (ours 0x7FC0, upstream's 0xFFFF) */
+            const size_t bad = st_cmp_bf16(st_data(&rk[r], g), st_data(&ex, e) + a * row_bytes,
+                                           (size_t)((b - a) * row_bytes), 0, NULL);
             if (bad)
                 fail_msg("%s W=%d rank %d: \"%s\": %zu elements differ from upstream", expected, W, r, e->name, bad);
         }

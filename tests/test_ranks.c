@@ -62,24 +62,13 @@ static int cli(const char *env, const char *fmt, ...)
     return tu_sh(CLEAN_ENV "%s %s %s > '%s' 2> '%s'", env, tu_bfshard(), args, g_out, g_err);
 }
 
-static char *slurp(const char *path)
-{
-    size_t n = 0;
-    uint8_t *b = tu_read_file(path, &n);
-    if (!b)
-        return calloc(1, 1);
-    char *s = realloc(b, n + 1);
-    s[n] = '\0';
-    return s;
-}
-
 /* the --json summary of the last command */
 static json_t *last_json(void)
 {
-    char *s = slurp(g_out);
+    char *s = tu_slurp(g_out);
     json_t *j = json_loads(s, 0, NULL);
     if (!j)
-        fail_msg("not JSON on stdout: %s (stderr: %s)", s, slurp(g_err));
+        fail_msg("not JSON on stdout: %s (stderr: %s)", s, tu_slurp(g_err));
     free(s);
     return j;
 }
@@ -89,7 +78,7 @@ static uint64_t jint(const json_t *j, const char *k) { return (uint64_t)json_int
 /* stderr of the last command is exactly one "bfshard: error: ..." line */
 static void assert_one_line_error(const char *what)
 {
-    char *s = slurp(g_err);
+    char *s = tu_slurp(g_err);
     int lines = 0;
     for (char *p = s; *p; p++)
         lines += *p == '\n';
@@ -144,7 +133,7 @@ static uint64_t input_size(const char *dir)
     snprintf(f, sizeof f, "%s/insize", g_tmp);
     snprintf(cmd, sizeof cmd, "cat '%s'/*.safetensors | wc -c > '%s'", dir, f);
     assert_int_equal(tu_sh("%s", cmd), 0);
-    char *s = slurp(f);
+    char *s = tu_slurp(f);
     const uint64_t v = strtoull(s, NULL, 10);
     free(s);
     return v;
@@ -233,7 +222,7 @@ static void auto_launchers(void **s)
                          json_string_value(json_object_get(j, "ranks")), want[p]);
             json_decref(j);
             /* the log names the variables it used */
-            char *e = slurp(g_err), first[64];
+            char *e = tu_slurp(g_err), first[64];
             snprintf(first, sizeof first, "%.*s", (int)strcspn(env, " "), env);
             if (!strstr(e, first))
                 fail_msg("%s: the log does not name %s: %s", L[l].name, first, e);
@@ -255,7 +244,7 @@ static void auto_launchers(void **s)
     const long ncpu = sysconf(_SC_NPROCESSORS_ONLN), want_threads = ncpu / 2 > 1 ? ncpu / 2 : 1;
     snprintf(out, sizeof out, "%s/auto-local", g_tmp);
     assert_int_equal(cli("RANK=0 WORLD_SIZE=2 LOCAL_WORLD_SIZE=2", "convert %s '%s' --world-size 8 --ranks auto", FX, out), 0);
-    char *e = slurp(g_err), t[64];
+    char *e = tu_slurp(g_err), t[64];
     snprintf(t, sizeof t, "threads %ld;", want_threads);
     if (!strstr(e, t))
         fail_msg("LOCAL_WORLD_SIZE=2 on %ld CPUs: expected \"%s\" in the log: %s", ncpu, t, e);
@@ -266,7 +255,7 @@ static void auto_launchers(void **s)
 static void expect_fail(int rc, int want, const char *outdir, const char *what)
 {
     if (rc != want)
-        fail_msg("%s: exit %d, want %d (%s)", what, rc, want, slurp(g_err));
+        fail_msg("%s: exit %d, want %d (%s)", what, rc, want, tu_slurp(g_err));
     assert_one_line_error(what);
     assert_false(exists(outdir, "bfshard.manifest.json"));
 }
@@ -344,7 +333,7 @@ static void node_local_verify(void **s)
     assert_int_equal(cli("", "convert %s '%s' --world-size 8 --ranks 0-3 --quiet", FX, a), 0);
     assert_int_equal(cli("", "convert %s '%s' --world-size 8 --ranks 4-7 --quiet", FX, b), 0);
     assert_int_equal(cli("", "verify '%s'", a), 0);
-    char *e = slurp(g_err);
+    char *e = tu_slurp(g_err);
     if (!strstr(e, "ranks 4-7 are elsewhere"))
         fail_msg("partial verify does not name the ranks elsewhere: %s", e);
     free(e);
@@ -367,112 +356,18 @@ static void node_local_verify(void **s)
 }
 
 /* ---- SIGKILL a part; rerun; merge -------------------------------------------------------------------- */
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void write_st(const char *path, const char *header, const uint8_t *data, size_t data_len)
-{
-    const size_t hl = strlen(header);
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    uint8_t len[8];
-    for (int i = 0; i < 8; i++)
-        len[i] = (uint8_t)((uint64_t)hl >> (8 * i));
-    assert_int_equal(fwrite(len, 1, 8, f), 8);
-    assert_int_equal(fwrite(header, 1, hl, f), hl);
-    assert_int_equal(fwrite(data, 1, data_len, f), data_len);
-    assert_int_equal(fclose(f), 0);
-}
-
-/* an MXFP4 checkpoint of L layers of gate_up_proj experts [8, 256, 90, 16] (~3 MB each) */
-static void gen_mxfp4(const char *dir, int L)
-{
-    enum { E = 8, R = 256, G = 90 };
-    const size_t nb = (size_t)E * R * G * 16, ns = (size_t)E * R * G;
-    size_t cap = (size_t)L * 400 + 64, k = 0;
-    char *hdr = malloc(cap), path[4096];
-    uint64_t pos = 0;
-    k += (size_t)snprintf(hdr + k, cap - k, "{\"__metadata__\":{\"format\":\"pt\"}");
-    for (int l = 0; l < L; l++) {
-        k += (size_t)snprintf(hdr + k, cap - k,
-                              ",\"model.layers.%d.mlp.experts.gate_up_proj_blocks\":{\"dtype\":\"U8\",\"shape\":[%d,%d,%d,16],\"data_offsets\":[%llu,%llu]}"
-                              ",\"model.layers.%d.mlp.experts.gate_up_proj_scales\":{\"dtype\":\"U8\",\"shape\":[%d,%d,%d],\"data_offsets\":[%llu,%llu]}",
-                              l, E, R, G, (unsigned long long)pos, (unsigned long long)(pos + nb), l, E, R, G,
-                              (unsigned long long)(pos + nb), (unsigned long long)(pos + nb + ns));
-        pos += nb + ns;
-    }
-    k += (size_t)snprintf(hdr + k, cap - k, "}");
-    while (k % 8)
-        hdr[k++] = ' ';
-    hdr[k] = '\0';
-    uint8_t *data = malloc((size_t)pos);
-    assert_non_null(data);
-    uint64_t x = 12345;
-    for (uint64_t i = 0; i < pos; i++) {
-        x = x * 6364136223846793005ull + 1442695040888963407ull;
-        data[i] = (uint8_t)(x >> 56);
-    }
-    for (int l = 0; l < L; l++) { /* scales in a sane range */
-        uint8_t *sc = data + (uint64_t)l * (nb + ns) + nb;
-        for (size_t i = 0; i < ns; i++)
-            sc[i] = (uint8_t)(100 + sc[i] % 40);
-    }
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    write_st(path, hdr, data, (size_t)pos);
-    free(data);
-    free(hdr);
-    assert_int_equal(tu_sh("cp " FX "/config.json " FX "/tokenizer.json '%s'/", dir), 0);
-}
-
 /* Run `bfshard convert IN OUT --world-size 4 --ranks RANKS`; SIGKILL it when `name` is
  * created in OUT. True when the kill landed before it finished. */
 static bool kill_part_on_create(const char *in, const char *out, const char *ranks, const char *name)
 {
     mkdir(out, 0755);
-    const int ifd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
-    assert_true(ifd >= 0);
-    assert_true(inotify_add_watch(ifd, out, IN_CREATE) >= 0);
-    const pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        const int nul = open("/dev/null", O_WRONLY);
-        dup2(nul, 1);
-        dup2(nul, 2);
-        execl(tu_bfshard(), tu_bfshard(), "convert", in, out, "--world-size", "4", "--ranks", ranks, "--device", "cpu",
-              "--threads", "1", "--mem", "4M", "--quiet", (char *)NULL);
-        _exit(127);
-    }
-    bool killed = false;
-    char buf[65536] __attribute__((aligned(8)));
-    const double deadline = now_s() + 120;
-    int st = 0;
-    while (!killed && now_s() < deadline) {
-        struct pollfd p = {.fd = ifd, .events = POLLIN};
-        if (poll(&p, 1, 20) > 0) {
-            const ssize_t n = read(ifd, buf, sizeof buf);
-            for (ssize_t off = 0; n > 0 && off < n && !killed;) {
-                const struct inotify_event *ev = (const struct inotify_event *)(buf + off);
-                if (ev->len && !strcmp(ev->name, name)) {
-                    kill(pid, SIGKILL);
-                    killed = true;
-                }
-                off += (ssize_t)(sizeof *ev + ev->len);
-            }
-        }
-        if (!killed && waitpid(pid, &st, WNOHANG) == pid) {
-            close(ifd);
-            return false;
-        }
-    }
-    if (!killed)
-        kill(pid, SIGKILL);
-    waitpid(pid, &st, 0);
+    const int ifd = tu_watch(out, IN_CREATE);
+    char *argv[] = {"bfshard", "convert", (char *)in, (char *)out, "--world-size", "4", "--ranks", (char *)ranks,
+                    "--device", "cpu", "--threads", "1", "--mem", "4M", "--quiet", NULL};
+    int rc;
+    const bool killed = tu_kill_on_event(ifd, tu_spawn(argv, NULL), name, IN_CREATE, 120, &rc);
     close(ifd);
-    return killed && WIFSIGNALED(st);
+    return killed && rc == 1000 + SIGKILL;
 }
 
 static void sigkill_part_resume(void **s)
@@ -483,7 +378,7 @@ static void sigkill_part_resume(void **s)
     snprintf(whole, sizeof whole, "%s/kill-whole", g_tmp);
     snprintf(out, sizeof out, "%s/kill-out", g_tmp);
     assert_int_equal(mkdir(in, 0755), 0);
-    gen_mxfp4(in, 4);
+    tu_gen_mxfp4(in, 8, 4, false); /* 4 layers of experts [8, 256, 90, 16] (~3 MB each) */
     assert_int_equal(cli("", "convert '%s' '%s' --world-size 4 --quiet", in, whole), 0);
 
     /* the other part runs first, to the end */
@@ -521,7 +416,7 @@ static int hold_lock(const char *dir, const char *name, int op, const char *pid)
 
 static void expect_err(int rc, int want, const char *needle, const char *what)
 {
-    char *e = slurp(g_err);
+    char *e = tu_slurp(g_err);
     if (rc != want || !strstr(e, needle))
         fail_msg("%s: exit %d, want %d naming \"%s\": %s", what, rc, want, needle, e);
     free(e);

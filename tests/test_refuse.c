@@ -92,16 +92,11 @@ static int names_one_of(const char *text, const char *needles)
 
 static int count_safetensors(const char *dir)
 {
-    DIR *d = opendir(dir);
-    struct dirent *e;
+    char **names = tu_dir_names(dir);
     int n = 0;
-    if (!d)
-        return 0;
-    while ((e = readdir(d)) != NULL) {
-        const size_t l = strlen(e->d_name);
-        n += l >= 12 && strstr(e->d_name, ".safetensors") != NULL;
-    }
-    closedir(d);
+    for (size_t i = 0; names && names[i]; i++)
+        n += strlen(names[i]) >= 12 && strstr(names[i], ".safetensors") != NULL;
+    tu_names_free(names);
     return n;
 }
 

@@ -70,168 +70,23 @@ static uint64_t rng(void)
     return rng_state;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void write_st(const char *path, const char *header, const uint8_t *data, size_t data_len)
-{
-    const size_t hl = strlen(header);
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    uint8_t len[8];
-    for (int i = 0; i < 8; i++)
-        len[i] = (uint8_t)((uint64_t)hl >> (8 * i));
-    assert_int_equal(fwrite(len, 1, 8, f), 8);
-    assert_int_equal(fwrite(header, 1, hl, f), hl);
-    if (data_len)
-        assert_int_equal(fwrite(data, 1, data_len, f), data_len);
-    assert_int_equal(fclose(f), 0);
-}
-
-/* A gpt-oss-shaped MXFP4 checkpoint of about `mb` MB: L layers of experts
- * gate_up_proj_blocks [4, 256, 90, 16] + scales + a BF16 bias; config + tokenizer. */
+/* A gpt-oss-shaped MXFP4 checkpoint of about `mb` MB: experts of 4 items with a BF16 bias
+ * (tu_gen_mxfp4), as many layers as make mb. */
 static void gen_mxfp4(const char *dir, int mb)
 {
-    enum { E = 4, R = 256, G = 90 };
-    const size_t nb = (size_t)E * R * G * 16, ns = (size_t)E * R * G, nbias = (size_t)E * 512 * 2;
-    const int L = mb * 1000000 / (int)(nb + ns + nbias) + 1;
-    char path[4096];
-    size_t cap = (size_t)L * 600 + 64, k = 0;
-    char *hdr = malloc(cap);
-    uint64_t pos = 0;
-    k += (size_t)snprintf(hdr + k, cap - k, "{\"__metadata__\":{\"format\":\"pt\"}");
-    for (int l = 0; l < L; l++) {
-        k += (size_t)snprintf(hdr + k, cap - k,
-                              ",\"model.layers.%d.mlp.experts.gate_up_proj_blocks\":{\"dtype\":\"U8\",\"shape\":[%d,%d,%d,16],\"data_offsets\":[%llu,%llu]}"
-                              ",\"model.layers.%d.mlp.experts.gate_up_proj_scales\":{\"dtype\":\"U8\",\"shape\":[%d,%d,%d],\"data_offsets\":[%llu,%llu]}"
-                              ",\"model.layers.%d.mlp.experts.gate_up_proj_bias\":{\"dtype\":\"BF16\",\"shape\":[%d,512],\"data_offsets\":[%llu,%llu]}",
-                              l, E, R, G, (unsigned long long)pos, (unsigned long long)(pos + nb), l, E, R, G,
-                              (unsigned long long)(pos + nb), (unsigned long long)(pos + nb + ns), l, E,
-                              (unsigned long long)(pos + nb + ns), (unsigned long long)(pos + nb + ns + nbias));
-        pos += nb + ns + nbias;
-    }
-    k += (size_t)snprintf(hdr + k, cap - k, "}");
-    while (k % 8)
-        hdr[k++] = ' ';
-    hdr[k] = '\0';
-    uint8_t *data = malloc((size_t)pos);
-    assert_non_null(data);
-    uint64_t x = 12345;
-    for (uint64_t i = 0; i < pos; i++) {
-        x = x * 6364136223846793005ull + 1442695040888963407ull;
-        data[i] = (uint8_t)(x >> 56);
-    }
-    /* scales in a sane range (2^-27 .. 2^13) */
-    for (int l = 0; l < L; l++) {
-        uint8_t *s = data + (uint64_t)l * (nb + ns + nbias) + nb;
-        for (size_t i = 0; i < ns; i++)
-            s[i] = (uint8_t)(100 + s[i] % 40);
-    }
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    write_st(path, hdr, data, (size_t)pos);
-    free(data);
-    free(hdr);
-    assert_int_equal(tu_sh("cp fixtures/mxfp4-tiny/config.json fixtures/mxfp4-tiny/tokenizer.json %s/", dir), 0);
+    const size_t layer = (size_t)4 * 256 * 90 * 17 + (size_t)4 * 512 * 2;
+    tu_gen_mxfp4(dir, 4, mb * 1000000 / (int)layer + 1, true);
 }
 
-/* Start the CLI; stdout/stderr to errfile (or /dev/null). fsize: RLIMIT_FSIZE, 0 = none;
- * the limit would cut the error message short in a file too, so then stderr goes
- * through a pipe to a `cat` that writes errfile (reaped by run_cli). */
-static pid_t cat_pid;
-static pid_t spawn(char *const argv[], const char *errfile, rlim_t fsize)
-{
-    int pfd[2] = {-1, -1};
-    if (fsize && errfile) {
-        assert_int_equal(pipe(pfd), 0);
-        cat_pid = fork();
-        assert_true(cat_pid >= 0);
-        if (cat_pid == 0) {
-            const int fd = open(errfile, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-            dup2(pfd[0], 0);
-            dup2(fd, 1);
-            close(pfd[0]);
-            close(pfd[1]);
-            execlp("cat", "cat", (char *)NULL);
-            _exit(127);
-        }
-    }
-    const pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        const int fd = pfd[1] >= 0 ? pfd[1] : open(errfile ? errfile : "/dev/null", O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) {
-            dup2(fd, 2);
-            close(fd);
-        }
-        if (pfd[0] >= 0)
-            close(pfd[0]);
-        const int nul = open("/dev/null", O_WRONLY);
-        if (nul >= 0)
-            dup2(nul, 1);
-        signal(SIGXFSZ, SIG_IGN); /* a file-size limit is an error to report, not a death */
-        if (fsize) {
-            const struct rlimit rl = {fsize, fsize};
-            setrlimit(RLIMIT_FSIZE, &rl);
-        }
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    if (pfd[0] >= 0) {
-        close(pfd[0]);
-        close(pfd[1]);
-    }
-    return pid;
-}
-
-static int wait_exit(pid_t pid)
-{
-    int st;
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
-        ;
-    if (WIFSIGNALED(st))
-        return 1000 + WTERMSIG(st);
-    return WEXITSTATUS(st);
-}
-
-static int run_cli(char *const argv[], const char *errfile, rlim_t fsize)
-{
-    const int rc = wait_exit(spawn(argv, errfile, fsize));
-    if (cat_pid > 0)
-        wait_exit(cat_pid);
-    cat_pid = 0;
-    return rc;
-}
-
+/* Lines of a file (stderr of a run); its text in text. */
 static int count_lines_file(const char *path, char *text, size_t cap)
 {
-    size_t n = 0;
-    uint8_t *b = tu_read_file(path, &n);
-    int lines = 0;
-    for (size_t i = 0; b && i < n; i++)
-        lines += b[i] == '\n';
+    char *t = tu_slurp(path);
+    const int lines = tu_count_lines(t);
     if (text)
-        snprintf(text, cap, "%.*s", (int)n, b ? (char *)b : "");
-    free(b);
+        snprintf(text, cap, "%s", t);
+    free(t);
     return lines;
-}
-
-static bool has_partial(const char *dir)
-{
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    bool found = false;
-    if (!d)
-        return false;
-    while ((e = readdir(d)) != NULL) {
-        const size_t n = strlen(e->d_name);
-        found = found || (n > 8 && !strcmp(e->d_name + n - 8, ".partial"));
-    }
-    closedir(d);
-    return found;
 }
 
 /* Bytes the process has written so far (write/pwrite, any file), from /proc/PID/io;
@@ -252,7 +107,7 @@ static long long wchar_of(pid_t pid)
 }
 
 /* Wait until the child has written at least `bytes` or has exited (reaped: returns
- * its wait status code via *rc, as wait_exit). Returns true while it is still running. */
+ * its wait status code via *rc, as tu_wait). Returns true while it is still running. */
 static bool wait_written(pid_t pid, long long bytes, int *rc)
 {
     for (;;) {
@@ -334,9 +189,9 @@ static void kill_setup(killctx *k, const char *tmp)
     k->argv[0] = (char *)tu_bfshard();
     k->argv[2] = k->in;
     k->argv[3] = k->ref;
-    const double t0 = now_s();
-    assert_int_equal(run_cli(k->argv, NULL, 0), 0);
-    k->t_ref = now_s() - t0;
+    const double t0 = tu_now_s();
+    assert_int_equal(tu_run(k->argv, NULL), 0);
+    k->t_ref = tu_now_s() - t0;
     k->argv[3] = k->out;
     k->ref_bytes = dir_bytes(k->ref);
     fprintf(stderr, "  reference conversion of a %d MB MXFP4 input: %.2f s, %lld bytes written\n", mb, k->t_ref,
@@ -346,7 +201,7 @@ static void kill_setup(killctx *k, const char *tmp)
 /* Rerun the same command to the end: exit 0 and byte-identical to the reference. */
 static void finish_and_compare(killctx *k, const char *when)
 {
-    const int rc = run_cli(k->argv, NULL, 0);
+    const int rc = tu_run(k->argv, NULL);
     if (rc != 0)
         fail_msg("%s: rerunning the same command exited %d", when, rc);
     if (tu_sh("diff -r '%s' '%s' >/dev/null", k->ref, k->out) != 0)
@@ -357,35 +212,12 @@ static void finish_and_compare(killctx *k, const char *when)
  * killed, false when it exited first. */
 static bool kill_on_event(killctx *k, const char *name, uint32_t mask)
 {
-    const int ifd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
-    assert_true(ifd >= 0);
-    assert_true(inotify_add_watch(ifd, k->out, IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE | IN_DELETE) >= 0);
-    const pid_t pid = spawn(k->argv, NULL, 0);
-    bool killed = false;
-    char buf[65536] __attribute__((aligned(8)));
-    const double deadline = now_s() + 600; /* a hang guard only */
-    while (!killed && now_s() < deadline) {
-        struct pollfd p = {.fd = ifd, .events = POLLIN};
-        if (poll(&p, 1, 20) > 0) {
-            const ssize_t n = read(ifd, buf, sizeof buf);
-            for (ssize_t off = 0; n > 0 && off < n && !killed;) {
-                const struct inotify_event *ev = (const struct inotify_event *)(buf + off);
-                if ((ev->mask & mask) && ev->len && !strcmp(ev->name, name)) {
-                    kill(pid, SIGKILL);
-                    killed = true;
-                }
-                off += (ssize_t)(sizeof *ev + ev->len);
-            }
-        }
-        if (!killed && waitpid(pid, NULL, WNOHANG) == pid) {
-            close(ifd);
-            return false;
-        }
-    }
-    if (!killed)
-        kill(pid, SIGKILL);
-    const int rc = wait_exit(pid);
+    const int ifd = tu_watch(k->out, IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE | IN_DELETE);
+    int rc;
+    const bool killed = tu_kill_on_event(ifd, tu_spawn(k->argv, NULL), name, mask, 600 /* a hang guard only */, &rc);
     close(ifd);
+    if (!killed && rc != 1000 + SIGKILL) /* it exited first */
+        return false;
     assert_true(rc == 1000 + SIGKILL || rc == 0);
     return rc != 0;
 }
@@ -453,11 +285,11 @@ static void kill9_stepped_and_random(void **s)
         char when[128];
         snprintf(when, sizeof when, "kill -9 after %.0f%% of a clean run's output was written", frac * 100);
         tu_rmrf(k.out);
-        const pid_t pid = spawn(k.argv, NULL, 0);
+        const pid_t pid = tu_spawn(k.argv, NULL);
         int rc = 0;
         if (wait_written(pid, (long long)(frac * (double)k.ref_bytes), &rc)) {
             kill(pid, SIGKILL);
-            wait_exit(pid);
+            tu_wait(pid);
         } else if (rc != 0) {
             fail_msg("%s: the run exited %d before the kill", when, rc);
         }
@@ -469,13 +301,13 @@ static void kill9_stepped_and_random(void **s)
     for (int i = 0; i < 6; i++) {
         char when[128];
         snprintf(when, sizeof when, "kill -9 chain, step %d", i);
-        const pid_t pid = spawn(k.argv, NULL, 0);
+        const pid_t pid = tu_spawn(k.argv, NULL);
         int rc = 0;
         /* a rerun first re-hashes what is reused, then writes: kill at 10..50% of a
          * clean run's output, counted from this run's start */
         if (wait_written(pid, (long long)((0.1 + (double)(rng() % 400) / 1000.0) * (double)k.ref_bytes), &rc)) {
             kill(pid, SIGKILL);
-            wait_exit(pid);
+            tu_wait(pid);
         } else if (rc != 0) {
             fail_msg("%s: the run exited %d before the kill", when, rc);
         }
@@ -501,9 +333,9 @@ static char *hash_tree(const char *dir)
 }
 
 /* One run that must end with exit 0, or 4 with one clear line and no temp files. */
-static int full_disk_run(char *const argv[], const char *out, const char *errf, rlim_t fsize, const char *what)
+static int full_disk_run(char *const argv[], const char *out, const char *errf, unsigned long long fsize, const char *what)
 {
-    const int rc = run_cli(argv, errf, fsize);
+    const int rc = tu_run(argv, &(tu_proc){.errf = errf, .fsize = fsize});
     char err[4096];
     const int lines = count_lines_file(errf, err, sizeof err);
     if (rc != 0 && rc != 4)
@@ -513,7 +345,7 @@ static int full_disk_run(char *const argv[], const char *out, const char *errf, 
             !(strstr(err, "No space left") || strstr(err, "disk full") || strstr(err, "File too large")) ||
             !strstr(err, out))
             fail_msg("%s: the error is not one clear line naming the file: %s", what, err);
-        if (has_partial(out))
+        if (tu_dir_has(out, ".partial"))
             fail_msg("%s: temporary files left in %s", what, out);
     }
     return rc;
@@ -553,7 +385,7 @@ static void enospc_tmpfs(void **s)
     char *h0 = hash_tree(in);
     char *argv[] = {(char *)tu_bfshard(), "convert", in, out, "--world-size", "2", "--device", "cpu", "--quiet", NULL};
     char *argv_ref[] = {(char *)tu_bfshard(), "convert", in, ref, "--world-size", "2", "--device", "cpu", "--quiet", NULL};
-    assert_int_equal(run_cli(argv_ref, NULL, 0), 0);
+    assert_int_equal(tu_run(argv_ref, NULL), 0);
     uint64_t need = 0;
     struct stat sb;
     DIR *d = opendir(ref);
@@ -588,7 +420,7 @@ static void enospc_tmpfs(void **s)
         if (rc == 4) {
             /* make room: the same command finishes, identical to a clean run */
             unlink(filler);
-            if (run_cli(argv, NULL, 0) != 0 || tu_sh("diff -r '%s' '%s' >/dev/null", ref, out) != 0)
+            if (tu_run(argv, NULL) != 0 || tu_sh("diff -r '%s' '%s' >/dev/null", ref, out) != 0)
                 fail_msg("%s: after freeing space, the rerun did not finish identical to a clean run", what);
         }
     }
@@ -667,7 +499,7 @@ static void sigbus_threads(void **s)
         bfs__input_free(bus_in);
         _exit(rc == BFS_EINPUT && strstr(bfs_last_error(), "m.safetensors") ? 0 : 12);
     }
-    const int rc = wait_exit(pid);
+    const int rc = tu_wait(pid);
     if (rc != 0)
         fail_msg("reading a truncated mapping from 5 threads: %s %d", rc > 1000 ? "killed by signal" : "exit", rc % 1000);
     /* a fault outside our mappings is never swallowed: it still kills (a fresh process,
@@ -680,7 +512,7 @@ static void sigbus_threads(void **s)
         execl("/proc/self/exe", "test_reliability", f, (char *)NULL);
         _exit(127);
     }
-    const int rc2 = wait_exit(p2);
+    const int rc2 = tu_wait(p2);
     if (rc2 != 1000 + SIGBUS)
         fail_msg("a SIGBUS outside the input mappings: %s %d, expected death by SIGBUS", rc2 > 1000 ? "signal" : "exit",
                  rc2 % 1000);
@@ -722,12 +554,12 @@ static void truncated_during_convert(void **s)
             o.progress = truncate_cb;
             trunc_path = f;
             const int rc = bfs_convert(in, out, &o, NULL);
-            if (rc == BFS_EINPUT && strstr(bfs_last_error(), "model.safetensors") && !has_partial(out))
+            if (rc == BFS_EINPUT && strstr(bfs_last_error(), "model.safetensors") && !tu_dir_has(out, ".partial"))
                 _exit(0);
             fprintf(stderr, "  rc %d: %s\n", rc, bfs_last_error());
             _exit(20);
         }
-        const int rc = wait_exit(pid);
+        const int rc = tu_wait(pid);
         if (rc != 0)
             fail_msg("threads=%d: input truncated during the conversion: %s %d", threads,
                      rc > 1000 ? "killed by signal" : "exit", rc % 1000);
@@ -752,7 +584,7 @@ static void truncated_by_other_process(void **s)
     gen_mxfp4(in, 16);
     char *argv[] = {(char *)tu_bfshard(), "convert", in, ref, "--world-size", "2", "--device", "cpu",
                     "--threads", "2", "--mem", "4M", "--quiet", "--force", NULL};
-    assert_int_equal(run_cli(argv, NULL, 0), 0);
+    assert_int_equal(tu_run(argv, NULL), 0);
     const long long total = dir_bytes(ref);
     argv[3] = out;
     /* The converter is stopped (SIGSTOP, so nothing moves while we look) once it has
@@ -769,7 +601,7 @@ static void truncated_by_other_process(void **s)
         char when[128];
         snprintf(when, sizeof when, "input truncated after %.0f%% of the output was written", frac * 100);
         tu_rmrf(out);
-        const pid_t pid = spawn(argv, errf, 0);
+        const pid_t pid = tu_spawn(argv, &(tu_proc){.errf = errf});
         int rc = 0;
         bool must_fail = false;
         if (wait_written(pid, (long long)(frac * (double)total), &rc)) {
@@ -781,7 +613,7 @@ static void truncated_by_other_process(void **s)
                 must_fail = wchar_of(pid) <= total / 2;
                 assert_int_equal(truncate(f, (off_t)(rng() % (8u << 20))), 0);
                 kill(pid, SIGCONT);
-                rc = wait_exit(pid);
+                rc = tu_wait(pid);
             } else {
                 rc = WIFSIGNALED(st) ? 1000 + WTERMSIG(st) : WEXITSTATUS(st);
             }
@@ -796,7 +628,7 @@ static void truncated_by_other_process(void **s)
             strict += must_fail;
             if (!strstr(err, "model.safetensors"))
                 fail_msg("%s: the error does not name the file: %s", when, err);
-            if (has_partial(out))
+            if (tu_dir_has(out, ".partial"))
                 fail_msg("%s: temporary files left in %s", when, out);
         } else if (tu_sh("diff -r '%s' '%s' >/dev/null", ref, out) != 0) {
             fail_msg("%s: exit 0, but the output differs from a clean run's", when);
@@ -835,7 +667,7 @@ static void symlinks_in_outdir(void **s)
         if (round == 1) {
             argv[9] = NULL;
             tu_rmrf(out);
-            assert_int_equal(run_cli(argv, NULL, 0), 0);
+            assert_int_equal(tu_run(argv, NULL), 0);
             assert_int_equal(tu_sh("cd '%s' && cp bfshard.manifest.json ../m && rm -f ./* .bfshard-inprogress", out), 0);
         }
         for (size_t i = 0; i < N; i++) {
@@ -845,9 +677,9 @@ static void symlinks_in_outdir(void **s)
         if (round == 1) /* the manifest itself must stay a readable record: a copy, not a link */
             assert_int_equal(tu_sh("rm '%s/bfshard.manifest.json' && cp '%s/m' '%s/bfshard.manifest.json'", out, tmp, out), 0);
         argv[9] = NULL;
-        assert_int_equal(run_cli(argv, NULL, 0), 8);
+        assert_int_equal(tu_run(argv, NULL), 8);
         argv[9] = "--force";
-        assert_int_equal(run_cli(argv, NULL, 0), round == 0 ? 8 : 0);
+        assert_int_equal(tu_run(argv, NULL), round == 0 ? 8 : 0);
         for (size_t i = 0; i < N; i++) {
             struct stat sb;
             char p[8192];
@@ -877,7 +709,7 @@ static void names_never_paths(void **s)
     snprintf(f, sizeof f, "%s/model.safetensors", in);
     assert_int_equal(tu_sh("mkdir -p %s %s/a/b", in, tmp), 0);
     uint8_t data[64] = {0};
-    write_st(f,
+    tu_write_st(f,
              "{\"../../evil\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[0,4]},"
              "\"/tmp/bfs-abs-evil\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[4,8]},"
              "\"..\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[8,12]},"
@@ -935,12 +767,12 @@ static void hostile_inputs_no_hang(void **s)
         fprintf(fp, "%s\"t%d\": \"f%07d.safetensors\"", i ? ", " : "", i, 299999 - i);
     fputs("}}", fp);
     assert_int_equal(fclose(fp), 0);
-    const double t0 = now_s();
+    const double t0 = tu_now_s();
     snprintf(args, sizeof args, "timeout 60 %s inspect %s 2>/dev/null >/dev/null", tu_bfshard(), d);
     assert_int_equal(tu_sh("%s", args), 3);
     /* `timeout 60` above is the bound (a quadratic de-duplication took minutes): exit 3,
      * not 124; the time is reported, not asserted */
-    fprintf(stderr, "  index of 300000 file names rejected in %.2f s\n", now_s() - t0);
+    fprintf(stderr, "  index of 300000 file names rejected in %.2f s\n", tu_now_s() - t0);
     tu_rmrf(tmp);
     free(tmp);
 }
@@ -1009,7 +841,7 @@ static int plan_file(const char *header, const uint8_t *data, size_t n)
     char *tmp = tu_tmpdir("mf");
     char f[4096];
     snprintf(f, sizeof f, "%s/m.safetensors", tmp);
-    write_st(f, header, data, n);
+    tu_write_st(f, header, data, n);
     FILE *null = fopen("/dev/null", "w");
     bfs__err_clear();
     const int rc = bfs_inspect(f, NULL, 0, null);
@@ -1047,16 +879,13 @@ typedef int (*fz_fn)(const uint8_t *, size_t);
 
 static int replay_dir(const char *dir, fz_fn fn)
 {
-    DIR *d = opendir(dir);
-    struct dirent *e;
+    char **names = tu_dir_names(dir);
     int n = 0;
-    if (!d)
-        return 0;
-    while ((e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.')
+    for (size_t i = 0; names && names[i]; i++) {
+        if (names[i][0] == '.')
             continue;
         char p[8192];
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
         size_t len;
         uint8_t *b = tu_read_file(p, &len);
         if (!b)
@@ -1066,13 +895,13 @@ static int replay_dir(const char *dir, fz_fn fn)
             fn(b, len);
             _exit(0);
         }
-        const int rc = wait_exit(pid);
+        const int rc = tu_wait(pid);
         if (rc != 0)
             fail_msg("fuzz input %s: %s %d", p, rc > 1000 ? "killed by signal" : "exit", rc % 1000);
         free(b);
         n++;
     }
-    closedir(d);
+    tu_names_free(names);
     return n;
 }
 

@@ -32,19 +32,14 @@ static void write_st_json(const char *path, json_t *hdr, const uint8_t *data, si
 {
     char *text = json_dumps(hdr, JSON_COMPACT | JSON_SORT_KEYS);
     assert_non_null(text);
-    size_t n = strlen(text), hl = (n + 7) / 8 * 8 + pad;
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    uint8_t pre[8];
-    for (int i = 0; i < 8; i++)
-        pre[i] = (uint8_t)((uint64_t)hl >> (8 * i));
-    assert_int_equal(fwrite(pre, 1, 8, f), 8);
-    assert_int_equal(fwrite(text, 1, n, f), n);
-    for (size_t i = n; i < hl; i++)
-        fputc(' ', f);
-    if (len)
-        assert_int_equal(fwrite(data, 1, len, f), len);
-    assert_int_equal(fclose(f), 0);
+    const size_t n = strlen(text), hl = (n + 7) / 8 * 8 + pad;
+    char *padded = malloc(hl + 1);
+    assert_non_null(padded);
+    memcpy(padded, text, n);
+    memset(padded + n, ' ', hl - n);
+    padded[hl] = '\0';
+    tu_write_st(path, padded, data, len);
+    free(padded);
     free(text);
 }
 
@@ -199,6 +194,23 @@ static void expected_content_hash(const char *path, char hex[33])
     free(b);
 }
 
+/* Every source file in OUTDIR's manifest has the content hash of that file of input. */
+static void assert_source_hashes(const char *input, const char *outdir)
+{
+    char mp[4096], p[4096], want[33];
+    snprintf(mp, sizeof mp, "%s/bfshard.manifest.json", outdir);
+    json_t *m = json_load_file(mp, 0, NULL);
+    const json_t *files = json_object_get(json_object_get(m, "source"), "files");
+    assert_true(json_array_size(files) >= 1);
+    for (size_t i = 0; i < json_array_size(files); i++) {
+        const json_t *f = json_array_get(files, i);
+        snprintf(p, sizeof p, "%s/%s", input, json_string_value(json_object_get(f, "name")));
+        expected_content_hash(p, want);
+        assert_string_equal(json_string_value(json_object_get(f, "content_xxh3_128")), want);
+    }
+    json_decref(m);
+}
+
 static void source_hashes_of_read_bytes(void **s)
 {
     (void)s;
@@ -209,22 +221,12 @@ static void source_hashes_of_read_bytes(void **s)
     char *tmp = tu_tmpdir("srch");
     for (size_t k = 0; k < sizeof fx / sizeof *fx; k++) {
         for (int world = 1; world <= 3; world += 2) {
-            char out[4096], mp[4096], p[4096], want[33];
+            char out[4096];
             snprintf(out, sizeof out, "%s/o%zu-%d", tmp, k, world);
             bfs_convert_opts o = cpu_opts(world);
             o.mem = 64 << 10;
             assert_int_equal(bfs_convert(fx[k], out, &o, NULL), 0);
-            snprintf(mp, sizeof mp, "%s/bfshard.manifest.json", out);
-            json_t *m = json_load_file(mp, 0, NULL);
-            const json_t *files = json_object_get(json_object_get(m, "source"), "files");
-            assert_true(json_array_size(files) >= 1);
-            for (size_t i = 0; i < json_array_size(files); i++) {
-                const json_t *f = json_array_get(files, i);
-                snprintf(p, sizeof p, "%s/%s", fx[k], json_string_value(json_object_get(f, "name")));
-                expected_content_hash(p, want);
-                assert_string_equal(json_string_value(json_object_get(f, "content_xxh3_128")), want);
-            }
-            json_decref(m);
+            assert_source_hashes(fx[k], out);
         }
     }
     tu_rmrf(tmp);
@@ -240,7 +242,7 @@ static void source_hashes_of_parts(void **s)
     static const char *const parts[] = {"2", "0", "1"};
     char *tmp = tu_tmpdir("srchp");
     for (size_t k = 0; k < sizeof fx / sizeof *fx; k++) {
-        char out[4096], mp[4096], p[4096], want[33];
+        char out[4096];
         snprintf(out, sizeof out, "%s/o%zu", tmp, k);
         for (size_t q = 0; q < sizeof parts / sizeof *parts; q++) {
             bfs_convert_opts o = cpu_opts(3);
@@ -251,17 +253,7 @@ static void source_hashes_of_parts(void **s)
                 fail_msg("%s --ranks %s: %s", fx[k], parts[q], bfs_last_error());
         }
         assert_int_equal(bfs_merge(out, NULL), 0);
-        snprintf(mp, sizeof mp, "%s/bfshard.manifest.json", out);
-        json_t *m = json_load_file(mp, 0, NULL);
-        const json_t *files = json_object_get(json_object_get(m, "source"), "files");
-        assert_true(json_array_size(files) >= 1);
-        for (size_t i = 0; i < json_array_size(files); i++) {
-            const json_t *f = json_array_get(files, i);
-            snprintf(p, sizeof p, "%s/%s", fx[k], json_string_value(json_object_get(f, "name")));
-            expected_content_hash(p, want);
-            assert_string_equal(json_string_value(json_object_get(f, "content_xxh3_128")), want);
-        }
-        json_decref(m);
+        assert_source_hashes(fx[k], out);
         assert_int_equal(bfs_verify(out, NULL, NULL), 0);
     }
     tu_rmrf(tmp);

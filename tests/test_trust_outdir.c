@@ -33,62 +33,11 @@
 #define RANK3 "shard-00003-model-00001-of-00001.safetensors"
 
 /* ---- running the CLI ---------------------------------------------------------------- */
-/* Spawn bfshard with argv (NULL-terminated, argv[0] ignored); env "NAME=VALUE" or NULL;
- * stdout to out_fd (-1: /dev/null), stderr to errf (NULL: /dev/null). */
-static pid_t spawn_cli(char *const argv[], const char *env, int out_fd, const char *errf)
-{
-    const pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        const int dn = open("/dev/null", O_RDWR);
-        const int ef = errf ? open(errf, O_WRONLY | O_CREAT | O_TRUNC, 0644) : dn;
-        dup2(out_fd >= 0 ? out_fd : dn, 1);
-        dup2(ef, 2);
-        if (env)
-            putenv((char *)env);
-        else
-            unsetenv("BFSHARD_TEST_SIGNAL");
-        signal(SIGPIPE, SIG_DFL);
-        execv(tu_bfshard(), argv);
-        _exit(127);
-    }
-    return pid;
-}
-
-/* exit code, or 1000 + signal */
-static int wait_cli(pid_t pid)
-{
-    int st;
-    while (waitpid(pid, &st, 0) < 0)
-        assert_int_equal(errno, EINTR);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 1000 + WTERMSIG(st);
-}
-
-static int run_cli(char *const argv[], const char *env, const char *errf)
-{
-    return wait_cli(spawn_cli(argv, env, -1, errf));
-}
-
-static char *slurp(const char *path)
-{
-    size_t n = 0;
-    char *t = (char *)tu_read_file(path, &n);
-    if (!t)
-        return calloc(1, 1);
-    t[n] = '\0';
-    return t;
-}
-
 static void convert_to(const char *out, const char *world, const char *extra)
 {
     char *argv[] = {"bfshard", "convert", "fixtures/mxfp4-tiny", (char *)out, "--world-size", (char *)world,
                     "--device", "cpu", "--quiet", (char *)extra, NULL};
-    assert_int_equal(run_cli(argv, NULL, NULL), 0);
-}
-
-static bool has_partial(const char *dir)
-{
-    return tu_sh("ls -A '%s' 2>/dev/null | grep -q 'partial$'", dir) == 0;
+    assert_int_equal(tu_run(argv, NULL), 0);
 }
 
 static void alarm_guard(int s) { (void)s; fail_msg("a command blocked: the alarm() guard fired"); }
@@ -157,10 +106,10 @@ static void resume_leaves_foreign_files(void **s)
     tu_rmrf(out);
     char *argv[] = {"bfshard", "convert", "fixtures/mxfp4-tiny", out, "--world-size", "3", "--device", "cpu",
                     "--quiet", NULL};
-    assert_int_equal(run_cli(argv, "BFSHARD_TEST_SIGNAL=tmp:9:2", NULL), 1000 + SIGKILL);
+    assert_int_equal(tu_run(argv, &(tu_proc){.env = "BFSHARD_TEST_SIGNAL=tmp:9:2"}), 1000 + SIGKILL);
     assert_int_equal(tu_sh("test -e '%s/.bfshard-inprogress' && test -e '%s/" RANK1 "'", out, out), 0);
     assert_int_equal(tu_sh("echo mine > '%s/notes.txt' && echo mine > '%s/README.md'", out, out), 0);
-    assert_int_equal(run_cli(argv, NULL, NULL), 0);
+    assert_int_equal(tu_run(argv, NULL), 0);
     assert_int_equal(tu_sh("cd '%s' && grep -qx mine notes.txt && grep -qx mine README.md", out), 0);
     assert_int_equal(tu_sh("cmp -s '%s/" RANK2 "' '%s/" RANK2 "'", ref, out), 0);
     assert_int_equal(tu_sh("test -e '%s/.bfshard.lock'", out), 1);
@@ -179,8 +128,8 @@ static void foreign_file_where_an_output_goes(void **s)
                     "--quiet", "--force", NULL};
     /* the user's own config.json in a directory bfshard never wrote to */
     assert_int_equal(tu_sh("mkdir -p '%s' && echo '{\"mine\": 1}' > '%s/config.json' && echo mine > '%s/notes.txt'", out, out, out), 0);
-    assert_int_equal(run_cli(argv, NULL, err), 8);
-    char *e = slurp(err);
+    assert_int_equal(tu_run(argv, &(tu_proc){.errf = err}), 8);
+    char *e = tu_slurp(err);
     if (!strstr(e, "config.json") || !strstr(e, "not written by bfshard"))
         fail_msg("the error does not name the foreign file: %s", e);
     free(e);
@@ -190,8 +139,8 @@ static void foreign_file_where_an_output_goes(void **s)
     tu_rmrf(out);
     convert_to(out, "2", NULL);
     assert_int_equal(tu_sh("echo mine > '%s/" RANK3 "' && cd '%s' && ls -A | sort > ../before && md5sum * > ../sums", out, out), 0);
-    assert_int_equal(run_cli(argv, NULL, err), 8);
-    e = slurp(err);
+    assert_int_equal(tu_run(argv, &(tu_proc){.errf = err}), 8);
+    e = tu_slurp(err);
     if (!strstr(e, RANK3))
         fail_msg("the error does not name %s: %s", RANK3, e);
     free(e);
@@ -290,8 +239,8 @@ static void second_writer_is_refused(void **s)
     char *comp[] = {"bfshard", "compress", out, "-q", NULL};
     char *const *cmds[] = {conv, comp};
     for (int i = 0; i < 2; i++) {
-        assert_int_equal(run_cli(cmds[i], NULL, err), 8);
-        char *e = slurp(err);
+        assert_int_equal(tu_run(cmds[i], &(tu_proc){.errf = err}), 8);
+        char *e = tu_slurp(err);
         if (!strstr(e, "pid 424242"))
             fail_msg("%s: the error does not name the holder's pid: %s", cmds[i][1], e);
         free(e);
@@ -300,8 +249,8 @@ static void second_writer_is_refused(void **s)
     assert_int_equal(bfs_verify(out, NULL, NULL), 0);
     /* released: both run */
     close(fd);
-    assert_int_equal(run_cli(conv, NULL, err), 0);
-    assert_int_equal(run_cli(comp, NULL, err), 0);
+    assert_int_equal(tu_run(conv, &(tu_proc){.errf = err}), 0);
+    assert_int_equal(tu_run(comp, &(tu_proc){.errf = err}), 0);
     assert_int_equal(tu_sh("test -e '%s'", lock), 1);
     tu_rmrf(tmp);
     free(tmp);
@@ -316,7 +265,7 @@ static void compress_outdir_resumes_after_kill9(void **s)
     snprintf(err, sizeof err, "%s/err", tmp);
     convert_to(ref, "3", NULL);
     char *zref[] = {"bfshard", "compress", ref, "-q", "--frame-size", "16K", NULL};
-    assert_int_equal(run_cli(zref, NULL, NULL), 0);
+    assert_int_equal(tu_run(zref, NULL), 0);
     /* temporaries in order: rank 1's copy, the manifest recording it, rank 2's copy, ...
      * kill -9 right after each is created */
     for (int nth = 1; nth <= 5; nth++) {
@@ -325,10 +274,10 @@ static void compress_outdir_resumes_after_kill9(void **s)
         convert_to(out, "3", NULL);
         char *z[] = {"bfshard", "compress", out, "--frame-size", "16K", NULL};
         snprintf(env, sizeof env, "BFSHARD_TEST_SIGNAL=tmp:9:%d", nth);
-        assert_int_equal(run_cli(z, env, NULL), 1000 + SIGKILL);
-        assert_int_equal(run_cli(z, NULL, err), 0);
+        assert_int_equal(tu_run(z, &(tu_proc){.env = env}), 1000 + SIGKILL);
+        assert_int_equal(tu_run(z, &(tu_proc){.errf = err}), 0);
         if (nth >= 3) {
-            char *e = slurp(err);
+            char *e = tu_slurp(err);
             if (!strstr(e, "kept from the interrupted run"))
                 fail_msg("kill -9 at temporary %d: the rerun did not keep rank 1's copy: %s", nth, e);
             free(e);
@@ -361,7 +310,7 @@ static void every_command_stops_on_signals(void **s)
     char zsingle[4096];
     snprintf(zsingle, sizeof zsingle, "%s/single.zst", tmp);
     char *mk[] = {"bfshard", "compress", rank, "-o", zsingle, "-q", NULL};
-    assert_int_equal(run_cli(mk, NULL, NULL), 0);
+    assert_int_equal(tu_run(mk, NULL), 0);
     static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
     for (int si = 0; si < 3; si++) {
         char env[64], envh[64];
@@ -379,14 +328,14 @@ static void every_command_stops_on_signals(void **s)
         } cmds[] = {{conv, env}, {compf, env}, {compd, env}, {dec, env}, {ext, env}, {ver, envh}};
         for (size_t c = 0; c < sizeof cmds / sizeof *cmds; c++) {
             tu_rmrf(run_out);
-            const int rc = run_cli(cmds[c].argv, cmds[c].env, err);
-            char *msg = slurp(err);
+            const int rc = tu_run(cmds[c].argv, &(tu_proc){.env = cmds[c].env, .errf = err});
+            char *msg = tu_slurp(err);
             if (rc != 9)
                 fail_msg("%s, signal %d: exit %d, expected 9: %s", cmds[c].argv[1], sigs[si], rc, msg);
             if (!strstr(msg, "interrupted"))
                 fail_msg("%s, signal %d: the error does not say interrupted: %s", cmds[c].argv[1], sigs[si], msg);
             free(msg);
-            if (has_partial(tmp) || has_partial(out) || has_partial(run_out))
+            if (tu_dir_has(tmp, "partial") || tu_dir_has(out, "partial") || tu_dir_has(run_out, "partial"))
                 fail_msg("%s, signal %d: a temporary file was left", cmds[c].argv[1], sigs[si]);
             if (tu_sh("test -e '%s' || test -e '%s' || test -e '%s' || test -e '%s/bfshard.manifest.json'", d, e, z, run_out) != 1)
                 fail_msg("%s, signal %d: an output was committed after the signal", cmds[c].argv[1], sigs[si]);
@@ -413,7 +362,7 @@ static void signal_while_blocked_on_stdout(void **s)
     snprintf(err, sizeof err, "%s/err", tmp);
     convert_to(out, "1", NULL);
     char *mk[] = {"bfshard", "compress", rank, "-o", zf, "-q", NULL};
-    assert_int_equal(run_cli(mk, NULL, NULL), 0);
+    assert_int_equal(tu_run(mk, NULL), 0);
     struct stat sb;
     assert_int_equal(stat(rank, &sb), 0);
     static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
@@ -426,12 +375,12 @@ static void signal_while_blocked_on_stdout(void **s)
             assert_true(cap > 0 && cap < 65536 / 2); /* the tensor is 64 KiB, the file more */
             char *dec[] = {"bfshard", "decompress", zf, "-o", "-", NULL};
             char *ext[] = {"bfshard", "extract", zf, "model.layers.0.mlp.experts.gate_up_proj", "--raw", "-o", "-", NULL};
-            const pid_t pid = spawn_cli(raw ? ext : dec, NULL, p[1], err);
+            const pid_t pid = tu_spawn(raw ? ext : dec, &(tu_proc){.out_fd = p[1], .errf = err});
             close(p[1]);
             struct pollfd pf = {.fd = p[0], .events = POLLIN};
             assert_int_equal(poll(&pf, 1, 60000), 1); /* it runs (its handlers are installed) */
             kill(pid, sigs[si]);
-            const int rc = wait_cli(pid);
+            const int rc = tu_wait(pid);
             close(p[0]);
             if (rc != 9)
                 fail_msg("%s to a full pipe, signal %d: exit %d, expected 9", raw ? "extract" : "decompress", sigs[si], rc);
@@ -452,7 +401,7 @@ static void closed_stdout_is_an_error(void **s)
     snprintf(rank, sizeof rank, "%s/" RANK1, out);
     convert_to(out, "1", NULL);
     char *mk[] = {"bfshard", "compress", rank, "-o", zf, "-q", NULL};
-    assert_int_equal(run_cli(mk, NULL, NULL), 0);
+    assert_int_equal(tu_run(mk, NULL), 0);
     char *insp[] = {"bfshard", "inspect", "fixtures/mxfp4-tiny", NULL};
     char *inspj[] = {"bfshard", "inspect", "fixtures/bnb-nf4", "--json", NULL};
     char *ver[] = {"bfshard", "verify", out, "--json", "-q", NULL};
@@ -463,9 +412,9 @@ static void closed_stdout_is_an_error(void **s)
         int p[2];
         assert_int_equal(pipe(p), 0);
         close(p[0]); /* `| head -c0`, already gone */
-        const int rc = wait_cli(spawn_cli(cmds[c], NULL, p[1], err));
+        const int rc = tu_wait(tu_spawn(cmds[c], &(tu_proc){.out_fd = p[1], .errf = err}));
         close(p[1]);
-        char *e = slurp(err);
+        char *e = tu_slurp(err);
         if (rc != 4 || !strstr(e, "bfshard: error: ") || !strstr(e, "standard output") ||
             tu_sh("test $(grep -c . '%s') -eq 1", err) != 0)
             fail_msg("%s to a closed pipe: exit %d, expected 4 and one error line: %s", cmds[c][1], rc, e);
@@ -492,43 +441,43 @@ static void fifo_never_blocks(void **s)
     FILE *r = fopen(rep, "w");
     assert_int_equal(bfs_verify(out, r, NULL), BFS_EVERIFY);
     fclose(r);
-    char *t = slurp(rep);
+    char *t = tu_slurp(rep);
     if (!strstr(t, RANK2) || !strstr(t, "NOT A REGULAR FILE"))
         fail_msg("verify does not name the FIFO: %s", t);
     free(t);
     char *ver[] = {"bfshard", "verify", out, "-q", NULL};
-    assert_int_equal(run_cli(ver, NULL, NULL), 7);
+    assert_int_equal(tu_run(ver, NULL), 7);
     /* compress OUTDIR and compress FILE: bad input, exit 3 */
     char *comp[] = {"bfshard", "compress", out, "-q", NULL};
-    assert_int_equal(run_cli(comp, NULL, err), 3);
+    assert_int_equal(tu_run(comp, &(tu_proc){.errf = err}), 3);
     char f2[4096];
     snprintf(f2, sizeof f2, "%s/" RANK2, out);
     char *compf[] = {"bfshard", "compress", f2, "-o", "x.zst", "-q", NULL};
-    assert_int_equal(run_cli(compf, NULL, NULL), 3);
+    assert_int_equal(tu_run(compf, NULL), 3);
     assert_int_equal(tu_sh("mkfifo '%s/f.zst'", tmp), 0);
     char fz[4096];
     snprintf(fz, sizeof fz, "%s/f.zst", tmp);
     char *dec[] = {"bfshard", "decompress", fz, "-o", "-", NULL};
-    assert_int_equal(run_cli(dec, NULL, NULL), 3);
+    assert_int_equal(tu_run(dec, NULL), 3);
     /* a convert rerun: the same command finds the output changed (exit 8, needs --force);
      * --force replaces the FIFO, which its manifest records */
     char *conv[] = {"bfshard", "convert", "fixtures/mxfp4-tiny", out, "--world-size", "2", "--device", "cpu",
                     "--quiet", NULL, NULL};
-    assert_int_equal(run_cli(conv, NULL, NULL), 8);
+    assert_int_equal(tu_run(conv, NULL), 8);
     conv[9] = "--force";
-    assert_int_equal(run_cli(conv, NULL, NULL), 0);
+    assert_int_equal(tu_run(conv, NULL), 0);
     assert_int_equal(bfs_verify(out, NULL, NULL), 0);
     /* resuming an interrupted run whose rank file became a FIFO: rewritten */
     tu_rmrf(out);
     conv[9] = NULL;
-    assert_int_equal(run_cli(conv, "BFSHARD_TEST_SIGNAL=tmp:9:3", NULL), 1000 + SIGKILL);
+    assert_int_equal(tu_run(conv, &(tu_proc){.env = "BFSHARD_TEST_SIGNAL=tmp:9:3"}), 1000 + SIGKILL);
     assert_int_equal(tu_sh("test -f '%s/" RANK2 "' && rm '%s/" RANK2 "' && mkfifo '%s/" RANK2 "'", out, out, out), 0);
-    assert_int_equal(run_cli(conv, NULL, NULL), 0);
+    assert_int_equal(tu_run(conv, NULL), 0);
     assert_int_equal(bfs_verify(out, NULL, NULL), 0);
     /* a FIFO under a temporary's name of ours: removed, never opened */
     tu_rmrf(out);
     assert_int_equal(tu_sh("mkdir '%s' && mkfifo '%s/." RANK1 ".partial'", out, out), 0);
-    assert_int_equal(run_cli(conv, NULL, NULL), 0);
+    assert_int_equal(tu_run(conv, NULL), 0);
     assert_int_equal(bfs_verify(out, NULL, NULL), 0);
     alarm(0);
     signal(SIGALRM, SIG_DFL);

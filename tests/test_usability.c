@@ -34,22 +34,6 @@ static void make_cache(const char *hub)
                      0);
 }
 
-/* Runs `ENV bfshard ARGS`; returns its exit code; stderr in err (whole, NUL-ended). */
-static int run(const char *env, const char *args, char *err, size_t cap)
-{
-    char *tmp = tu_tmpdir("usaerr");
-    char ef[4096];
-    snprintf(ef, sizeof ef, "%s/err", tmp);
-    const int rc = tu_sh("%s '%s' %s 2>'%s' >/dev/null", env, tu_bfshard(), args, ef);
-    size_t n = 0;
-    uint8_t *e = tu_read_file(ef, &n);
-    snprintf(err, cap, "%.*s", e ? (int)n : 0, e ? (char *)e : "");
-    free(e);
-    tu_rmrf(tmp);
-    free(tmp);
-    return rc;
-}
-
 static void test_hf_cache_input(void **s)
 {
     (void)s;
@@ -59,47 +43,47 @@ static void test_hf_cache_input(void **s)
     snprintf(env, sizeof env, "HF_HUB_CACHE='%s' HF_HOME=/nonexistent", t);
     /* the repo id, the snapshot folder, the fixture itself: the same bytes, manifest included */
     snprintf(args, sizeof args, "convert org/tiny '%s/by-id' -w 2 --device cpu -q", t);
-    assert_int_equal(run(env, args, err, sizeof err), 0);
+    assert_int_equal(tu_cli(env, args, err, sizeof err), 0);
     snprintf(args, sizeof args, "convert '%s/models--org--tiny/snapshots/" COMMIT1 "' '%s/by-snap' -w 2 --device cpu -q", t, t);
-    assert_int_equal(run(env, args, err, sizeof err), 0);
+    assert_int_equal(tu_cli(env, args, err, sizeof err), 0);
     snprintf(args, sizeof args, "convert fixtures/mxfp4-tiny '%s/by-path' -w 2 --device cpu -q", t);
-    assert_int_equal(run(env, args, err, sizeof err), 0);
+    assert_int_equal(tu_cli(env, args, err, sizeof err), 0);
     assert_int_equal(tu_sh("diff -r '%s/by-id' '%s/by-snap' >/dev/null && diff -r '%s/by-id' '%s/by-path' >/dev/null", t, t, t, t), 0);
     /* HF_HOME/hub, the models--org--tiny folder, --revision main and the commit hash */
     assert_int_equal(tu_sh("mkdir -p '%s/home' && ln -s .. '%s/home/hub'", t, t), 0);
     snprintf(env, sizeof env, "HF_HOME='%s/home'", t);
     snprintf(args, sizeof args, "convert org/tiny '%s/by-home' -w 2 --device cpu -q --revision=main", t);
-    assert_int_equal(run(env, args, err, sizeof err), 0);
+    assert_int_equal(tu_cli(env, args, err, sizeof err), 0);
     snprintf(args, sizeof args, "convert '%s/models--org--tiny/' '%s/by-folder' -w 2 --device cpu -q", t, t);
-    assert_int_equal(run("", args, err, sizeof err), 0);
+    assert_int_equal(tu_cli("", args, err, sizeof err), 0);
     snprintf(args, sizeof args, "convert org/tiny '%s/by-commit' -w 2 --device cpu -q --revision " COMMIT1, t);
-    assert_int_equal(run(env, args, err, sizeof err), 0);
+    assert_int_equal(tu_cli(env, args, err, sizeof err), 0);
     assert_int_equal(tu_sh("for d in by-home by-folder by-commit; do diff -r '%s/by-id' \"%s/$d\" >/dev/null || exit 1; done", t, t), 0);
     /* a tag: the other snapshot (the bnb-nf4 fixture) */
     snprintf(args, sizeof args, "convert org/tiny '%s/v2' --device cpu -q --revision v2", t);
-    assert_int_equal(run(env, args, err, sizeof err), 0);
+    assert_int_equal(tu_cli(env, args, err, sizeof err), 0);
     snprintf(args, sizeof args, "convert fixtures/bnb-nf4 '%s/v2-path' --device cpu -q", t);
-    assert_int_equal(run(env, args, err, sizeof err), 0);
+    assert_int_equal(tu_cli(env, args, err, sizeof err), 0);
     assert_int_equal(tu_sh("diff -r '%s/v2' '%s/v2-path' >/dev/null", t, t), 0);
     /* inspect takes the same names */
-    assert_int_equal(run(env, "inspect org/tiny --revision v2", err, sizeof err), 0);
+    assert_int_equal(tu_cli(env, "inspect org/tiny --revision v2", err, sizeof err), 0);
 
     /* not cached: exit 3, saying how to download it; nothing written */
     snprintf(args, sizeof args, "convert org/missing '%s/none' -q", t);
-    assert_int_equal(run(env, args, err, sizeof err), 3);
+    assert_int_equal(tu_cli(env, args, err, sizeof err), 3);
     assert_non_null(strstr(err, "not in the Hugging Face cache"));
     assert_non_null(strstr(err, "hf download org/missing"));
     assert_int_not_equal(tu_sh("test -e '%s/none'", t), 0);
     /* a revision that is not cached: exit 3, naming what is */
     snprintf(args, sizeof args, "convert org/tiny '%s/none' -q --revision v9", t);
-    assert_int_equal(run(env, args, err, sizeof err), 3);
+    assert_int_equal(tu_cli(env, args, err, sizeof err), 3);
     assert_non_null(strstr(err, "revision 'v9'"));
     assert_non_null(strstr(err, "refs: main, v2") ? strstr(err, "refs: main, v2") : strstr(err, "refs: v2, main"));
     /* --revision with a plain path is a usage error; a hostile revision too */
     snprintf(args, sizeof args, "convert fixtures/mxfp4-tiny '%s/none' -q --revision main", t);
-    assert_int_equal(run(env, args, err, sizeof err), 2);
+    assert_int_equal(tu_cli(env, args, err, sizeof err), 2);
     snprintf(args, sizeof args, "convert org/tiny '%s/none' -q --revision ../../x", t);
-    assert_int_equal(run(env, args, err, sizeof err), 2);
+    assert_int_equal(tu_cli(env, args, err, sizeof err), 2);
 
     /* the library call, as Python uses it */
     char out[4096];
@@ -126,22 +110,22 @@ static void test_cli_conventions(void **s)
     assert_int_equal(tu_sh("'%s' -V | grep -q '^bfshard %s (%s;'", tu_bfshard(), BFS_VERSION_STRING, bfs_build_revision()), 0);
     /* -o OUTDIR, -T N and -TN, --threads=N: the same bytes */
     snprintf(args, sizeof args, "convert fixtures/bnb-nf4 -o '%s/a' -w 2 -T 2 --device cpu -q", t);
-    assert_int_equal(run("", args, err, sizeof err), 0);
+    assert_int_equal(tu_cli("", args, err, sizeof err), 0);
     snprintf(args, sizeof args, "convert -T1 fixtures/bnb-nf4 '%s/b' -w 2 --device cpu -q", t);
-    assert_int_equal(run("", args, err, sizeof err), 0);
+    assert_int_equal(tu_cli("", args, err, sizeof err), 0);
     assert_int_equal(tu_sh("diff -r '%s/a' '%s/b' >/dev/null", t, t), 0);
     assert_int_equal(tu_sh("grep -q '\"revision\": \"%s\"' '%s/a/bfshard.manifest.json'", bfs_build_revision(), t), 0);
     snprintf(args, sizeof args, "convert fixtures/bnb-nf4 '%s/c' -o '%s/c'", t, t);
-    assert_int_equal(run("", args, err, sizeof err), 2);
+    assert_int_equal(tu_cli("", args, err, sizeof err), 2);
     assert_non_null(strstr(err, "given twice"));
-    assert_int_equal(run("", "convert fixtures/bnb-nf4 x --progress=yes", err, sizeof err), 2);
-    assert_int_equal(run("", "convert fixtures/bnb-nf4 x -T", err, sizeof err), 2);
+    assert_int_equal(tu_cli("", "convert fixtures/bnb-nf4 x --progress=yes", err, sizeof err), 2);
+    assert_int_equal(tu_cli("", "convert fixtures/bnb-nf4 x -T", err, sizeof err), 2);
     /* -q: nothing on stderr; default: the summary with the tensor counts */
     snprintf(args, sizeof args, "convert fixtures/mxfp4-tiny '%s/q' -w 2 --device cpu -q", t);
-    assert_int_equal(run("", args, err, sizeof err), 0);
+    assert_int_equal(tu_cli("", args, err, sizeof err), 0);
     assert_string_equal(err, "");
     snprintf(args, sizeof args, "convert fixtures/mxfp4-tiny '%s/d' -w 2 --device cpu --no-progress", t);
-    assert_int_equal(run("", args, err, sizeof err), 0);
+    assert_int_equal(tu_cli("", args, err, sizeof err), 0);
     assert_null(strstr(err, "%"));
     assert_non_null(strstr(err, "bfshard: 37 tensors: 4 dequantized, 1 cast, 32 copied, 4 dropped"));
     /* --json carries the counts */

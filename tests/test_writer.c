@@ -218,15 +218,8 @@ static void write_many(const char *dir, int n)
         while (hl % 8)
             h[hl++] = ' ';
         snprintf(path, sizeof path, "%s/model-%05d-of-00002.safetensors", dir, file + 1);
-        FILE *f = fopen(path, "wb");
-        assert_non_null(f);
-        uint8_t len[8];
-        for (int b = 0; b < 8; b++)
-            len[b] = (uint8_t)((uint64_t)hl >> (8 * b));
-        assert_int_equal(fwrite(len, 1, 8, f), 8);
-        assert_int_equal(fwrite(h, 1, hl, f), hl);
-        assert_int_equal(fwrite(data, 1, dl, f), dl);
-        assert_int_equal(fclose(f), 0);
+        h[hl] = '\0';
+        tu_write_st(path, h, data, dl);
         free(h);
         free(data);
     }

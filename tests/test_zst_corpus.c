@@ -27,16 +27,13 @@ static int allowed(int rc)
 
 static int replay(const char *dir, const char *tmp)
 {
-    DIR *d = opendir(dir);
-    struct dirent *e;
+    char **names = tu_dir_names(dir);
     int n = 0;
-    if (!d)
-        return 0;
-    while ((e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.')
+    for (size_t i = 0; names && names[i]; i++) {
+        if (names[i][0] == '.')
             continue;
         char p[4096], f[4096], out[4096], errf[4096];
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
         size_t len = 0;
         uint8_t *b = tu_read_file(p, &len);
         if (!b || len < 1) {
@@ -75,7 +72,7 @@ static int replay(const char *dir, const char *tmp)
         }
         n++;
     }
-    closedir(d);
+    tu_names_free(names);
     return n;
 }
 

@@ -1,12 +1,14 @@
-/* A safetensors file read whole and parsed with the library's own parser, for the tests
- * that compare output tensors (test_e2e, test_formats_e2e, test_zstd). Header-only: only
- * the tests that include it need the library's internal header. */
+/* A safetensors file read whole and parsed with the library's own parser, and the bf16
+ * compare, for the tests that compare output tensors (test_e2e, test_formats_e2e,
+ * test_zstd). Header-only: only the tests that include it need the library's internal
+ * header. */
 #ifndef BFS_TU_ST_H
 #define BFS_TU_ST_H
 
 #include "bfs_internal.h"
 #include "testutil.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,6 +45,38 @@ static inline const bfs_st_tensor *st_find(const stfile *f, const char *name)
         if (strcmp(f->h.t[i].name, name) == 0)
             return &f->h.t[i];
     return NULL;
+}
+
+/* The bytes of tensor t of f. */
+static inline const uint8_t *st_data(const stfile *f, const bfs_st_tensor *t) { return f->buf + f->h.data_start + t->begin; }
+
+static inline int st_is_nan16(uint16_t v) { return (v & 0x7F80) == 0x7F80 && (v & 0x7F) != 0; }
+
+/* Compare bf16 bytes; the only differences allowed are documented upstream
+ * inconsistencies: NaN payloads of a cast (torch's vectorised cast writes 0xFFFF,
+ * its scalar one 0x7FC0: we write 0x7FC0) and, when fp4, the sign of the zero of bnb
+ * FP4's code 8 (bitsandbytes' Python path gives +0.0, its C++/CUDA kernels -0.0, as we
+ * do). Counts those in *allowed (when not NULL), prints the first 5 others to stderr;
+ * returns the number of others. */
+static inline size_t st_cmp_bf16(const uint8_t *got, const uint8_t *want, size_t nbytes, int fp4, size_t *allowed)
+{
+    size_t bad = 0;
+    if (memcmp(got, want, nbytes) == 0)
+        return 0;
+    for (size_t i = 0; i + 1 < nbytes; i += 2) {
+        uint16_t g, w;
+        memcpy(&g, got + i, 2);
+        memcpy(&w, want + i, 2);
+        if (g == w)
+            continue;
+        if ((st_is_nan16(g) && st_is_nan16(w)) || (fp4 && w == 0x0000 && g == 0x8000)) {
+            if (allowed)
+                (*allowed)++;
+        } else if (bad++ < 5) {
+            fprintf(stderr, "  element %zu: got 0x%04x want 0x%04x\n", i / 2, g, w);
+        }
+    }
+    return bad;
 }
 
 #endif
