@@ -509,14 +509,14 @@ static void parts_started_together(void **s)
         if (waitpid(b, &st, WUNTRACED) == b && WIFSTOPPED(st))
             break;
         if (WIFEXITED(st))
-            fail_msg("part 1-2 exited %d before its journal: %s", WEXITSTATUS(st), slurp(errb));
+            fail_msg("part 1-2 exited %d before its journal: %s", WEXITSTATUS(st), tu_slurp(errb));
     }
     assert_true(WIFSTOPPED(st));
     assert_int_equal(cli("", "convert %s '%s' --world-size 4 --ranks 0-1 --quiet", FX, out), 0);
     assert_int_equal(kill(b, SIGCONT), 0);
     assert_int_equal(waitpid(b, &st, 0), b);
     assert_true(WIFEXITED(st));
-    char *e = slurp(errb);
+    char *e = tu_slurp(errb);
     if (WEXITSTATUS(st) != 10 || !strstr(e, "bfshard.part-0-1.json") || !strstr(e, "include rank 1"))
         fail_msg("part 1-2 after 0-1 finished beside it: exit %d: %s", WEXITSTATUS(st), e);
     free(e);
