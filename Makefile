@@ -7,7 +7,9 @@ BUILD   ?= build
 # No fast-math anywhere: every value must match upstream bit for bit.
 # -ffp-contract=off forbids fusing a multiply and an add into an FMA.
 OPT     ?= -O2
-CFLAGS_BASE := -std=c11 $(OPT) -g -Wall -Wextra -Wshadow -Wno-unused-parameter -Wno-format-truncation \
+# gcc's -Wformat-truncation flags snprintf into fixed names on purpose; clang has no such option
+NO_FMT_TRUNC := $(shell $(CC) -Werror -Wno-format-truncation -x c -c /dev/null -o /dev/null 2>/dev/null && echo -Wno-format-truncation)
+CFLAGS_BASE := -std=c11 $(OPT) -g -Wall -Wextra -Wshadow -Wno-unused-parameter $(NO_FMT_TRUNC) \
                -ffp-contract=off -fno-fast-math -fno-strict-aliasing \
                -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -Iinclude -pthread
 CFLAGS  += $(CFLAGS_BASE) $(EXTRA_CFLAGS)

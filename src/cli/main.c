@@ -233,7 +233,7 @@ static const cli_opt output_opts[] = { /* every command */
     FLAG("--json", NULL, json, 1),
     FLAG("--quiet", "-q", quiet, 1),
     FLAG("--verbose", "-v", verbose, 1),
-    {NULL},
+    {0},
 };
 
 static const cli_opt progress_opts[] = { /* convert */
@@ -241,7 +241,7 @@ static const cli_opt progress_opts[] = { /* convert */
      .err = "--progress takes no value, or =json, =bar or =log; got '%s'"},
     FLAG("--no-progress", NULL, progress, CLI_PROGRESS_NONE),
     {"--output", "-o", CLI_STR, AT(out), 1, .err = "%s needs a path", .err_names_opt = 1}, /* or OUTDIR */
-    {NULL},
+    {0},
 };
 
 static const cli_opt convert_opts[] = { /* convert, inspect, verify */
@@ -265,13 +265,13 @@ static const cli_opt convert_opts[] = { /* convert, inspect, verify */
      .err = "--cpu-level must be scalar, avx2 or avx512, got '%s'"},
     {"--ranks", NULL, CLI_STR, AT(co.ranks), .err = "%s needs a rank list (0-7, 3, 0-3,8-11) or auto", .err_names_opt = 1},
     {"--parts", NULL, CLI_INT, AT(co.parts), 1, 1000000, .err = "--parts needs an integer from 1 to 1000000, got '%s'"},
-    {NULL},
+    {0},
 };
 
 static const cli_opt zst_opts[] = { /* compress, decompress, extract */
     FLAG("--force", "-f", zo.force, 1),
     {"--output", "-o", CLI_STR, AT(out), .err = "%s needs a path", .err_names_opt = 1},
-    {NULL},
+    {0},
 };
 
 static const cli_opt compress_opts[] = {
@@ -281,12 +281,12 @@ static const cli_opt compress_opts[] = {
     {"--threads", "-T", CLI_INT, AT(zo.threads), 0, 256, .err = "--threads needs an integer from 0 to 256, got '%s'"},
     {"--frame-size", NULL, CLI_SIZE, AT(zo.frame_bytes), 1024,
      .err = "--frame-size needs a size of at least 1K, like 4M, got '%s'"},
-    {NULL},
+    {0},
 };
 
 static const cli_opt extract_opts[] = {
     FLAG("--raw", NULL, raw, 1),
-    {NULL},
+    {0},
 };
 
 static const cli_cmd convert_spec = {usage_convert, {convert_opts, progress_opts, output_opts}, 2,
