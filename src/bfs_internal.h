@@ -203,8 +203,7 @@ typedef struct bfs_piece {
 typedef struct bfs_outfile {
     char *name;         /* "shard-00001-model-00001-of-00001.safetensors" */
     uint64_t size;
-    uint64_t data_start;
-    char *header;       /* the complete header bytes (length data_start - 8, space padded) */
+    uint64_t data_start; /* 8 + the header's length (counted by the layout; the text: bfs__plan_header) */
     size_t npieces;
     bfs_piece *pieces;  /* in file order */
 } bfs_outfile;
@@ -228,6 +227,9 @@ int bfs__plan_tensors(const bfs_input *in, const bfs_convert_opts *o, bfs_plan *
 /* Lay out the output files for o->world_size / o->layout (headers, offsets). */
 int bfs__plan_layout(bfs_plan *p, const bfs_convert_opts *o);
 void bfs__plan_free(bfs_plan *p);
+/* File f's complete header bytes (length f->data_start - 8, space padded, NUL-terminated)
+ * into *out (free it): built when needed, so that the plan holds no file's header text. */
+int bfs__plan_header(const bfs_plan *p, const bfs_outfile *f, char **out);
 const char *bfs__kind_name(const bfs_ltensor *t); /* "mxfp4", "bnb-nf4", "bnb-nf4-dq", "passthrough" */
 /* What convert does to t: "dequantized", "cast" or "copied" (inspect, the manifest);
  * an input tensor in plan->dropped is "dropped". */
