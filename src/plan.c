@@ -92,6 +92,7 @@ int bfs__plan_tensors(const bfs_input *in, const bfs_convert_opts *o, bfs_plan *
             const bfs_format *fmt = k < 0 ? c.claim : bfs__formats[k];
             if (!fmt || !fmt->claim || (k >= 0 && fmt == c.claim))
                 continue;
+            memset(&p->t[p->nt], 0, sizeof p->t[p->nt]); /* nothing of a claim that did not take it */
             BFS_TRY(fmt->claim(&c, r, &p->t[p->nt]));
             if (rc > 0) {
                 p->nt++;
@@ -107,8 +108,10 @@ int bfs__plan_tensors(const bfs_input *in, const bfs_convert_opts *o, bfs_plan *
             continue;
         rc = 0;
         for (const bfs_format *const *f = bfs__formats; *f && rc == 0; f++)
-            if ((*f)->leftover)
+            if ((*f)->leftover) {
+                memset(&p->t[p->nt], 0, sizeof p->t[p->nt]);
                 BFS_TRY((*f)->leftover(&c, r, &p->t[p->nt]));
+            }
         if (rc == 0)
             BFS_FAIL(BFS_EINTERNAL, "tensor \"%s\": no format took it", r->st->name);
         if (rc == 2) /* dropped: no output tensor (raw names are sorted, so is the list) */
@@ -117,6 +120,11 @@ int bfs__plan_tensors(const bfs_input *in, const bfs_convert_opts *o, bfs_plan *
             p->nt++;
     }
     rc = 0;
+    if (p->nt < in->nraw) { /* a quantized input: fewer output tensors than input ones */
+        bfs_ltensor *q = realloc(p->t, (p->nt ? p->nt : 1) * sizeof *p->t);
+        if (q)
+            p->t = q;
+    }
     /* Every output shape, before it can reach a header: each dimension and the product of the
      * non-zero ones in output bytes fit an int64 (a zero-element tensor, say E = 0 MXFP4
      * experts, has no bytes to bound its other dimensions). */
