@@ -30,6 +30,9 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <limits.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -356,6 +359,11 @@ static int bfs__run_setup(bfs_run *r, const char *input)
     t = bfs__now();
     BFS_TRY(bfs__plan_layout(r->plan, o));
     r->t_layout = bfs__now() - t;
+#ifdef __GLIBC__
+    /* the pages of the JSON trees parsing freed (every input header, the index): their
+     * chunks lie between the names and tables the run keeps, so free() returns none */
+    malloc_trim(0);
+#endif
     BFS_TRY(bfs__run_part(r));
     BFS_TRY(bfs__check_aux(r->in));
     BFS_TRY(bfs__srchash_create(r->in, r->src_mine, &r->sh));
