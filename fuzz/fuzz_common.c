@@ -114,7 +114,12 @@ fz_opts fz_opts_from_byte(uint8_t b)
 static void fz__check_outfile(const bfs_plan *p, const bfs_outfile *f)
 {
     const uint64_t hl = f->data_start - 8;
-    if (f->data_start % 64 != 0 || f->data_start < 8 || strlen(f->header) != hl) {
+    char *text = NULL;
+    if (bfs__plan_header(p, f, &text) != 0) {
+        fprintf(stderr, "fuzz: %s: no header: %s\n", f->name, bfs_last_error());
+        abort();
+    }
+    if (f->data_start % 64 != 0 || f->data_start < 8 || strlen(text) != hl) {
         fprintf(stderr, "fuzz: %s: data_start %llu is not 64-aligned or the header length is wrong\n", f->name,
                 (unsigned long long)f->data_start);
         abort();
@@ -124,7 +129,8 @@ static void fz__check_outfile(const bfs_plan *p, const bfs_outfile *f)
         abort();
     for (int i = 0; i < 8; i++)
         buf[i] = (uint8_t)(hl >> (8 * i));
-    memcpy(buf + 8, f->header, (size_t)hl);
+    memcpy(buf + 8, text, (size_t)hl);
+    free(text);
     bfs_st_header h;
     bfs__err_clear();
     if (bfs__st_parse(buf, f->size, f->name, &h) != 0) {

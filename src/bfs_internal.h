@@ -173,23 +173,30 @@ typedef struct bfs_ltensor {
     bfs_kind kind;
     bfs_dtype out_dtype;
     int ndim;
+    int nsrc;
     uint64_t shape[BFS_MAX_DIMS];
     uint64_t row_elems; /* product of shape[1..] (1 for 0-d and 1-d) */
     uint64_t d0;        /* shape[0], or 1 for 0-d */
     const bfs_raw *src[6]; /* source tensors; see nsrc */
-    int nsrc;
     const char *transform; /* "mxfp4->bf16 transpose(1,2)", "nf4->bf16", "cast f32->bf16", "copy" */
-    /* kind-specific */
-    bfs_mxfp4_desc mx;  /* MXFP4: blocks/scales pointers, R, G, transpose */
-    int mx_items;       /* 1: dim 0 is items (4-d blocks); 0: dim 0 is rows R (3-d blocks) */
-    bfs_bnb4_desc bnb;  /* BNB4 */
-    char quant_type[8]; /* "nf4" / "fp4" */
-    bool double_quant;
     bfs_dtype src_dtype;  /* PASS/CAST: input dtype; BNB4: the blob's dtype */
-    bfs_fp8_desc fp8;     /* FP8 */
-    bfs_int4_desc int4;   /* INT4 */
-    bfs_nvfp4_desc nv;    /* NVFP4 */
     const char *qname;    /* FP8/INT4/NVFP4: the name inspect and the manifest give it (static) */
+    /* kind-specific: one kind's members only (a plan holds one of these per tensor; the
+     * plan zeroes the entry before each format's claim) */
+    union {
+        struct {
+            bfs_mxfp4_desc mx;  /* MXFP4: blocks/scales pointers, R, G, transpose */
+            int mx_items;       /* 1: dim 0 is items (4-d blocks); 0: dim 0 is rows R (3-d blocks) */
+        };
+        struct {
+            bfs_bnb4_desc bnb;  /* BNB4 */
+            char quant_type[8]; /* "nf4" / "fp4" */
+            bool double_quant;
+        };
+        bfs_fp8_desc fp8;     /* FP8 */
+        bfs_int4_desc int4;   /* INT4 */
+        bfs_nvfp4_desc nv;    /* NVFP4 */
+    };
 } bfs_ltensor;
 
 /* A tensor's piece in one output file. */
@@ -203,8 +210,7 @@ typedef struct bfs_piece {
 typedef struct bfs_outfile {
     char *name;         /* "shard-00001-model-00001-of-00001.safetensors" */
     uint64_t size;
-    uint64_t data_start;
-    char *header;       /* the complete header bytes (length data_start - 8, space padded) */
+    uint64_t data_start; /* 8 + the header's length (counted by the layout; the text: bfs__plan_header) */
     size_t npieces;
     bfs_piece *pieces;  /* in file order */
 } bfs_outfile;
@@ -228,6 +234,9 @@ int bfs__plan_tensors(const bfs_input *in, const bfs_convert_opts *o, bfs_plan *
 /* Lay out the output files for o->world_size / o->layout (headers, offsets). */
 int bfs__plan_layout(bfs_plan *p, const bfs_convert_opts *o);
 void bfs__plan_free(bfs_plan *p);
+/* File f's complete header bytes (length f->data_start - 8, space padded, NUL-terminated)
+ * into *out (free it): built when needed, so that the plan holds no file's header text. */
+int bfs__plan_header(const bfs_plan *p, const bfs_outfile *f, char **out);
 const char *bfs__kind_name(const bfs_ltensor *t); /* "mxfp4", "bnb-nf4", "bnb-nf4-dq", "passthrough" */
 /* What convert does to t: "dequantized", "cast" or "copied" (inspect, the manifest);
  * an input tensor in plan->dropped is "dropped". */

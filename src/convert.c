@@ -30,6 +30,9 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <limits.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -345,11 +348,22 @@ static int bfs__run_setup(bfs_run *r, const char *input)
 {
     int rc = 0;
     const bfs_convert_opts *o = r->o;
+    double t = bfs__now();
     BFS_TRY(bfs__validate_opts(o));
     BFS_TRY(bfs__input_open(input, &r->in));
+    r->t_input = bfs__now() - t;
     BFS_TRY(bfs__outdir_check_paths(input, r->outdir, r->in));
+    t = bfs__now();
     BFS_TRY(bfs__plan_tensors(r->in, o, &r->plan));
+    r->t_plan = bfs__now() - t;
+    t = bfs__now();
     BFS_TRY(bfs__plan_layout(r->plan, o));
+    r->t_layout = bfs__now() - t;
+#ifdef __GLIBC__
+    /* the pages of the JSON trees parsing freed (every input header, the index): their
+     * chunks lie between the names and tables the run keeps, so free() returns none */
+    malloc_trim(0);
+#endif
     BFS_TRY(bfs__run_part(r));
     BFS_TRY(bfs__check_aux(r->in));
     BFS_TRY(bfs__srchash_create(r->in, r->src_mine, &r->sh));
@@ -557,7 +571,9 @@ static int bfs__run_finish(bfs_run *r)
     BFS_TRY(bfs__copy_aux(r));
     if (r->plan->layout == BFS_LAYOUT_HF)
         BFS_TRY(bfs__write_hf_index(r));
+    const double t = bfs__now();
     BFS_TRY(bfs__write_manifest(r));
+    r->t_manifest = bfs__now() - t;
     bfs__outdir_journal_remove(r->dirfd, r->mine ? r->jname : BFS_JOURNAL_NAME);
 cleanup:
     return rc;
@@ -609,9 +625,11 @@ static void bfs__stages_print(const bfs_run *r, double total)
     fprintf(stderr,
             "bfshard-stages {\"total_s\": %.4f, \"dequant_s\": %.4f, \"hash_s\": %.4f, \"wait_writer_s\": %.4f, "
             "\"write_s\": %.4f, \"zst_s\": %.4f, \"tail_s\": %.4f, \"commit_s\": %.4f, \"direct_bytes\": %llu, "
-            "\"buffered_bytes\": %llu}\n",
+            "\"buffered_bytes\": %llu, \"input_s\": %.4f, \"plan_s\": %.4f, \"layout_s\": %.4f, \"setup_s\": %.4f, "
+            "\"files_s\": %.4f, \"manifest_s\": %.4f}\n",
             total, r->t_dequant, s->hash, s->wait, s->write, s->zst, s->tail, r->t_commit,
-            (unsigned long long)s->direct_bytes, (unsigned long long)s->buffered_bytes);
+            (unsigned long long)s->direct_bytes, (unsigned long long)s->buffered_bytes, r->t_input, r->t_plan,
+            r->t_layout, r->t_setup, r->t_files, r->t_manifest);
 }
 
 int bfs_convert(const char *input_arg, const char *outdir, const bfs_convert_opts *o_arg, bfs_convert_result *res_arg)
@@ -644,6 +662,7 @@ int bfs_convert(const char *input_arg, const char *outdir, const bfs_convert_opt
     BFS_TRY(bfs__hf_resolve_dup(input_arg, o->revision, &input)); /* a Hugging Face cache name */
 
     BFS_TRY(bfs__run_setup(r, input));
+    r->t_setup = bfs__now() - t0;
     if (r->mine && !r->part[0])
         goto cleanup; /* --ranks auto gave this process no rank */
     bfs__fingerprint(r);
@@ -674,7 +693,9 @@ int bfs_convert(const char *input_arg, const char *outdir, const bfs_convert_opt
         goto cleanup;
     }
     BFS_TRY(bfs__run_start(r, input));
+    const double tf = bfs__now();
     BFS_TRY(bfs__run_files(r, res));
+    r->t_files = bfs__now() - tf;
     BFS_TRY(bfs__run_finish(r));
     if (res) {
         for (int f = 0; f < r->plan->nfiles; f++)

@@ -26,6 +26,7 @@ typedef struct bfs_rank {
     char zname[NAME_MAX + 1];
     char what[PATH_MAX + 64];    /* the temporary's path, for messages (the writer's too) */
     uint8_t lenbuf[8];           /* the header length, queued to the writer */
+    char *header;                /* the header text (bfs__plan_header), queued to the writer */
 } bfs_rank;
 
 typedef struct bfs_run {
@@ -57,6 +58,7 @@ typedef struct bfs_run {
     uint64_t in_read;          /* bytes the units read (bfs__unit_sources) */
     bfs_outdir_lock lock;      /* one writer per OUTDIR */
     double t_dequant, t_commit; /* stage times (BFSHARD_STAGES=1) */
+    double t_input, t_plan, t_layout, t_setup, t_files, t_manifest; /* and the phases around the rank files */
     int slot;                  /* the unit buffer to fill next */
     bfs_prange *pr;            /* a batch's input pages (BFS_BATCH_MAX * BFS_UNIT_MAX_SRC) */
     unsigned *fstamp, stamp;   /* per input file: the last batch check that took it */

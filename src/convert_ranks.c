@@ -61,6 +61,8 @@ void bfs__rank_free(bfs_rank *k)
     bfs__zst_writer_free(k->zw);
     k->zw = NULL;
     bfs__tmp_abort(&k->zt);
+    free(k->header); /* the writer is done with it: the file committed, or the writer idle */
+    k->header = NULL;
 }
 
 /* An input truncated or rewritten under us fails the run before a unit reads it,
@@ -247,8 +249,9 @@ static int bfs__rank_start(bfs_run *r, bfs_rank *k)
     const uint64_t hl = of->data_start - 8;
     for (int i = 0; i < 8; i++)
         k->lenbuf[i] = (uint8_t)(hl >> (8 * i));
+    BFS_TRY(bfs__plan_header(r->plan, of, &k->header));
     BFS_TRY(bfs__writer_push(&r->w, &(bfs_wjob){.buf = k->lenbuf, .len = 8, .off = 0, .piece = -1}));
-    BFS_TRY(bfs__writer_push(&r->w, &(bfs_wjob){.buf = of->header, .len = (size_t)hl, .off = 8, .piece = -1}));
+    BFS_TRY(bfs__writer_push(&r->w, &(bfs_wjob){.buf = k->header, .len = (size_t)hl, .off = 8, .piece = -1}));
 cleanup:
     return rc;
 }

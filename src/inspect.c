@@ -15,20 +15,26 @@
 #include <string.h>
 #include <unistd.h>
 
-uint64_t bfs__base_rss(const bfs_input *in, const bfs_plan *p)
+uint64_t bfs__base_rss(const bfs_input *in, const bfs_plan *p, const bool *mine)
 {
     /* measured: `bfshard --version` peaks at 3.8 MB (program, libc, jansson, zstd,
      * xxhash, the static CUDA runtime's pages); a constant, so inspect's output is the
      * same every run */
-    uint64_t b = 4ull << 20;
+    uint64_t b = 4ull << 20, header = 0, pieces = 0;
     for (int i = 0; i < in->nfiles; i++) /* the input headers, read through the map */
         b += (in->files[i].h.data_start + 4095) / 4096 * 4096;
-    /* the plan, per tensor and per piece (the manifest is streamed from it, one tensor at a
-     * time: manifest.c); fitted on gen_synth.py tiny, 200k tensors, W = 1 and 8, +10% */
-    b += (uint64_t)p->nt * 768;
-    for (int f = 0; f < p->nfiles; f++)
-        b += p->files[f].data_start + p->files[f].npieces * 192;
-    return b;
+    /* per input tensor: its parsed header entry and name, its raw entry, its source-hash
+     * slot; per output tensor: the plan's entry and name; per piece (every file's: the
+     * plan lays out all of them): the piece, its hash, the manifest's index of it. Fitted
+     * on gen_synth.py tiny (200k tensors, W = 1 and 8: 226 and 315 MB measured with
+     * glibc malloc). The plan keeps no header text: convert builds one file's header at a
+     * time, the largest of the files this run writes counts. */
+    for (int f = 0; f < p->nfiles; f++) {
+        pieces += p->files[f].npieces;
+        if ((!mine || mine[f]) && p->files[f].data_start > header)
+            header = p->files[f].data_start;
+    }
+    return b + (uint64_t)in->nraw * 256 + (uint64_t)p->nt * 340 + pieces * 72 + header;
 }
 
 /* the predicted peak RSS of convert with this plan and --mem (see the top of this file) */
@@ -51,7 +57,7 @@ int bfs__pick_mem(const bfs_input *in, const bfs_plan *p, const bool *mine, cons
         return 0;
     if (o->mem)
         return bfs__err(BFS_EUSAGE, "--max-rss picks --mem: give one of them");
-    const uint64_t step = 64u << 10, base = bfs__base_rss(in, p);
+    const uint64_t step = 64u << 10, base = bfs__base_rss(in, p, mine);
     bfs_mem_model m;
     uint64_t peak = 0;
     uint64_t lo = (2 * p->max_row_bytes + step - 1) / step * step, hi = BFS_DEFAULT_MEM;
@@ -169,7 +175,7 @@ int bfs_inspect(const char *input_arg, const bfs_convert_opts *o_arg, int as_jso
     bfs_mem_model mm;
     uint64_t rss = 0;
     if (fits)
-        BFS_TRY(bfs__predict_rss(p, pp.mine, mem, o->threads, bfs__base_rss(in, p), &mm, &rss));
+        BFS_TRY(bfs__predict_rss(p, pp.mine, mem, o->threads, bfs__base_rss(in, p, pp.mine), &mm, &rss));
     else
         memset(&mm, 0, sizeof mm);
     uint64_t in_bytes = 0;

@@ -41,7 +41,6 @@ void bfs__plan_free(bfs_plan *p)
     free(p->t);
     for (int f = 0; f < p->nfiles; f++) {
         free(p->files[f].name);
-        free(p->files[f].header);
         free(p->files[f].pieces);
     }
     free(p->files);
@@ -93,6 +92,7 @@ int bfs__plan_tensors(const bfs_input *in, const bfs_convert_opts *o, bfs_plan *
             const bfs_format *fmt = k < 0 ? c.claim : bfs__formats[k];
             if (!fmt || !fmt->claim || (k >= 0 && fmt == c.claim))
                 continue;
+            memset(&p->t[p->nt], 0, sizeof p->t[p->nt]); /* nothing of a claim that did not take it */
             BFS_TRY(fmt->claim(&c, r, &p->t[p->nt]));
             if (rc > 0) {
                 p->nt++;
@@ -108,8 +108,10 @@ int bfs__plan_tensors(const bfs_input *in, const bfs_convert_opts *o, bfs_plan *
             continue;
         rc = 0;
         for (const bfs_format *const *f = bfs__formats; *f && rc == 0; f++)
-            if ((*f)->leftover)
+            if ((*f)->leftover) {
+                memset(&p->t[p->nt], 0, sizeof p->t[p->nt]);
                 BFS_TRY((*f)->leftover(&c, r, &p->t[p->nt]));
+            }
         if (rc == 0)
             BFS_FAIL(BFS_EINTERNAL, "tensor \"%s\": no format took it", r->st->name);
         if (rc == 2) /* dropped: no output tensor (raw names are sorted, so is the list) */
@@ -118,6 +120,11 @@ int bfs__plan_tensors(const bfs_input *in, const bfs_convert_opts *o, bfs_plan *
             p->nt++;
     }
     rc = 0;
+    if (p->nt < in->nraw) { /* a quantized input: fewer output tensors than input ones */
+        bfs_ltensor *q = realloc(p->t, (p->nt ? p->nt : 1) * sizeof *p->t);
+        if (q)
+            p->t = q;
+    }
     /* Every output shape, before it can reach a header: each dimension and the product of the
      * non-zero ones in output bytes fit an int64 (a zero-element tensor, say E = 0 MXFP4
      * experts, has no bytes to bound its other dimensions). */
@@ -167,17 +174,27 @@ static int bfs__cmp_file_order(const void *a, const void *b, void *arg)
 
 /* ---- the header text, written directly (jansson for 200k tensors x ranks costs seconds):
  * byte for byte what bfs__json_dump(JSON_COMPACT) makes of the same object, keys in insertion
- * order; a string holding a control character is escaped by jansson itself. */
+ * order; a string holding a control character is escaped by jansson itself.
+ * The plan keeps no header text: the layout runs the same emitter in counting mode for
+ * each file's header length (its data offsets follow from it), and bfs__plan_header
+ * builds one file's text when convert writes that file, checking that the length is the
+ * one counted. (All W headers held at once were 270 MB of 700 at W = 8, 200k tensors.) */
 typedef struct {
     char *p;
     size_t n, cap;
     bool oom;
+    bool count; /* count the bytes only (p stays NULL) */
+    bool esc;   /* inside a JSON string: '"' and '\\' escaped (DCP_SHARDING_INFO) */
 } bfs_sbuf;
 
-static void bfs__sb_put(bfs_sbuf *b, const char *s, size_t n)
+static void bfs__sb_raw(bfs_sbuf *b, const char *s, size_t n)
 {
     if (b->oom)
         return;
+    if (b->count) {
+        b->n += n;
+        return;
+    }
     if (b->cap - b->n <= n) {
         size_t cap = b->cap ? b->cap : 4096;
         while (cap - b->n <= n)
@@ -195,12 +212,36 @@ static void bfs__sb_put(bfs_sbuf *b, const char *s, size_t n)
     b->p[b->n] = '\0';
 }
 
+/* s, escaped as a JSON string's content when b->esc: the text never holds a control
+ * character there (every name in it went through bfs__sb_json_str), so '"' and '\\'
+ * are all jansson escapes in it */
+static void bfs__sb_put(bfs_sbuf *b, const char *s, size_t n)
+{
+    if (!b->esc) {
+        bfs__sb_raw(b, s, n);
+        return;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] == '"' || s[i] == '\\') {
+            bfs__sb_raw(b, s + k, i - k);
+            bfs__sb_raw(b, s[i] == '"' ? "\\\"" : "\\\\", 2);
+            k = i + 1;
+        }
+    bfs__sb_raw(b, s + k, n - k);
+}
+
 static void bfs__sb_str(bfs_sbuf *b, const char *s) { bfs__sb_put(b, s, strlen(s)); }
 
 static void bfs__sb_u64(bfs_sbuf *b, uint64_t v)
 {
     char t[24];
-    bfs__sb_put(b, t, (size_t)snprintf(t, sizeof t, "%llu", (unsigned long long)v));
+    size_t k = sizeof t;
+    do {
+        t[--k] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    bfs__sb_raw(b, t + k, sizeof t - k); /* digits need no escape */
 }
 
 /* s (n bytes, valid UTF-8) as a JSON string, quoted */
@@ -232,100 +273,154 @@ static void bfs__sb_json_str(bfs_sbuf *b, const char *s, size_t n)
 
 static void bfs__sb_shape(bfs_sbuf *b, const uint64_t *shape, int ndim)
 {
-    bfs__sb_put(b, "[", 1);
+    bfs__sb_raw(b, "[", 1);
     for (int d = 0; d < ndim; d++) {
         if (d)
-            bfs__sb_put(b, ",", 1);
+            bfs__sb_raw(b, ",", 1);
         bfs__sb_u64(b, shape[d]);
     }
-    bfs__sb_put(b, "]", 1);
+    bfs__sb_raw(b, "]", 1);
 }
 
-/* Build header + offsets of one file from its pieces (already in file order). */
-static int bfs__finish_file(bfs_plan *p, bfs_outfile *f, bool dcp)
+/* File f's header up to its closing '}' (the pieces' nbytes set; their offsets counted
+ * from the data section here). */
+static void bfs__emit_header(const bfs_plan *p, const bfs_outfile *f, bfs_sbuf *b)
 {
-    int rc = 0;
-    bfs_sbuf h = {0}, info = {0};
+    const bool dcp = p->layout == BFS_LAYOUT_DCP;
+    bfs__sb_str(b, "{\"__metadata__\":{");
+    if (dcp) { /* a JSON text as a JSON string: {"name":{"saved_offsets":[r0,0..]},...} */
+        bfs__sb_str(b, "\"DCP_SHARDING_INFO\":\"");
+        b->esc = true;
+        bfs__sb_put(b, "{", 1);
+        for (size_t i = 0; i < f->npieces; i++) {
+            const bfs_piece *pc = &f->pieces[i];
+            const bfs_ltensor *t = &p->t[pc->tensor];
+            uint64_t so[BFS_MAX_DIMS] = {0};
+            so[0] = pc->row0;
+            if (i)
+                bfs__sb_put(b, ",", 1);
+            bfs__sb_json_str(b, t->name, strlen(t->name));
+            bfs__sb_str(b, ":{\"saved_offsets\":");
+            bfs__sb_shape(b, so, t->ndim);
+            bfs__sb_put(b, "}", 1);
+        }
+        bfs__sb_put(b, "}", 1);
+        b->esc = false;
+        bfs__sb_str(b, "\",\"DCP_VERSION\":\"1.0\",");
+    }
+    bfs__sb_str(b, "\"format\":\"pt\"}");
     uint64_t pos = 0;
-    if (dcp)
-        bfs__sb_put(&info, "{", 1);
     for (size_t i = 0; i < f->npieces; i++) {
-        bfs_piece *pc = &f->pieces[i];
+        const bfs_piece *pc = &f->pieces[i];
         const bfs_ltensor *t = &p->t[pc->tensor];
         uint64_t shape[BFS_MAX_DIMS];
         memcpy(shape, t->shape, sizeof shape);
         if (t->ndim > 0)
             shape[0] = pc->row1 - pc->row0;
+        bfs__sb_put(b, ",", 1);
+        bfs__sb_json_str(b, t->name, strlen(t->name));
+        bfs__sb_str(b, ":{\"dtype\":\"");
+        bfs__sb_str(b, bfs__dtype_name(t->out_dtype));
+        bfs__sb_str(b, "\",\"shape\":");
+        bfs__sb_shape(b, shape, t->ndim);
+        bfs__sb_str(b, ",\"data_offsets\":[");
+        bfs__sb_u64(b, pos);
+        bfs__sb_put(b, ",", 1);
+        bfs__sb_u64(b, pos + pc->nbytes); /* bounded by the layout */
+        bfs__sb_str(b, "]}");
+        pos += pc->nbytes;
+    }
+    bfs__sb_put(b, "}", 1);
+}
+
+/* space padded: the data section starts on a 64-byte boundary */
+static uint64_t bfs__padded_len(uint64_t n) { return ((8 + n + 63) / 64) * 64 - 8; }
+
+int bfs__plan_header(const bfs_plan *p, const bfs_outfile *f, char **out)
+{
+    bfs_sbuf b = {0};
+    const uint64_t hl = f->data_start - 8;
+    *out = NULL;
+    bfs__emit_header(p, f, &b);
+    if (!b.oom && b.cap <= hl) {
+        char *q = realloc(b.p, (size_t)hl + 1);
+        if (q) {
+            b.p = q;
+            b.cap = (size_t)hl + 1;
+        } else {
+            b.oom = true;
+        }
+    }
+    if (b.oom) {
+        free(b.p);
+        return bfs__err(BFS_ENOMEM, "%s: out of memory building its %llu-byte header", f->name, (unsigned long long)hl);
+    }
+    if (bfs__padded_len(b.n) != hl) {
+        free(b.p);
+        return bfs__err(BFS_EINTERNAL, "%s: header of %zu bytes, the plan counted %llu", f->name, b.n,
+                        (unsigned long long)hl);
+    }
+    memset(b.p + b.n, ' ', (size_t)hl - b.n);
+    b.p[hl] = '\0';
+    *out = b.p;
+    return 0;
+}
+
+/* One file's offsets and size from its pieces (already in file order); its header is
+ * counted, not kept. */
+static int bfs__finish_file(bfs_plan *p, bfs_outfile *f)
+{
+    uint64_t pos = 0;
+    for (size_t i = 0; i < f->npieces; i++) {
+        bfs_piece *pc = &f->pieces[i];
+        const bfs_ltensor *t = &p->t[pc->tensor];
         pc->nbytes = (pc->row1 - pc->row0) * t->row_elems * bfs__dtype_size(t->out_dtype);
         pc->offset = pos; /* relative for now */
         uint64_t end;
         if (!bfs__add_ok(pos, pc->nbytes, &end) || end > BFS_MAX_EXTENT)
-            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\": the file's data would exceed %llu bytes", f->name, t->name,
-                     (unsigned long long)BFS_MAX_EXTENT);
-        bfs__sb_put(&h, ",", 1);
-        bfs__sb_json_str(&h, t->name, strlen(t->name));
-        bfs__sb_str(&h, ":{\"dtype\":\"");
-        bfs__sb_str(&h, bfs__dtype_name(t->out_dtype));
-        bfs__sb_str(&h, "\",\"shape\":");
-        bfs__sb_shape(&h, shape, t->ndim);
-        bfs__sb_str(&h, ",\"data_offsets\":[");
-        bfs__sb_u64(&h, pos);
-        bfs__sb_put(&h, ",", 1);
-        bfs__sb_u64(&h, end);
-        bfs__sb_str(&h, "]}");
-        if (dcp) {
-            uint64_t so[BFS_MAX_DIMS] = {0};
-            so[0] = pc->row0;
-            if (i)
-                bfs__sb_put(&info, ",", 1);
-            bfs__sb_json_str(&info, t->name, strlen(t->name));
-            bfs__sb_str(&info, ":{\"saved_offsets\":");
-            bfs__sb_shape(&info, so, t->ndim);
-            bfs__sb_put(&info, "}", 1);
-        }
+            return bfs__err(BFS_EINPUT, "%s: tensor \"%s\": the file's data would exceed %llu bytes", f->name, t->name,
+                            (unsigned long long)BFS_MAX_EXTENT);
         pos = end;
     }
-    bfs_sbuf root = {0};
-    bfs__sb_str(&root, "{\"__metadata__\":{");
-    if (dcp) {
-        bfs__sb_put(&info, "}", 1);
-        bfs__sb_str(&root, "\"DCP_SHARDING_INFO\":");
-        if (!info.oom)
-            bfs__sb_json_str(&root, info.p, info.n);
-        bfs__sb_str(&root, ",\"DCP_VERSION\":\"1.0\",");
-    }
-    bfs__sb_str(&root, "\"format\":\"pt\"}");
-    if (h.n)
-        bfs__sb_put(&root, h.p, h.n);
-    /* space padded: the data section starts on a 64-byte boundary */
-    const size_t n = root.n + 1, hl = ((8 + n + 63) / 64) * 64 - 8;
-    if (!root.oom && root.cap <= hl) {
-        char *q = realloc(root.p, hl + 1);
-        if (q) {
-            root.p = q;
-            root.cap = hl + 1;
-        } else {
-            root.oom = true;
-        }
-    }
-    if (h.oom || info.oom || root.oom) {
-        free(root.p);
-        BFS_FAIL(BFS_ENOMEM, "out of memory");
-    }
-    root.p[root.n] = '}';
-    memset(root.p + n, ' ', hl - n);
-    root.p[hl] = '\0';
-    f->header = root.p;
+    bfs_sbuf b = {.count = true};
+    bfs__emit_header(p, f, &b);
+    if (b.oom)
+        return bfs__err(BFS_ENOMEM, "out of memory");
+    const uint64_t hl = bfs__padded_len(b.n);
+    if (hl > BFS_ST_MAX_HEADER)
+        return bfs__err(BFS_EINPUT, "%s: its header (%zu tensors) would be %llu bytes, over the %llu-byte limit of safetensors readers; use a larger --world-size or fewer tensors per file",
+                        f->name, f->npieces, (unsigned long long)hl, BFS_ST_MAX_HEADER);
     f->data_start = 8 + hl;
     for (size_t i = 0; i < f->npieces; i++)
         f->pieces[i].offset += f->data_start;
     if (!bfs__add_ok(f->data_start, pos, &f->size) || f->size > BFS_MAX_EXTENT ||
         !bfs__add_ok(p->total_bytes, pos, &p->total_bytes) || p->total_bytes > BFS_MAX_EXTENT)
-        BFS_FAIL(BFS_EINPUT, "%s: the output would exceed %llu bytes", f->name, (unsigned long long)BFS_MAX_EXTENT);
-cleanup:
-    free(h.p);
-    free(info.p);
-    return rc;
+        return bfs__err(BFS_EINPUT, "%s: the output would exceed %llu bytes", f->name, (unsigned long long)BFS_MAX_EXTENT);
+    return 0;
+}
+
+/* Pieces in file order, as the upstream writer: alignment (dtype size) descending, then
+ * name. The plan's tensors are sorted by name and a file's pieces are added in tensor
+ * order, one per tensor, so a stable pass per alignment is that order (no name compared). */
+static int bfs__file_order(const bfs_plan *p, bfs_outfile *f)
+{
+    static const size_t aligns[] = {8, 4, 2, 1};
+    bfs_piece *o = malloc((f->npieces + 1) * sizeof *o);
+    size_t n = 0;
+    if (!o)
+        return bfs__err(BFS_ENOMEM, "out of memory");
+    for (size_t a = 0; a < sizeof aligns / sizeof *aligns; a++)
+        for (size_t i = 0; i < f->npieces; i++)
+            if (bfs__align_of(p->t[f->pieces[i].tensor].out_dtype) == aligns[a])
+                o[n++] = f->pieces[i];
+    if (n != f->npieces) { /* a dtype size outside {1, 2, 4, 8}: the comparison sort */
+        free(o);
+        qsort_r(f->pieces, f->npieces, sizeof *f->pieces, bfs__cmp_file_order, (void *)p);
+        return 0;
+    }
+    memcpy(f->pieces, o, n * sizeof *o);
+    free(o);
+    return 0;
 }
 
 /* The rank files' pieces: tensor i has rows on ranks [0, n) (torch.chunk), so walking the
@@ -379,8 +474,8 @@ static int bfs__layout_dcp(bfs_plan *p, uint64_t W)
          * consolidate_safetensors_files rejects a file whose DCP_SHARDING_INFO is {}. */
         if (f->npieces == 0 && first_nd < p->nt)
             f->pieces[f->npieces++] = (bfs_piece){.tensor = (int)first_nd, .row0 = p->t[first_nd].d0, .row1 = p->t[first_nd].d0};
-        qsort_r(f->pieces, f->npieces, sizeof *f->pieces, bfs__cmp_file_order, p);
-        BFS_TRY(bfs__finish_file(p, f, true));
+        BFS_TRY(bfs__file_order(p, f));
+        BFS_TRY(bfs__finish_file(p, f));
     }
 cleanup:
     free(count);
@@ -427,8 +522,8 @@ static int bfs__layout_hf(bfs_plan *p, uint64_t max)
     }
     for (int k = 0; k < nf; k++) {
         bfs_outfile *f = &p->files[k];
-        qsort_r(f->pieces, f->npieces, sizeof *f->pieces, bfs__cmp_file_order, p);
-        BFS_TRY(bfs__finish_file(p, f, false));
+        BFS_TRY(bfs__file_order(p, f));
+        BFS_TRY(bfs__finish_file(p, f));
     }
 cleanup:
     free(which);

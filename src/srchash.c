@@ -12,7 +12,9 @@
  * the tensor's hash in order, every byte once: a tensor's units read increasing rows,
  * also across the rank files, so each range starts at or before the bytes already
  * hashed (a range re-read -- an absmax block shared by two units, the 1 KiB nested code
- * -- is hashed the first time). The identity (device, inode, size, mtime, ctime) is the
+ * -- is hashed the first time). A small tensor (BFS_SRC_HASH_WHOLE) is hashed whole at
+ * its first unit, the rows later units read included: those reads are then covered by
+ * the identity checks after their units, which compare with the identity at open. The identity (device, inode, size, mtime, ctime) is the
  * same before the kernel and after the hash, so no write reached the file between the
  * kernel's read and the hash's read: they read the same bytes. A file that changed
  * fails the run (BFS_EINPUT) before its manifest exists. Rank files reused by a
@@ -56,6 +58,9 @@ static void bfs__hash_mapped(XXH3_state_t *st, const uint8_t *p, uint64_t n)
         o += w;
     }
 }
+
+/* A tensor of at most this many bytes is hashed whole at the first unit that reads it */
+#define BFS_SRC_HASH_WHOLE (64u << 10)
 
 typedef struct {
     uint64_t cursor;     /* bytes hashed, [0, cursor) of the tensor's data */
@@ -133,9 +138,14 @@ static int bfs__srchash_range(bfs_srchash *h, const bfs_raw *r, uint64_t off, ui
         return bfs__err(BFS_EINTERNAL, "%s: tensor \"%s\": source bytes [%llu, %llu) read before [%llu, %llu)",
                         h->in->files[r->file].path, r->st->name, (unsigned long long)off, (unsigned long long)end,
                         (unsigned long long)t->cursor, (unsigned long long)off);
-    if (t->cursor == 0 && end == r->nbytes && kread == 0) { /* the whole tensor at once: no streaming state */
-        XXH128_canonicalFromHash(&t->digest, XXH3_128bits(r->data, (size_t)end));
-        t->cursor = end;
+    if (t->cursor == 0 && off == 0 && (end == r->nbytes || r->nbytes <= BFS_SRC_HASH_WHOLE)) {
+        /* the whole tensor at once: no streaming state. A small tensor read in pieces (one
+         * per rank file) is hashed whole at its first: ~640 bytes of XXH3 state per tensor
+         * held from the first rank file to the last were 128 MB of 700 at W = 8, 200k
+         * tensors. Its later rows are read here before their kernels read them; the
+         * identity checks after each of those units cover both reads (see the top). */
+        XXH128_canonicalFromHash(&t->digest, XXH3_128bits(r->data, (size_t)r->nbytes));
+        t->cursor = r->nbytes;
         t->done = true;
         return 0;
     }

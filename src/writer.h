@@ -78,8 +78,9 @@ int bfs__mem_model(const bfs_plan *p, const bool *mine, uint64_t mem, int nthrea
  * model = the predicted peak. threads <= 0: one per online CPU. */
 int bfs__predict_rss(const bfs_plan *p, const bool *mine, uint64_t mem, int threads, uint64_t base, bfs_mem_model *m,
                      uint64_t *peak);
-/* The program, the input headers and the plan: a deterministic estimate. */
-uint64_t bfs__base_rss(const bfs_input *in, const bfs_plan *p);
+/* The program, the input headers, the plan and the largest header of the files this run
+ * writes (mine: per output file; NULL: all): a deterministic estimate. */
+uint64_t bfs__base_rss(const bfs_input *in, const bfs_plan *p, const bool *mine);
 /* o->mem, or for o->max_rss the largest --mem up to the default (in 64 KiB steps)
  * whose predicted peak fits: BFS_ENOMEM naming the least peak when none does. */
 int bfs__pick_mem(const bfs_input *in, const bfs_plan *p, const bool *mine, const bfs_convert_opts *o, uint64_t *mem);
