@@ -115,7 +115,8 @@ static int bfs__cmp_prange(const void *x, const void *y)
     return a->a < b->a ? -1 : a->a > b->a;
 }
 
-size_t bfs__batch_pages(const bfs_plan *p, const bfs_outfile *of, size_t p0, size_t p1, uint64_t pg, bfs_prange *out)
+size_t bfs__batch_pages(const bfs_plan *p, const bfs_outfile *of, size_t p0, size_t p1, uint64_t pg, bool inward,
+                        bfs_prange *out)
 {
     size_t n = 0;
     bool sorted = true;
@@ -130,7 +131,10 @@ size_t bfs__batch_pages(const bfs_plan *p, const bfs_outfile *of, size_t p0, siz
             if (s[i].len == 0)
                 continue;
             const uint64_t a = s[i].r->file_offset + s[i].off, b = a + s[i].len;
-            out[n] = (bfs_prange){.file = s[i].r->file, .a = a / pg * pg, .b = (b + pg - 1) / pg * pg};
+            out[n] = inward ? (bfs_prange){.file = s[i].r->file, .a = (a + pg - 1) / pg * pg, .b = b / pg * pg}
+                            : (bfs_prange){.file = s[i].r->file, .a = a / pg * pg, .b = (b + pg - 1) / pg * pg};
+            if (out[n].a >= out[n].b)
+                continue;
             if (n > 0 && bfs__cmp_prange(&out[n - 1], &out[n]) > 0)
                 sorted = false;
             n++;
@@ -175,7 +179,7 @@ int bfs__mem_model(const bfs_plan *p, const bool *mine, uint64_t mem, int nthrea
                 const uint64_t bp = bfs__buf_page(); /* the buffer's pages: maybe huge */
                 const uint64_t end = (of->pieces[pi].offset % BFS_DIO_ALIGN + len + bp - 1) / bp * bp;
                 touched[slot] = end > touched[slot] ? end : touched[slot];
-                const size_t nr = bfs__batch_pages(p, of, pi, pe, pg, pr);
+                const size_t nr = bfs__batch_pages(p, of, pi, pe, pg, false, pr);
                 for (size_t i = 0; i < nr; i++)
                     in += pr[i].b - pr[i].a;
                 if (touched[0] + touched[1] + in > m->buffers + m->input) {

@@ -43,13 +43,15 @@ bool bfs__unit_budget(const bfs_plan *p, const bool *mine, uint64_t mem, uint64_
 #define BFS_BATCH_MAX 4096
 size_t bfs__batch_end(const bfs_plan *p, const bfs_outfile *of, size_t pi, uint64_t unit_bytes);
 /* The input pages that pieces [p0, p1) of `of` read (dim-0 rows of their sources),
- * outward to pages of `pg` bytes, sorted by (file, offset) and merged where they touch:
+ * outward to pages of `pg` bytes (inward: only the pages they read whole; none where a
+ * source range holds no whole page), sorted by (file, offset) and merged where they touch:
  * at most BFS_UNIT_MAX_SRC * (p1 - p0) ranges into out. Returns how many. */
 typedef struct bfs_prange {
     int file;
     uint64_t a, b; /* page-aligned [a, b) of the file (b may pass its end by < pg) */
 } bfs_prange;
-size_t bfs__batch_pages(const bfs_plan *p, const bfs_outfile *of, size_t p0, size_t p1, uint64_t pg, bfs_prange *out);
+size_t bfs__batch_pages(const bfs_plan *p, const bfs_outfile *of, size_t p0, size_t p1, uint64_t pg, bool inward,
+                        bfs_prange *out);
 
 /* The unit buffers' page: BFS_HUGE_PAGE where transparent huge pages may back them
  * (/sys/kernel/mm/transparent_hugepage/enabled not "never"; BFSHARD_HUGEPAGES=0 turns
