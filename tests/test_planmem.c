@@ -10,6 +10,8 @@
 #include "testutil.h"
 #include "bfs_internal.h"
 #include "bfshard.h"
+#include "formats/format.h"
+#include "writer.h"
 
 #include <jansson.h>
 #include <malloc.h>
@@ -241,6 +243,80 @@ static void plan_heap_per_piece(void **s)
     free(tmp);
 }
 
+/* 2b: the pages a batch drops from the page cache (inward) are read by no piece of any
+ * other rank file; outward, they would be (small slices share pages across ranks) */
+typedef struct {
+    int file;
+    uint64_t a, b;
+} src_rng;
+
+static void dropped_pages_are_read_once(void **s)
+{
+    (void)s;
+    const size_t nt = 600;
+    char *tmp = tu_tmpdir("pldrop");
+    char **names = calloc(nt, sizeof *names);
+    for (size_t i = 0; i < nt; i++) {
+        char b[64];
+        snprintf(b, sizeof b, "t.%04zu", i);
+        names[i] = strdup(b);
+    }
+    write_input(tmp, names, nt, mixed_dtype, mixed_rows, 300); /* rows of 300..2400 bytes */
+    bfs_input *in = NULL;
+    assert_int_equal(bfs__input_open(tmp, &in), 0);
+    bfs_convert_opts o;
+    bfs_convert_opts_init(&o);
+    o.world_size = 3;
+    bfs_plan *p = NULL;
+    assert_int_equal(bfs__plan_tensors(in, &o, &p), 0);
+    assert_int_equal(bfs__plan_layout(p, &o), 0);
+    size_t cap = 0, n = 0;
+    for (int f = 0; f < p->nfiles; f++)
+        cap += p->files[f].npieces * BFS_UNIT_MAX_SRC;
+    src_rng *all = calloc(cap + 1, sizeof *all);
+    bfs_prange *pr = calloc(cap + 1, sizeof *pr);
+    int *owner = calloc(cap + 1, sizeof *owner);
+    for (int f = 0; f < p->nfiles; f++) /* every source byte range each rank file reads */
+        for (size_t k = 0; k < p->files[f].npieces; k++) {
+            const bfs_piece *pc = &p->files[f].pieces[k];
+            if (pc->row0 == pc->row1)
+                continue;
+            bfs_srange sr[BFS_UNIT_MAX_SRC];
+            const bfs_unit u = {.t = &p->t[pc->tensor], .row0 = pc->row0, .row1 = pc->row1};
+            for (int i = 0, ns = bfs__unit_sources(&u, sr); i < ns; i++)
+                if (sr[i].len) {
+                    all[n] = (src_rng){sr[i].r->file, sr[i].r->file_offset + sr[i].off,
+                                       sr[i].r->file_offset + sr[i].off + sr[i].len};
+                    owner[n++] = f;
+                }
+        }
+    size_t dropped = 0, shared_outward = 0;
+    for (int f = 0; f < p->nfiles; f++)
+        for (int inward = 0; inward < 2; inward++) {
+            const size_t m = bfs__batch_pages(p, &p->files[f], 0, p->files[f].npieces, 4096, inward, pr);
+            for (size_t i = 0; i < m; i++)
+                for (size_t j = 0; j < n; j++)
+                    if (owner[j] != f && all[j].file == pr[i].file && all[j].a < pr[i].b && pr[i].a < all[j].b) {
+                        if (inward)
+                            fail_msg("rank file %d drops [%llu, %llu), which rank file %d reads", f,
+                                     (unsigned long long)pr[i].a, (unsigned long long)pr[i].b, owner[j]);
+                        shared_outward++;
+                    }
+            if (inward)
+                dropped += m;
+        }
+    assert_true(dropped > 0);        /* large slices still leave the cache */
+    assert_true(shared_outward > 0); /* the case the inward rounding is for */
+    free(all), free(pr), free(owner);
+    bfs__plan_free(p);
+    bfs__input_free(in);
+    for (size_t i = 0; i < nt; i++)
+        free(names[i]);
+    free(names);
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
 /* 3: source hashes of small tensors (hashed whole at their first unit) and of large ones
  * (streamed across the rank files), at W = 1 and 3, as the definition gives them */
 static const char *f32(size_t i) { return (void)i, "F32"; }
@@ -318,6 +394,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(header_built_on_demand_is_jansson),
         cmocka_unit_test(plan_heap_per_piece),
+        cmocka_unit_test(dropped_pages_are_read_once),
         cmocka_unit_test(source_hash_small_whole_large_streamed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
