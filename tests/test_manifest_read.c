@@ -7,7 +7,9 @@
  * characters, nesting too deep, data after the object); escapes and nested arrays read as
  * jansson reads them; an empty tensors array is fine. On the committed fixtures the head
  * and every tensor equal jansson's whole tree, the seal verdict agrees, and a rewrite that
- * copies tensors[] through is byte for byte what the whole tree dumps. A manifest of 1e5
+ * copies tensors[] through is byte for byte what the whole tree dumps. Narrowing a bad file
+ * down reports its tensors in manifest order from the compact index (hashes that are not
+ * hex reported as written, shards without one skipped). A manifest of 1e5
  * tensors is read in a child whose peak RSS grows by less than 16 MiB.
  */
 #include "testutil.h"
@@ -206,6 +208,59 @@ static void empty_tensors(void **s)
     bfs__mf_free(r);
 }
 
+/* ---- narrowing a bad file down: the index (40 B per shard, grouped by file) --------------- */
+static int fake_hash(void *user, uint64_t off, uint64_t nb, char hex[33])
+{
+    (void)user;
+    if (off == 77)
+        return bfs__err(BFS_EIO, "cannot read at 77");
+    snprintf(hex, 33, "%016llx%016llx", (unsigned long long)off, (unsigned long long)nb);
+    return 0;
+}
+
+static void narrow_index(void **s)
+{
+    (void)s;
+    /* hashes are "%016x%016x" of (offset, nbytes) where they match */
+    const char *t =
+        "{\"files\": [{\"name\": \"a\"}, {\"name\": \"b\"}, {\"name\": \"c\"}], \"tensors\": [\n"
+        " {\"name\": \"t0\", \"shards\": [{\"file\": \"b\", \"offset\": 16, \"nbytes\": 4, \"xxh3_128\": \"00000000000000100000000000000004\"},"
+        "                      {\"file\": \"a\", \"offset\": 40, \"nbytes\": 8, \"xxh3_128\": \"ffffffffffffffffffffffffffffffff\"}]},\n"
+        " {\"name\": \"t\\\"1\", \"shards\": [{\"file\": \"a\", \"offset\": 8, \"nbytes\": 8, \"xxh3_128\": \"NOT A HASH\"},"
+        "                      {\"file\": \"zzz\", \"offset\": 0, \"nbytes\": 1, \"xxh3_128\": \"x\"},"
+        "                      {\"file\": \"a\", \"offset\": 4, \"nbytes\": 2}]},\n"
+        " {\"name\": \"t2\", \"shards\": [{\"file\": \"a\", \"offset\": 77, \"nbytes\": 1, \"xxh3_128\": \"00000000000000000000000000000000\"},"
+        "                      {\"file\": \"a\", \"offset\": 60, \"nbytes\": 500, \"xxh3_128\": \"00000000000000000000000000000000\"},"
+        "                      {\"file\": \"b\", \"offset\": 24, \"nbytes\": 4, \"xxh3_128\": \"00000000000000180000000000000004\"}]}\n"
+        "], " ZSEAL "}";
+    bfs_mf *r = NULL;
+    assert_int_equal(open_text(t, &r, -1), 0);
+    bfs_shard_index *ix = NULL;
+    assert_int_equal(bfs__manifest_shard_index(r, json_object_get(bfs__mf_head(r), "files"), &ix), 0);
+    char *buf = NULL;
+    size_t blen = 0;
+    FILE *rep = open_memstream(&buf, &blen);
+    uint64_t first = 0;
+    /* a: t0 (bad hash), t"1 (not a hash: reported as it is), its shard without a hash skipped,
+     * t2's unreadable shard reported as such, the one past the end skipped; in manifest order */
+    assert_int_equal(bfs__manifest_narrow(ix, "a", 200, "P/a", rep, fake_hash, NULL, true, &first), 2);
+    fflush(rep);
+    assert_string_equal(buf, "P/a: BAD tensor \"t0\" bytes [40, 48) (hash 00000000000000280000000000000008, manifest ffffffffffffffffffffffffffffffff)\n"
+                             "P/a: BAD tensor \"t\\\"1\" bytes [8, 16) (hash 00000000000000080000000000000008, manifest NOT A HASH)\n"
+                             "P/a: BAD tensor \"t2\" bytes [77, 78): cannot read at 77\n");
+    assert_int_equal(first, 4);
+    /* b: all match; c: no shards; an unknown name: nothing */
+    assert_int_equal(bfs__manifest_narrow(ix, "b", 64, "P/b", rep, fake_hash, NULL, true, &first), 0);
+    assert_int_equal(first, 16);
+    assert_int_equal(bfs__manifest_narrow(ix, "c", 64, "P/c", rep, fake_hash, NULL, true, &first), 0);
+    assert_int_equal(first, 64);
+    assert_int_equal(bfs__manifest_narrow(ix, "zzz", 64, "P/z", rep, fake_hash, NULL, true, &first), 0);
+    fclose(rep);
+    free(buf);
+    bfs__manifest_shard_index_free(ix);
+    bfs__mf_free(r);
+}
+
 /* ---- the committed fixtures: the streamed reading equals the whole tree ------------------- */
 static void check_outdir(const char *out, const char *name)
 {
@@ -359,7 +414,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(malformed_structure),      cmocka_unit_test(elements_must_be_objects),
         cmocka_unit_test(duplicate_keys),           cmocka_unit_test(escapes_and_nesting),
-        cmocka_unit_test(empty_tensors),            cmocka_unit_test(fixtures_equal_whole_tree),
+        cmocka_unit_test(empty_tensors),            cmocka_unit_test(narrow_index),
+        cmocka_unit_test(fixtures_equal_whole_tree),
         cmocka_unit_test(reader_memory_bounded),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
