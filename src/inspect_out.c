@@ -51,37 +51,48 @@ bool bfs__inspect_is_zst(const char *path)
            (!strcmp(path + n - 4, ".zst") || !strcmp(path + n - 4, ".bfz"));
 }
 
+/* formats of the output tensors, and how many shard hashes there are: one tensor at a time */
+typedef struct {
+    json_t *formats;
+    size_t shard_hashes, nshards;
+} bfs_inspect_tally;
+
+static int bfs__inspect_tensor(void *user, size_t i, const json_t *t)
+{
+    bfs_inspect_tally *y = user;
+    const json_t *sh = json_object_get(t, "shards");
+    const char *f = json_string_value(json_object_get(t, "format"));
+    f = f ? f : "?";
+    if (json_object_set_new(y->formats, f, json_integer(json_integer_value(json_object_get(y->formats, f)) + 1)) != 0)
+        return bfs__err(BFS_ENOMEM, "out of memory");
+    for (size_t s = 0; s < json_array_size(sh); s++) {
+        y->nshards++;
+        y->shard_hashes += bfs__manifest_hash(json_array_get(sh, s)) != NULL;
+    }
+    return 0;
+}
+
 int bfs__inspect_outdir(const char *dir, int as_json, FILE *out)
 {
     int rc = 0;
-    char *mpath = NULL, *text = NULL;
-    size_t len = 0;
-    json_t *m = NULL, *root = NULL, *formats = NULL;
-    json_error_t jerr;
-    BFS_TRY(bfs__manifest_load(dir, &mpath, &text, &len, &m, &jerr));
-    const json_t *files = json_object_get(m, "files"), *tensors = json_object_get(m, "tensors");
-    if (!m || !json_is_array(files) || !json_is_array(tensors))
-        BFS_FAIL(BFS_EINPUT, "%s: not a bfshard manifest (%s)", mpath, m ? "no files or tensors array" : jerr.text);
-    const bool seal_ok = bfs__manifest_check_seal(mpath, text, len, m, NULL) == 0;
+    bfs_mf *mr = NULL;
+    json_t *root = NULL, *formats = json_object();
+    bfs_inspect_tally y = {formats, 0, 0};
+    if (!formats)
+        BFS_FAIL(BFS_ENOMEM, "out of memory");
+    BFS_TRY(bfs__mf_open(dir, BFS_MANIFEST_NAME, 0, bfs__inspect_tensor, &y, &mr));
+    const char *mpath = bfs__mf_path(mr);
+    const json_t *m = bfs__mf_head(mr), *files = json_object_get(m, "files");
+    if (!json_is_array(files) || !bfs__mf_has_tensors(mr))
+        BFS_FAIL(BFS_EINPUT, "%s: not a bfshard manifest (%s)", mpath, "no files or tensors array");
+    const bool seal_ok = bfs__mf_check_seal(mr, NULL) == 0;
+    const size_t ntensors = bfs__mf_ntensors(mr), shard_hashes = y.shard_hashes, nshards = y.nshards;
     const json_t *opts = json_object_get(m, "options"), *src = json_object_get(m, "source");
     const json_t *srcfiles = json_object_get(src, "files"), *qc = json_object_get(src, "quantization_config");
 
     uint64_t src_bytes = 0;
     for (size_t i = 0; i < json_array_size(srcfiles); i++)
         src_bytes += (uint64_t)json_integer_value(json_object_get(json_array_get(srcfiles, i), "size"));
-    /* formats of the output tensors, and how many shard hashes there are */
-    formats = json_object();
-    size_t shard_hashes = 0, nshards = 0;
-    for (size_t i = 0; i < json_array_size(tensors); i++) {
-        const json_t *t = json_array_get(tensors, i), *sh = json_object_get(t, "shards");
-        const char *f = json_string_value(json_object_get(t, "format"));
-        f = f ? f : "?";
-        json_object_set_new(formats, f, json_integer(json_integer_value(json_object_get(formats, f)) + 1));
-        for (size_t s = 0; s < json_array_size(sh); s++) {
-            nshards++;
-            shard_hashes += bfs__manifest_hash(json_array_get(sh, s)) != NULL;
-        }
-    }
     json_t *jfiles = json_array();
     size_t nweights = 0, nzst = 0, file_hashes = 0, missing = 0;
     uint64_t wbytes = 0, zbytes = 0, zin = 0;
@@ -137,7 +148,7 @@ int bfs__inspect_outdir(const char *dir, int as_json, FILE *out)
                                                   "bytes", (json_int_t)src_bytes, "quant_method", qm));
     json_object_set_new(root, "weights_files", json_integer((json_int_t)nweights));
     json_object_set_new(root, "weights_bytes", json_integer((json_int_t)wbytes));
-    json_object_set_new(root, "tensors", json_integer((json_int_t)json_array_size(tensors)));
+    json_object_set_new(root, "tensors", json_integer((json_int_t)ntensors));
     json_object_set_new(root, "formats", formats);
     formats = NULL;
     json_object_set_new(root, "hashes", json_pack("{s:I, s:I, s:I, s:b}", "files", (json_int_t)file_hashes, "shards",
@@ -161,7 +172,7 @@ int bfs__inspect_outdir(const char *dir, int as_json, FILE *out)
             json_is_true(json_object_get(opts, "keep_dtype")) ? " --keep-dtype" : "");
     fprintf(out, "source: %zu file(s), %.3f MB%s%s\n", json_array_size(srcfiles), (double)src_bytes / 1e6,
             qm ? ", quantization " : "", qm ? qm : "");
-    fprintf(out, "tensors: %zu (", json_array_size(tensors));
+    fprintf(out, "tensors: %zu (", ntensors);
     const char *k;
     json_t *v;
     int first = 1;
@@ -197,9 +208,7 @@ int bfs__inspect_outdir(const char *dir, int as_json, FILE *out)
 cleanup:
     json_decref(formats);
     json_decref(root);
-    json_decref(m);
-    free(text);
-    free(mpath);
+    bfs__mf_free(mr);
     return rc;
 }
 

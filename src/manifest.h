@@ -58,33 +58,59 @@ const char *bfs__manifest_hash(const json_t *entry);
 /* A part's entry whose hash another part holds (null). */
 bool bfs__manifest_hash_elsewhere(const json_t *entry);
 
-/* Read OUTDIR's manifest: *m (JSON_REJECT_DUPLICATES; NULL with *jerr when not JSON),
- * *text and *len its bytes, *mpath its path. Fails only when it cannot be read. */
-int bfs__manifest_load(const char *outdir, char **mpath, char **text, size_t *len, json_t **m, json_error_t *jerr);
-/* The same for the manifest-format file `name` in OUTDIR (a part's manifest). */
-int bfs__manifest_load_as(const char *outdir, const char *name, char **mpath, char **text, size_t *len, json_t **m,
-                          json_error_t *jerr);
+/* Reading a manifest-format file (OUTDIR's bfshard.manifest.json, or a part's) with memory
+ * that does not grow with its tensors: it is read through a 1 MiB window, never whole.
+ * bfs__mf_open() makes one pass over the bytes: a strict scanner checks the JSON's
+ * structure (strings and escapes, nesting, colons, commas), the bytes are hashed for the
+ * seal, and every element of the top object's "tensors" array is cut out and parsed alone
+ * by jansson (JSON_REJECT_DUPLICATES; it must be an object) and handed to each() (may be
+ * NULL); with BFS_MF_HEAD_ONLY the elements are only scanned. Then jansson parses the
+ * head: every member but "tensors", which is there the placeholder string that
+ * bfs__manifest_write_conv() and bfs__mf_write_copy() write the array in the place of.
+ * Malformed: BFS_EINPUT "PATH: not a bfshard manifest (malformed JSON at byte N: ...)".
+ * Memory: the window, the head, one tensor. */
+typedef struct bfs_mf bfs_mf;
+typedef int (*bfs_mf_each_fn)(void *user, size_t i, const json_t *tensor);
+#define BFS_MF_HEAD_ONLY 1
+int bfs__mf_open(const char *outdir, const char *name, int flags, bfs_mf_each_fn each, void *user, bfs_mf **out);
+/* the same for `name` opened at dirfd, never through a symbolic link */
+int bfs__mf_openat(int dirfd, const char *outdir, const char *name, int flags, bfs_mf_each_fn each, void *user,
+                   bfs_mf **out);
+void bfs__mf_free(bfs_mf *r); /* accepts NULL */
+const char *bfs__mf_path(const bfs_mf *r);
+json_t *bfs__mf_head(const bfs_mf *r); /* owned by r; may be changed (compress records its copies there) */
+size_t bfs__mf_ntensors(const bfs_mf *r);
+bool bfs__mf_has_tensors(const bfs_mf *r); /* a "tensors" array was there */
+/* tensors[] again, one at a time: 1 and *tensor (new reference), 0 after the last, < 0 on
+ * an error; the first call after open starts at tensors[0], and so does one after rewind. */
+int bfs__mf_rewind(bfs_mf *r);
+int bfs__mf_next(bfs_mf *r, json_t **tensor);
+/* Verify's check of the manifest's own integrity: 1 (reported) when the seal is missing or
+ * does not match the bytes, else 0. */
+int bfs__mf_check_seal(const bfs_mf *r, FILE *report);
+/* Write head (its "tensors" the placeholder) as OUTDIR's `name`, durably and sealed, with
+ * src's tensors array copied in byte for byte. */
+int bfs__mf_write_copy(int dirfd, const char *outdir, const char *name, const json_t *head, bfs_mf *src);
+
 /* files[i] checked: false when malformed (the caller names it). */
 bool bfs__manifest_file_get(const json_t *files, size_t i, bfs_manifest_file *out);
 
-/* Serialise m, seal it and write it as OUTDIR's manifest, durably. */
-int bfs__manifest_write(int dirfd, const char *outdir, json_t *m);
-int bfs__manifest_write_as(int dirfd, const char *outdir, const char *name, json_t *m);
-/* A part's manifest: its "part" entry's rank list and world size, its fingerprint; false when malformed. */
+/* A part's manifest head: its "part" entry's rank list and world size, its fingerprint; false when malformed. */
 bool bfs__manifest_part_info(const json_t *m, const char **ranks, int *world_size, const char **fingerprint);
-/* The manifest a single run writes, from the n parts' manifests (names[] for messages):
+/* Write the manifest a single run writes (OUTDIR's bfshard.manifest.json) from the n parts
+ * read (names[] for messages), tensors[] merged in lockstep one tensor at a time:
  * BFS_EPARTS when their fingerprints or options differ or a rank is in two parts,
- * BFS_EINCOMPLETE when a rank or a source hash is in none. *out unsealed (new reference). */
-int bfs__manifest_merge(json_t *const *parts, const char *const *names, int n, const char *outdir, json_t **out);
+ * BFS_EINCOMPLETE when a rank or a source hash is in none. pre_commit(pre_user, head) (may
+ * be NULL) runs when the manifest's temporary is complete, before its commit; on any error
+ * no manifest is written. */
+typedef int (*bfs_manifest_pre_commit_fn)(void *user, const json_t *head);
+int bfs__manifest_merge(int dirfd, bfs_mf *const *parts, const char *const *names, int n, const char *outdir,
+                        bfs_manifest_pre_commit_fn pre_commit, void *pre_user);
 /* xxh128sums.txt: "HASH  NAME" of every files[] entry and its compressed copy that
  * exist in OUTDIR, in manifest order; written durably. */
 int bfs__manifest_write_sums(int dirfd, const char *outdir, const json_t *files);
-/* Set the "manifest_xxh3_128" field of a manifest's final bytes. */
-int bfs__manifest_seal(char *text, size_t len);
 
-/* Verify's checks of the manifest's own integrity: 1 when the seal is missing or wrong,
- * the number of bad lines of xxh128sums.txt (1 when missing); each reported. */
-int bfs__manifest_check_seal(const char *mpath, const char *text, size_t len, const json_t *m, FILE *report);
+/* Verify's check of xxh128sums.txt: the number of bad lines (1 when missing); each reported. */
 int bfs__manifest_check_sums(const char *outdir, const json_t *files, FILE *report);
 
 /* Narrow a file that does not match down to tensors: for every shard stored in the
@@ -92,10 +118,12 @@ int bfs__manifest_check_sums(const char *outdir, const json_t *files, FILE *repo
  * (< 0: cannot read them; with report_read_errors that is reported, and the error
  * cleared) and a mismatch is reported as "PATH: BAD tensor ...". Returns the number of
  * tensors reported; *first_data (may be NULL) gets the smallest data offset.
- * The shards are looked up in an index built once per manifest (sorted by file), so
- * narrowing every file of a manifest costs its shards, not files x shards. */
+ * The shards are looked up in an index built once per manifest (two passes over r's
+ * tensors, one tensor in memory at a time): 40 bytes per shard of a files[] entry and
+ * each tensor's name, grouped by file, so narrowing every file costs its shards, not
+ * files x shards. files: the head's files[]. */
 typedef struct bfs_shard_index bfs_shard_index;
-int bfs__manifest_shard_index(const json_t *tensors, bfs_shard_index **out);
+int bfs__manifest_shard_index(bfs_mf *r, const json_t *files, bfs_shard_index **out);
 void bfs__manifest_shard_index_free(bfs_shard_index *ix); /* accepts NULL */
 typedef int (*bfs_manifest_hash_fn)(void *user, uint64_t off, uint64_t nbytes, char hex[33]);
 int bfs__manifest_narrow(const bfs_shard_index *ix, const char *name, uint64_t size, const char *path, FILE *report,

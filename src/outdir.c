@@ -163,18 +163,16 @@ static int bfs__journal_start(int dirfd, const char *outdir, const char *jname, 
 /* ---- already done ----------------------------------------------------------------------------- */
 bool bfs__outdir_already_done(const char *outdir, const char *fingerprint)
 {
-    char *mpath = bfs__path_join(outdir, BFS_MANIFEST_NAME), *text = NULL;
+    bfs_mf *mr = NULL;
     bool done = false;
-    if (mpath && bfs__read_small_file(mpath, 1u << 30, &text, NULL) == 0) {
-        json_t *m = json_loads(text, 0, NULL);
-        const char *fp = m ? json_string_value(json_object_get(m, "plan_fingerprint")) : NULL;
-        if (fp && strcmp(fp, fingerprint) == 0)
+    if (bfs__mf_open(outdir, BFS_MANIFEST_NAME, BFS_MF_HEAD_ONLY, NULL, NULL, &mr) == 0) { /* the head only */
+        const char *fp = json_string_value(json_object_get(bfs__mf_head(mr), "plan_fingerprint"));
+        const bool same = fp && strcmp(fp, fingerprint) == 0;
+        bfs__mf_free(mr);
+        if (same)
             done = bfs_verify(outdir, NULL, NULL) == 0;
-        json_decref(m);
     }
     bfs__err_clear();
-    free(text);
-    free(mpath);
     if (done) {
         /* a run killed between its manifest and removing its journal leaves the journal */
         char *jp = bfs__path_join(outdir, BFS_JOURNAL_NAME);
@@ -319,7 +317,7 @@ int bfs__outdir_check_space(int dirfd, const char *outdir, const bfs_plan *plan,
  * its journal ("+ NAME") before it exists, so a name we do not know yet is looked up again. */
 
 /* The fingerprint a manifest-format file or a journal in OUTDIR names; false when it has none. */
-static bool bfs__file_fingerprint(int dirfd, const char *name, char fp[33])
+static bool bfs__file_fingerprint(int dirfd, const char *outdir, const char *name, char fp[33])
 {
     char *text = NULL;
     bool ok = false;
@@ -327,22 +325,15 @@ static bool bfs__file_fingerprint(int dirfd, const char *name, char fp[33])
         ok = bfs__read_journal(dirfd, name, &text) == 0 && text && strlen(text) >= 33 && text[32] == '\n';
         if (ok)
             memcpy(fp, text, 32);
-    } else {
-        const int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-        struct stat sb;
-        if (fd >= 0 && fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size < (1 << 30) &&
-            (text = malloc((size_t)sb.st_size + 1)) != NULL &&
-            bfs__pread_all(fd, text, (size_t)sb.st_size, 0, name) == 0) {
-            text[sb.st_size] = '\0';
-            json_t *m = json_loads(text, 0, NULL);
-            const char *f = json_string_value(json_object_get(m, "plan_fingerprint"));
+    } else { /* a manifest: its head only */
+        bfs_mf *mr = NULL;
+        if (bfs__mf_openat(dirfd, outdir, name, BFS_MF_HEAD_ONLY, NULL, NULL, &mr) == 0) {
+            const char *f = json_string_value(json_object_get(bfs__mf_head(mr), "plan_fingerprint"));
             ok = f && strlen(f) == 32;
             if (ok)
                 memcpy(fp, f, 32);
-            json_decref(m);
         }
-        if (fd >= 0)
-            close(fd);
+        bfs__mf_free(mr);
     }
     fp[ok ? 32 : 0] = '\0';
     free(text);
@@ -399,7 +390,7 @@ static int bfs__check_other_part(int dirfd, const char *outdir, const char *nm, 
                                  bool force, const bfs_plan *plan, const bool *mine)
 {
     char fp[33];
-    if (!bfs__file_fingerprint(dirfd, nm, fp))
+    if (!bfs__file_fingerprint(dirfd, outdir, nm, fp))
         return 0; /* a part killed while starting: debris its rerun removes */
     if (strcmp(fp, fingerprint) != 0) {
         if (bfs__part_live(dirfd, list))
@@ -445,7 +436,7 @@ static int bfs__part_scan(DIR *d, int dirfd, const char *outdir, const char *fin
             continue;
         }
         if (!strcmp(nm, BFS_MANIFEST_NAME) || !strcmp(nm, BFS_JOURNAL_NAME)) {
-            if (!bfs__file_fingerprint(dirfd, nm, fp) || strcmp(fp, fingerprint) == 0)
+            if (!bfs__file_fingerprint(dirfd, outdir, nm, fp) || strcmp(fp, fingerprint) == 0)
                 continue; /* ours: merge rewrites a stale manifest */
             if (force && unlinkat(dirfd, nm, 0) == 0)
                 continue;
@@ -583,9 +574,9 @@ bool bfs__outdir_part_done(const char *outdir, const char *fingerprint, const ch
     const int dirfd = open(outdir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dirfd < 0)
         return false;
-    if (bfs__file_fingerprint(dirfd, BFS_MANIFEST_NAME, fp) && !strcmp(fp, fingerprint))
+    if (bfs__file_fingerprint(dirfd, outdir, BFS_MANIFEST_NAME, fp) && !strcmp(fp, fingerprint))
         done = bfs__outdir_already_done(outdir, fingerprint);
-    else if (bfs__file_fingerprint(dirfd, pname, fp) && !strcmp(fp, fingerprint))
+    else if (bfs__file_fingerprint(dirfd, outdir, pname, fp) && !strcmp(fp, fingerprint))
         done = bfs__verify_part(outdir, pname, NULL, NULL) == 0;
     bfs__err_clear();
     if (done)

@@ -140,13 +140,11 @@ static int bfs__owned_journal(bfs_owned *o, const char *text)
 static int bfs__owned_manifest(bfs_owned *o, const char *outdir, const char *mname)
 {
     int rc = 0;
-    char *mpath = NULL, *text = NULL;
-    size_t tlen = 0;
-    json_t *m = NULL;
-    json_error_t jerr;
-    if (bfs__manifest_load_as(outdir, mname, &mpath, &text, &tlen, &m, &jerr) == 0 && json_is_object(m) &&
-        json_is_array(json_object_get(m, "files"))) {
-        const json_t *files = json_object_get(m, "files");
+    bfs_mf *mr = NULL;
+    /* the head only: files[] (tensors[] is scanned, not parsed) */
+    if (bfs__mf_open(outdir, mname, BFS_MF_HEAD_ONLY, NULL, NULL, &mr) == 0 &&
+        json_is_array(json_object_get(bfs__mf_head(mr), "files"))) {
+        const json_t *files = json_object_get(bfs__mf_head(mr), "files");
         BFS_TRY(bfs__owned_add(o, mname, strlen(mname)));
         if (!strcmp(mname, BFS_MANIFEST_NAME))
             BFS_TRY(bfs__owned_add(o, BFS_SUMS_NAME, strlen(BFS_SUMS_NAME)));
@@ -162,9 +160,7 @@ static int bfs__owned_manifest(bfs_owned *o, const char *outdir, const char *mna
     }
     bfs__err_clear();
 cleanup:
-    json_decref(m);
-    free(text);
-    free(mpath);
+    bfs__mf_free(mr);
     return rc;
 }
 

@@ -244,8 +244,9 @@ int bfs__part_manifests(DIR *d, char ***names, int *n)
     return 0;
 }
 
-/* The part manifests in OUTDIR, sorted by name: names[] (malloc'ed) and their JSON. */
-static int bfs__load_parts(const char *outdir, char ***names, json_t ***parts, int *n)
+/* The part manifests in OUTDIR, sorted by name: names[] (malloc'ed), each read (its head,
+ * its tensors checked and counted) and its seal checked. */
+static int bfs__load_parts(const char *outdir, char ***names, bfs_mf ***parts, int *n)
 {
     int rc = 0;
     DIR *d = opendir(outdir);
@@ -260,17 +261,10 @@ static int bfs__load_parts(const char *outdir, char ***names, json_t ***parts, i
     if (!(*parts = calloc((size_t)*n, sizeof **parts)))
         BFS_FAIL(BFS_ENOMEM, "out of memory");
     for (int i = 0; i < *n; i++) {
-        char *mpath = NULL, *text = NULL;
-        size_t len = 0;
-        json_error_t jerr;
-        rc = bfs__manifest_load_as(outdir, (*names)[i], &mpath, &text, &len, &(*parts)[i], &jerr);
-        if (rc == 0 && !(*parts)[i])
-            rc = bfs__err(BFS_EINPUT, "%s: not JSON (line %d: %s)", mpath, jerr.line, jerr.text);
-        if (rc == 0 && bfs__manifest_check_seal(mpath, text, len, (*parts)[i], NULL))
-            rc = bfs__err(BFS_EINPUT, "%s: its seal does not match its bytes (edited or torn): rerun that part", mpath);
-        free(mpath);
-        free(text);
-        BFS_TRY(rc);
+        BFS_TRY(bfs__mf_open(outdir, (*names)[i], 0, NULL, NULL, &(*parts)[i]));
+        if (bfs__mf_check_seal((*parts)[i], NULL))
+            BFS_FAIL(BFS_EINPUT, "%s: its seal does not match its bytes (edited or torn): rerun that part",
+                     bfs__mf_path((*parts)[i]));
     }
 cleanup:
     closedir(d);
@@ -298,11 +292,25 @@ static int bfs__merge_check_files(const char *outdir, int dirfd, const json_t *m
     return 0;
 }
 
+typedef struct {
+    const char *outdir;
+    int dirfd;
+} bfs_merge_ctx;
+
+/* with the merged manifest's temporary complete: its files are there, then the sums file
+ * (the manifest is committed last: its presence means complete) */
+static int bfs__merge_pre_commit(void *user, const json_t *head)
+{
+    const bfs_merge_ctx *c = user;
+    const int rc = bfs__merge_check_files(c->outdir, c->dirfd, head);
+    return rc < 0 ? rc : bfs__manifest_write_sums(c->dirfd, c->outdir, json_object_get(head, "files"));
+}
+
 int bfs_merge(const char *outdir, FILE *log)
 {
     int rc = 0, n = 0;
     char **names = NULL;
-    json_t **parts = NULL, *m = NULL;
+    bfs_mf **parts = NULL;
     bfs_outdir_lock lk = {.fd = -1, .dirfd = -1};
     struct stat sd;
     bfs__err_clear();
@@ -325,11 +333,8 @@ int bfs_merge(const char *outdir, FILE *log)
         BFS_FAIL(BFS_EINCOMPLETE, "%s: no part manifests (" BFS_PART_PREFIX "RANKS" BFS_PART_SUFFIX
                  ") to merge: run convert --ranks first", outdir);
     }
-    BFS_TRY(bfs__manifest_merge(parts, (const char *const *)names, n, outdir, &m));
-    BFS_TRY(bfs__merge_check_files(outdir, dirfd, m));
-    /* as a single run: the sums, then the manifest last (its presence means complete) */
-    BFS_TRY(bfs__manifest_write_sums(dirfd, outdir, json_object_get(m, "files")));
-    BFS_TRY(bfs__manifest_write(dirfd, outdir, m));
+    bfs_merge_ctx mc = {outdir, dirfd};
+    BFS_TRY(bfs__manifest_merge(dirfd, parts, (const char *const *)names, n, outdir, bfs__merge_pre_commit, &mc));
     for (int i = 0; i < n; i++) {
         if (log)
             fprintf(log, "bfshard: merged %s/%s\n", outdir, names[i]);
@@ -342,10 +347,9 @@ cleanup:
     for (int i = 0; i < n; i++) {
         free(names[i]);
         if (parts)
-            json_decref(parts[i]);
+            bfs__mf_free(parts[i]);
     }
     free(names);
     free(parts);
-    json_decref(m);
     return rc;
 }

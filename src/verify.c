@@ -65,13 +65,14 @@ static int bfs__hash_zst_range(void *user, uint64_t off, uint64_t nb, char hex[3
 /* The manifest's shards by file, built when the first bad file needs narrowing down
  * (a manifest that verifies never pays for it). */
 typedef struct {
-    const json_t *tensors;
+    bfs_mf *mr;
+    const json_t *files;
     bfs_shard_index *ix;
 } bfs_lazy_index;
 
 static int bfs__index(bfs_lazy_index *l, const bfs_shard_index **out)
 {
-    const int rc = l->ix ? 0 : bfs__manifest_shard_index(l->tensors, &l->ix);
+    const int rc = l->ix ? 0 : bfs__manifest_shard_index(l->mr, l->files, &l->ix);
     *out = l->ix;
     return rc;
 }
@@ -270,18 +271,17 @@ static int bfs__verify_manifest(const char *outdir, const char *name, bool parti
                                 uint64_t *checked, int *bad, bool *here, int W)
 {
     int rc = 0;
-    char *mpath = NULL, *text = NULL;
-    json_t *m = NULL;
+    bfs_mf *mr = NULL;
     bfs_lazy_index li = {0};
-    json_error_t jerr;
-    size_t tlen = 0;
-    BFS_TRY(bfs__manifest_load_as(outdir, name, &mpath, &text, &tlen, &m, &jerr));
-    if (!m || !json_is_object(m) || !json_is_array(json_object_get(m, "files")) ||
-        !json_is_array(json_object_get(m, "tensors")))
-        BFS_FAIL(BFS_EINPUT, "%s: not a bfshard manifest (%s)", mpath, m ? "missing files/tensors" : jerr.text);
-    json_t *files = json_object_get(m, "files"), *tensors = json_object_get(m, "tensors");
-    li.tensors = tensors;
-    *bad += bfs__manifest_check_seal(mpath, text, tlen, m, report); /* bfshard compress re-seals what it rewrites */
+    /* read once here (structure, seal, every tensor parsed), again only to narrow a bad file down */
+    BFS_TRY(bfs__mf_open(outdir, name, 0, NULL, NULL, &mr));
+    const char *mpath = bfs__mf_path(mr);
+    const json_t *m = bfs__mf_head(mr), *files = json_object_get(m, "files");
+    if (!json_is_array(files) || !bfs__mf_has_tensors(mr))
+        BFS_FAIL(BFS_EINPUT, "%s: not a bfshard manifest (missing files/tensors)", mpath);
+    li.mr = mr;
+    li.files = files;
+    *bad += bfs__mf_check_seal(mr, report); /* bfshard compress re-seals what it rewrites */
     if (!partial)
         *bad += bfs__manifest_check_sums(outdir, files, report);
 
@@ -313,9 +313,7 @@ static int bfs__verify_manifest(const char *outdir, const char *name, bool parti
     *bad += bfs__verify_extra(outdir, files, report);
 cleanup:
     bfs__manifest_shard_index_free(li.ix);
-    free(text);
-    free(mpath);
-    json_decref(m);
+    bfs__mf_free(mr);
     return rc;
 }
 
@@ -341,21 +339,14 @@ static int bfs__verify_parts(const char *outdir, char **names, int n, FILE *repo
     char *list = NULL;
     /* the world size from the first part manifest (each part manifest names it) */
     {
-        char *mpath = NULL, *text = NULL;
-        size_t len = 0;
-        json_t *m = NULL;
-        json_error_t jerr;
+        bfs_mf *mr = NULL;
         const char *rk, *fp;
-        BFS_TRY(bfs__manifest_load_as(outdir, names[0], &mpath, &text, &len, &m, &jerr));
-        const bool ok = m && bfs__manifest_part_info(m, &rk, &W, &fp);
-        json_decref(m);
-        free(text);
-        if (!ok) {
-            rc = bfs__err(BFS_EINPUT, "%s: not a bfshard part manifest", mpath);
-            free(mpath);
-            goto cleanup;
-        }
-        free(mpath);
+        BFS_TRY(bfs__mf_open(outdir, names[0], BFS_MF_HEAD_ONLY, NULL, NULL, &mr));
+        const bool ok = bfs__manifest_part_info(bfs__mf_head(mr), &rk, &W, &fp);
+        if (!ok)
+            rc = bfs__err(BFS_EINPUT, "%s: not a bfshard part manifest", bfs__mf_path(mr));
+        bfs__mf_free(mr);
+        BFS_TRY(rc);
     }
     if (!(here = calloc((size_t)W, sizeof *here)) || !(list = malloc(4096)))
         BFS_FAIL(BFS_ENOMEM, "out of memory");

@@ -44,7 +44,7 @@ struct json_t *bfs__zst_manifest_entry(const bfs_zst_writer *w, const char *znam
 typedef struct {
     const char *outdir;
     int dirfd;
-    json_t *m;
+    bfs_mf *mr;            /* the manifest read; its head gets the "zst" entries */
     const bfs_owned *own;  /* names the manifest and journals record */
     bool resume;           /* the journal of an interrupted compress is there */
 } bfs_zst_odir;
@@ -143,7 +143,7 @@ static int bfs__zst_compress_entry(const bfs_zst_odir *od, json_t *f, const bfs_
         BFS_FAIL(BFS_ENOMEM, "out of memory");
     json_object_set_new(f, "zst", z);
     /* recorded now, so a rerun after a crash keeps it */
-    BFS_TRY(bfs__manifest_write(dirfd, outdir, od->m));
+    BFS_TRY(bfs__mf_write_copy(dirfd, outdir, BFS_MANIFEST_NAME, bfs__mf_head(od->mr), od->mr));
     if (o->log)
         fprintf(o->log, "bfshard: %s -> %s: %llu -> %llu bytes (%.3fx), %llu frames\n", mf->name, zname,
                 (unsigned long long)isz, (unsigned long long)w->out_off,
@@ -175,10 +175,7 @@ static int bfs__zst_remove_compressed(const char *outdir, int dirfd, const json_
 int bfs_compress_outdir(const char *outdir, const bfs_compress_opts *o_arg, bfs_compress_result *res_arg)
 {
     int rc = 0;
-    char *mpath = NULL, *text = NULL;
-    size_t tlen = 0;
-    json_t *m = NULL;
-    json_error_t jerr;
+    bfs_mf *mr = NULL;
     bfs_compress_opts opts, *o = &opts;
     bfs_compress_result result, *res = &result;
     bfs_outdir_lock lk = {.fd = -1, .dirfd = -1};
@@ -186,13 +183,15 @@ int bfs_compress_outdir(const char *outdir, const bfs_compress_opts *o_arg, bfs_
     struct timespec t0;
     BFS_TRY(bfs__zst_run_begin(o_arg, o, res_arg, res, &t0));
     BFS_TRY(bfs__outdir_lock(outdir, false, &lk));
-    BFS_TRY(bfs__manifest_load(outdir, &mpath, &text, &tlen, &m, &jerr));
-    json_t *files = m ? json_object_get(m, "files") : NULL;
-    if (!json_is_array(files))
-        BFS_FAIL(BFS_EINPUT, "%s: not a bfshard manifest (%s)", mpath, m ? "no files array" : jerr.text);
+    /* read once (structure, every tensor parsed); each rewrite copies tensors[] through */
+    BFS_TRY(bfs__mf_open(outdir, BFS_MANIFEST_NAME, 0, NULL, NULL, &mr));
+    const char *mpath = bfs__mf_path(mr);
+    json_t *files = json_object_get(bfs__mf_head(mr), "files");
+    if (!json_is_array(files) || !bfs__mf_has_tensors(mr))
+        BFS_FAIL(BFS_EINPUT, "%s: not a bfshard manifest (%s)", mpath, json_is_array(files) ? "no tensors array" : "no files array");
     const int dirfd = lk.dirfd;
     BFS_TRY(bfs__owned_load(dirfd, outdir, &own));
-    const bfs_zst_odir od = {.outdir = outdir, .dirfd = dirfd, .m = m, .own = &own,
+    const bfs_zst_odir od = {.outdir = outdir, .dirfd = dirfd, .mr = mr, .own = &own,
                              .resume = bfs__zst_exists(dirfd, BFS_ZJOURNAL_NAME)};
     for (size_t i = 0; i < json_array_size(files); i++) {
         bfs_manifest_file mf;
@@ -204,7 +203,7 @@ int bfs_compress_outdir(const char *outdir, const bfs_compress_opts *o_arg, bfs_
     if (bfs__cancelled())
         BFS_FAIL(BFS_EINTR, "interrupted while compressing %s", outdir);
     /* the manifest first (durably, re-sealed), then the originals may go */
-    BFS_TRY(bfs__manifest_write(dirfd, outdir, m));
+    BFS_TRY(bfs__mf_write_copy(dirfd, outdir, BFS_MANIFEST_NAME, bfs__mf_head(mr), mr));
     if (o->remove)
         BFS_TRY(bfs__zst_remove_compressed(outdir, dirfd, files));
     /* xxh128sums.txt: every file that is there, compressed ones included */
@@ -214,9 +213,7 @@ int bfs_compress_outdir(const char *outdir, const bfs_compress_opts *o_arg, bfs_
 cleanup:
     bfs__owned_free(&own);
     bfs__outdir_unlock(&lk, outdir, false);
-    json_decref(m);
-    free(text);
-    free(mpath);
+    bfs__mf_free(mr);
     bfs__zst_run_end(res_arg, res, &t0);
     return rc;
 }
