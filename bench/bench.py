@@ -242,24 +242,48 @@ class Bench:
     def kernels(self):
         kb = os.path.join(self.build, "bench", "kernels_bench")
         if os.path.exists(kb):
-            log("kernels_bench (one thread, every level)")
-            # best of kb_reps, memcpy interleaved: each rep is a few ms, and on a shared VM the
-            # best of 5 still caught a slow spell now and then (kernels at 0.75-1.2x memcpy)
-            p = subprocess.run([kb, str(self.a.kb_reps)], capture_output=True, text=True)
-            parsed, op = {}, None
-            for line in p.stdout.splitlines():
-                m = re.match(r"^(\S.*?)\s+([\d.]+) MB out\s*$", line)
-                if m:
-                    op = m.group(1)
-                    parsed[op] = {"out_mb": float(m.group(2))}
-                    continue
-                m = re.match(r"^\s+(\w+)\s+([\d.]+) GB/s", line)
-                if m and op:
-                    parsed[op][m.group(1)] = float(m.group(2))
-            self.res["kernels"]["kernels_bench"] = {"rc": p.returncode, "text": p.stdout + p.stderr[-2000:],
-                                                    "gbs": parsed}
-            if p.returncode != 0:
-                self.note(f"kernels_bench exited {p.returncode} (a level differs from scalar, or it failed)")
+            log(f"kernels_bench (one thread, every level; {self.a.kb_runs} processes)")
+            # Each process: best of kb_reps, memcpy interleaved with the kernels, so a ratio is
+            # taken within one process. On this shared VM a process is either "fast" or "slow"
+            # for the whole run (the transposed MXFP4 kernel at 0.8x or 1.3x memcpy, memcpy
+            # beside it not much moved: where the guest's huge pages landed, we think): one
+            # process decides nothing. The bar takes the median process's ratio per op; the
+            # lowest and highest are printed beside it.
+            runs, rc, text = [], 0, ""
+            for _ in range(self.a.kb_runs):
+                p = subprocess.run([kb, str(self.a.kb_reps)], capture_output=True, text=True)
+                parsed, op = {}, None
+                for line in p.stdout.splitlines():
+                    m = re.match(r"^(\S.*?)\s+([\d.]+) MB out\s*$", line)
+                    if m:
+                        op = m.group(1)
+                        parsed[op] = {"out_mb": float(m.group(2))}
+                        continue
+                    m = re.match(r"^\s+(\w+)\s+([\d.]+) GB/s", line)
+                    if m and op:
+                        parsed[op][m.group(1)] = float(m.group(2))
+                runs.append(parsed)
+                rc = rc or p.returncode
+                text = p.stdout + p.stderr[-2000:]
+            ratios = {}
+            for r in runs:
+                for op, d in r.items():
+                    lv = [v for k, v in d.items() if k not in ("out_mb", "memcpy")]
+                    if lv and d.get("memcpy"):
+                        ratios.setdefault(op, []).append(max(lv) / d["memcpy"])
+            # the median process's figures (per op) are the ones shown and held to the bar
+            gbs = {}
+            for op, rs in ratios.items():
+                mid = sorted(rs)[(len(rs) - 1) // 2]
+                for r in runs:
+                    d = r.get(op, {})
+                    lv = [v for k, v in d.items() if k not in ("out_mb", "memcpy")]
+                    if lv and d.get("memcpy") and max(lv) / d["memcpy"] == mid:
+                        gbs[op] = dict(d, ratio_min=min(rs), ratio_max=max(rs), ratio_n=len(rs))
+                        break
+            self.res["kernels"]["kernels_bench"] = {"rc": rc, "text": text, "gbs": gbs, "runs": runs}
+            if rc != 0:
+                self.note(f"kernels_bench exited {rc} (a level differs from scalar, or it failed)")
         else:
             self.note("kernels_bench: not built (bench/kernels_bench.c missing or not compiling yet): skipped; "
                       "the one-thread rates below come from threads_bench")
@@ -528,13 +552,16 @@ class Bench:
         tb = R["kernels"].get("threads_bench")
         targ = R["targets"]
         if kb and kb["gbs"]:
-            P("  kernels_bench, one thread (out bytes per op):")
+            n = max((d.get("ratio_n", 1) for d in kb["gbs"].values()), default=1)
+            P(f"  kernels_bench, one thread (out bytes per op); the median of {n} processes by best/memcpy, "
+              f"[lowest-highest] of them:")
             for op, d in kb["gbs"].items():
-                lv = [(k, v) for k, v in d.items() if k not in ("out_mb", "memcpy")]
+                lv = [(k, v) for k, v in d.items() if k not in ("out_mb", "memcpy") and not k.startswith("ratio_")]
                 best = max(lv, key=lambda kv: kv[1]) if lv else None
                 s = "  ".join(f"{k} {v:6.2f}" for k, v in lv)
                 ratio = best[1] / d["memcpy"] if best and d.get("memcpy") else None
-                P(f"    {op:36s} memcpy {d.get('memcpy', 0):6.2f}  {s}" + (f"   best/memcpy {ratio:4.2f}x" if ratio else ""))
+                P(f"    {op:36s} memcpy {d.get('memcpy', 0):6.2f}  {s}" + (f"   best/memcpy {ratio:4.2f}x" if ratio else "")
+                  + (f" [{d['ratio_min']:.2f}-{d['ratio_max']:.2f}]" if "ratio_min" in d else ""))
                 if ratio is not None and not op.startswith("cast"):  # casts read 2-4x the bytes they write: reported, no bar
                     targ.setdefault("kernel_vs_memcpy", []).append({"op": op, "source": "kernels_bench", "ratio": ratio})
         elif not kb:
@@ -803,6 +830,7 @@ def main():
     ap.add_argument("--kernels", type=int, default=1)
     ap.add_argument("--kreps", type=int, default=5, help="threads_bench repetitions")
     ap.add_argument("--kb-reps", type=int, default=25, help="kernels_bench repetitions (best of)")
+    ap.add_argument("--kb-runs", type=int, default=3, help="kernels_bench processes (the median one is held to the bar)")
     ap.add_argument("--check", type=int, default=0, help="1: check the upstream output equals bfshard's")
     ap.add_argument("--data", default=os.path.join(ROOT, "build", "bench-data"))
     ap.add_argument("--disk-dir", default=os.path.join(ROOT, "build", "bench-tmp"))
