@@ -58,6 +58,42 @@ static void write_input(const char *dir, char **names, size_t nt, const char *(*
     json_decref(h);
 }
 
+/* nt names from fmt (one %zu: the index) */
+static char **numbered_names(size_t nt, const char *fmt)
+{
+    char **names = calloc(nt, sizeof *names);
+    assert_non_null(names);
+    for (size_t i = 0; i < nt; i++) {
+        char b[128];
+        snprintf(b, sizeof b, fmt, i);
+        names[i] = strdup(b);
+    }
+    return names;
+}
+
+/* a case's names and scratch folder, gone */
+static void case_free(char *tmp, char **names, size_t nt)
+{
+    for (size_t i = 0; i < nt; i++)
+        free(names[i]);
+    free(names);
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
+/* the plan of dir's input at world size W, laid out */
+static bfs_plan *plan_of(const char *dir, int world, bfs_input **in)
+{
+    bfs_convert_opts o;
+    bfs_convert_opts_init(&o);
+    o.world_size = world;
+    bfs_plan *p = NULL;
+    assert_int_equal(bfs__input_open(dir, in), 0);
+    assert_int_equal(bfs__plan_tensors(*in, &o, &p), 0);
+    assert_int_equal(bfs__plan_layout(p, &o), 0);
+    return p;
+}
+
 static const char *mixed_dtype(size_t i)
 {
     static const char *const d[] = {"BF16", "F32", "I64", "U8", "F16"};
@@ -188,11 +224,7 @@ static void header_built_on_demand_is_jansson(void **s)
         bfs__plan_free(p);
     }
     bfs__input_free(in);
-    for (size_t i = 0; i < nt; i++)
-        free(names[i]);
-    free(names);
-    tu_rmrf(tmp);
-    free(tmp);
+    case_free(tmp, names, nt);
 }
 
 /* 2: the plan's heap after layout: no header text, compact tensors and pieces. Before
@@ -236,11 +268,7 @@ static void plan_heap_per_piece(void **s)
                  held, nt, pieces);
     bfs__plan_free(p);
     bfs__input_free(in);
-    for (size_t i = 0; i < nt; i++)
-        free(names[i]);
-    free(names);
-    tu_rmrf(tmp);
-    free(tmp);
+    case_free(tmp, names, nt);
 }
 
 /* 2b: the pages a batch drops from the page cache (inward) are read by no piece of any
@@ -255,21 +283,10 @@ static void dropped_pages_are_read_once(void **s)
     (void)s;
     const size_t nt = 600;
     char *tmp = tu_tmpdir("pldrop");
-    char **names = calloc(nt, sizeof *names);
-    for (size_t i = 0; i < nt; i++) {
-        char b[64];
-        snprintf(b, sizeof b, "t.%04zu", i);
-        names[i] = strdup(b);
-    }
+    char **names = numbered_names(nt, "t.%04zu");
     write_input(tmp, names, nt, mixed_dtype, mixed_rows, 300); /* rows of 300..2400 bytes */
     bfs_input *in = NULL;
-    assert_int_equal(bfs__input_open(tmp, &in), 0);
-    bfs_convert_opts o;
-    bfs_convert_opts_init(&o);
-    o.world_size = 3;
-    bfs_plan *p = NULL;
-    assert_int_equal(bfs__plan_tensors(in, &o, &p), 0);
-    assert_int_equal(bfs__plan_layout(p, &o), 0);
+    bfs_plan *p = plan_of(tmp, 3, &in);
     size_t cap = 0, n = 0;
     for (int f = 0; f < p->nfiles; f++)
         cap += p->files[f].npieces * BFS_UNIT_MAX_SRC;
@@ -310,11 +327,7 @@ static void dropped_pages_are_read_once(void **s)
     free(all), free(pr), free(owner);
     bfs__plan_free(p);
     bfs__input_free(in);
-    for (size_t i = 0; i < nt; i++)
-        free(names[i]);
-    free(names);
-    tu_rmrf(tmp);
-    free(tmp);
+    case_free(tmp, names, nt);
 }
 
 /* 3: source hashes of small tensors (hashed whole at their first unit) and of large ones
@@ -354,12 +367,7 @@ static void source_hash_small_whole_large_streamed(void **s)
     char in[4096], out[4096], mp[4096], want[33];
     snprintf(in, sizeof in, "%s/in", tmp);
     assert_int_equal(tu_sh("mkdir -p '%s'", in), 0);
-    char **names = calloc(nt, sizeof *names);
-    for (size_t i = 0; i < nt; i++) {
-        char b[64];
-        snprintf(b, sizeof b, "t.%03zu", i);
-        names[i] = strdup(b);
-    }
+    char **names = numbered_names(nt, "t.%03zu");
     write_input(in, names, nt, f32, small_and_large, 8);
     snprintf(mp, sizeof mp, "%s/model.safetensors", in);
     expected_content_hash(mp, want);
@@ -382,11 +390,7 @@ static void source_hash_small_whole_large_streamed(void **s)
             assert_int_equal(bfs_verify(out, NULL, NULL), 0);
         }
     }
-    for (size_t i = 0; i < nt; i++)
-        free(names[i]);
-    free(names);
-    tu_rmrf(tmp);
-    free(tmp);
+    case_free(tmp, names, nt);
 }
 
 int main(void)
