@@ -8,6 +8,7 @@
  * the source hashes the manifest records.
  */
 #include "testutil.h"
+#include "tu_st.h"
 #include "bfs_internal.h"
 #include "bfshard.h"
 #include "formats/format.h"
@@ -18,7 +19,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <xxhash.h>
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
@@ -335,29 +335,6 @@ static void dropped_pages_are_read_once(void **s)
 static const char *f32(size_t i) { return (void)i, "F32"; }
 static size_t small_and_large(size_t i) { return i % 4 == 0 ? 3000 : 1 + i % 9; } /* 3000 x 8 x 4 = 96000 bytes */
 
-static void expected_content_hash(const char *path, char hex[33])
-{
-    size_t n = 0;
-    uint8_t *b = tu_read_file(path, &n);
-    bfs_st_header h;
-    assert_non_null(b);
-    assert_int_equal(bfs__st_parse(b, n, path, &h), 0);
-    XXH3_state_t *st = XXH3_createState();
-    XXH3_128bits_reset(st);
-    XXH128_canonical_t c;
-    XXH128_canonicalFromHash(&c, XXH3_128bits(b, (size_t)h.data_start));
-    XXH3_128bits_update(st, &c, sizeof c);
-    for (size_t i = 0; i < h.n; i++) {
-        XXH128_canonicalFromHash(&c, XXH3_128bits(b + h.data_start + h.t[i].begin, (size_t)(h.t[i].end - h.t[i].begin)));
-        XXH3_128bits_update(st, &c, sizeof c);
-    }
-    XXH128_canonicalFromHash(&c, XXH3_128bits_digest(st));
-    for (int i = 0; i < 16; i++)
-        snprintf(hex + 2 * i, 3, "%02x", c.digest[i]);
-    XXH3_freeState(st);
-    bfs__st_header_free(&h);
-    free(b);
-}
 
 static void source_hash_small_whole_large_streamed(void **s)
 {
@@ -370,7 +347,7 @@ static void source_hash_small_whole_large_streamed(void **s)
     char **names = numbered_names(nt, "t.%03zu");
     write_input(in, names, nt, f32, small_and_large, 8);
     snprintf(mp, sizeof mp, "%s/model.safetensors", in);
-    expected_content_hash(mp, want);
+    st_content_hash(mp, want);
     for (int world = 1; world <= 3; world += 2) {
         for (int m = 0; m < 2; m++) {
             bfs_convert_opts o;

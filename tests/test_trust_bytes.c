@@ -13,6 +13,7 @@
  * one takes seconds. It asserts nothing about time.
  */
 #include "testutil.h"
+#include "tu_st.h"
 #include "bfs_internal.h"
 #include "bfs_io.h"
 
@@ -170,29 +171,6 @@ static void input_rewritten_in_place(void **s)
 }
 
 /* ---- 3: the manifest's source hashes, recomputed from the input files --------------------- */
-static void expected_content_hash(const char *path, char hex[33])
-{
-    size_t n = 0;
-    uint8_t *b = tu_read_file(path, &n);
-    bfs_st_header h;
-    assert_non_null(b);
-    assert_int_equal(bfs__st_parse(b, n, path, &h), 0);
-    XXH3_state_t *st = XXH3_createState();
-    XXH3_128bits_reset(st);
-    XXH128_canonical_t c;
-    XXH128_canonicalFromHash(&c, XXH3_128bits(b, (size_t)h.data_start));
-    XXH3_128bits_update(st, &c, sizeof c);
-    for (size_t i = 0; i < h.n; i++) { /* sorted by begin: file order */
-        XXH128_canonicalFromHash(&c, XXH3_128bits(b + h.data_start + h.t[i].begin, (size_t)(h.t[i].end - h.t[i].begin)));
-        XXH3_128bits_update(st, &c, sizeof c);
-    }
-    XXH128_canonicalFromHash(&c, XXH3_128bits_digest(st));
-    for (int i = 0; i < 16; i++)
-        snprintf(hex + 2 * i, 3, "%02x", c.digest[i]);
-    XXH3_freeState(st);
-    bfs__st_header_free(&h);
-    free(b);
-}
 
 /* Every source file in OUTDIR's manifest has the content hash of that file of input. */
 static void assert_source_hashes(const char *input, const char *outdir)
@@ -205,7 +183,7 @@ static void assert_source_hashes(const char *input, const char *outdir)
     for (size_t i = 0; i < json_array_size(files); i++) {
         const json_t *f = json_array_get(files, i);
         snprintf(p, sizeof p, "%s/%s", input, json_string_value(json_object_get(f, "name")));
-        expected_content_hash(p, want);
+        st_content_hash(p, want);
         assert_string_equal(json_string_value(json_object_get(f, "content_xxh3_128")), want);
     }
     json_decref(m);

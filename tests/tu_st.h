@@ -1,4 +1,5 @@
-/* A safetensors file read whole and parsed with the library's own parser, and the bf16
+/* A safetensors file read whole and parsed with the library's own parser, the source content
+ * hash by its definition (test_planmem, test_trust_bytes), and the bf16
  * compare, for the tests that compare output tensors (test_e2e, test_formats_e2e,
  * test_zstd). Header-only: only the tests that include it need the library's internal
  * header. */
@@ -11,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 typedef struct {
     uint8_t *buf;
@@ -77,6 +79,31 @@ static inline size_t st_cmp_bf16(const uint8_t *got, const uint8_t *want, size_t
         }
     }
     return bad;
+}
+
+/* The definition of a source file's content hash (the manifest's content_xxh3_128):
+ * XXH3-128 over the canonical XXH3-128 of the header bytes, then of each tensor's data
+ * in file order; hex into hex[33]. */
+static inline void st_content_hash(const char *path, char hex[33])
+{
+    stfile f;
+    if (st_load(path, &f) != 0)
+        fail_msg("%s: not readable safetensors", path);
+    XXH3_state_t *st = XXH3_createState();
+    XXH3_128bits_reset(st);
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits(f.buf, (size_t)f.h.data_start));
+    XXH3_128bits_update(st, &c, sizeof c);
+    for (size_t i = 0; i < f.h.n; i++) { /* sorted by begin: file order */
+        XXH128_canonicalFromHash(&c, XXH3_128bits(f.buf + f.h.data_start + f.h.t[i].begin,
+                                                  (size_t)(f.h.t[i].end - f.h.t[i].begin)));
+        XXH3_128bits_update(st, &c, sizeof c);
+    }
+    XXH128_canonicalFromHash(&c, XXH3_128bits_digest(st));
+    for (int i = 0; i < 16; i++)
+        snprintf(hex + 2 * i, 3, "%02x", c.digest[i]);
+    XXH3_freeState(st);
+    st_free(&f);
 }
 
 #endif
