@@ -265,22 +265,17 @@ class Bench:
                 runs.append(parsed)
                 rc = rc or p.returncode
                 text = p.stdout + p.stderr[-2000:]
-            ratios = {}
+            per_op = {}  # op -> [(best level / memcpy, that process's figures)]
             for r in runs:
                 for op, d in r.items():
                     lv = [v for k, v in d.items() if k not in ("out_mb", "memcpy")]
                     if lv and d.get("memcpy"):
-                        ratios.setdefault(op, []).append(max(lv) / d["memcpy"])
+                        per_op.setdefault(op, []).append((max(lv) / d["memcpy"], d))
             # the median process's figures (per op) are the ones shown and held to the bar
             gbs = {}
-            for op, rs in ratios.items():
-                mid = sorted(rs)[(len(rs) - 1) // 2]
-                for r in runs:
-                    d = r.get(op, {})
-                    lv = [v for k, v in d.items() if k not in ("out_mb", "memcpy")]
-                    if lv and d.get("memcpy") and max(lv) / d["memcpy"] == mid:
-                        gbs[op] = dict(d, ratio_min=min(rs), ratio_max=max(rs), ratio_n=len(rs))
-                        break
+            for op, rs in per_op.items():
+                rs.sort(key=lambda x: x[0])
+                gbs[op] = dict(rs[(len(rs) - 1) // 2][1], ratio_min=rs[0][0], ratio_max=rs[-1][0], ratio_n=len(rs))
             self.res["kernels"]["kernels_bench"] = {"rc": rc, "text": text, "gbs": gbs, "runs": runs}
             if rc != 0:
                 self.note(f"kernels_bench exited {rc} (a level differs from scalar, or it failed)")

@@ -215,20 +215,25 @@ static void bfs__sb_raw(bfs_sbuf *b, const char *s, size_t n)
 /* s, escaped as a JSON string's content when b->esc: the text never holds a control
  * character there (every name in it went through bfs__sb_json_str), so '"' and '\\'
  * are all jansson escapes in it */
-static void bfs__sb_put(bfs_sbuf *b, const char *s, size_t n)
+/* s (n bytes) through emit, each '"' and '\\' preceded by a backslash */
+static void bfs__sb_escape(bfs_sbuf *b, const char *s, size_t n, void (*emit)(bfs_sbuf *, const char *, size_t))
 {
-    if (!b->esc) {
-        bfs__sb_raw(b, s, n);
-        return;
-    }
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
         if (s[i] == '"' || s[i] == '\\') {
-            bfs__sb_raw(b, s + k, i - k);
-            bfs__sb_raw(b, s[i] == '"' ? "\\\"" : "\\\\", 2);
+            emit(b, s + k, i - k);
+            emit(b, s[i] == '"' ? "\\\"" : "\\\\", 2);
             k = i + 1;
         }
-    bfs__sb_raw(b, s + k, n - k);
+    emit(b, s + k, n - k);
+}
+
+static void bfs__sb_put(bfs_sbuf *b, const char *s, size_t n)
+{
+    if (b->esc)
+        bfs__sb_escape(b, s, n, bfs__sb_raw);
+    else
+        bfs__sb_raw(b, s, n);
 }
 
 static void bfs__sb_str(bfs_sbuf *b, const char *s) { bfs__sb_put(b, s, strlen(s)); }
@@ -260,14 +265,7 @@ static void bfs__sb_json_str(bfs_sbuf *b, const char *s, size_t n)
             return;
         }
     bfs__sb_put(b, "\"", 1);
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++)
-        if (s[i] == '"' || s[i] == '\\') {
-            bfs__sb_put(b, s + k, i - k);
-            bfs__sb_put(b, s[i] == '"' ? "\\\"" : "\\\\", 2);
-            k = i + 1;
-        }
-    bfs__sb_put(b, s + k, n - k);
+    bfs__sb_escape(b, s, n, bfs__sb_put); /* escaped again where the whole is inside a string */
     bfs__sb_put(b, "\"", 1);
 }
 
