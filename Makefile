@@ -11,7 +11,7 @@ OPT     ?= -O2
 NO_FMT_TRUNC := $(shell $(CC) -Werror -Wno-format-truncation -x c -c /dev/null -o /dev/null 2>/dev/null && echo -Wno-format-truncation)
 CFLAGS_BASE := -std=c11 $(OPT) -g -Wall -Wextra -Wshadow -Wno-unused-parameter $(NO_FMT_TRUNC) \
                -ffp-contract=off -fno-fast-math -fno-strict-aliasing \
-               -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -Iinclude -pthread
+               -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -Iinclude -Isrc -pthread
 CFLAGS  += $(CFLAGS_BASE) $(EXTRA_CFLAGS)
 LDFLAGS += -pthread $(EXTRA_LDFLAGS)
 LIBS    := -ljansson -lxxhash -lzstd -lm
@@ -26,9 +26,9 @@ HAVE_CUDA := 1
 endif
 endif
 
-LIB_SRC := $(wildcard src/*.c src/formats/*.c)
+LIB_SRC := $(filter-out src/cli/%,$(wildcard src/*/*.c))
 # the CUDA backend (backend_cuda.c, _q.c, _dev.c); backend_cuda_stub.c replaces it without nvcc
-CUDA_C_SRC := $(filter-out src/backend_cuda_stub.c,$(wildcard src/backend_cuda*.c))
+CUDA_C_SRC := $(filter-out src/backend/backend_cuda_stub.c,$(wildcard src/backend/backend_cuda*.c))
 KCPU_SRC := kernels/cpu_scalar.c kernels/cpu_dispatch.c
 KAVX2_SRC := kernels/cpu_avx2.c
 KAVX512_SRC := kernels/cpu_avx512.c
@@ -40,7 +40,7 @@ CU_SRC  := $(wildcard kernels/*.cu)
 # and square root. Fixed here, last on nvcc's line (the last value of an option wins), and
 # not overridable: NVFLAGS set in the environment or on the command line is ignored; add
 # flags with EXTRA_NVFLAGS (fast math there is refused). The start-up self-test
-# (src/backend_cuda_dev.c) refuses a build that computes inexactly anyway.
+# (src/backend/backend_cuda_dev.c) refuses a build that computes inexactly anyway.
 NVFLAGS_EXACT := --fmad=false -ftz=false -prec-div=true -prec-sqrt=true \
                  -Xcompiler -fno-fast-math,-ffp-contract=off
 ifneq ($(filter %fast_math %fast-math,$(EXTRA_NVFLAGS)),)
@@ -59,13 +59,14 @@ override NVFLAGS := -O2 -std=c++17 -Iinclude $(CU_GENCODE) $(EXTRA_NVFLAGS) $(NV
 CFLAGS  += -DBFS_HAVE_CUDA=1 -I$(CUDA_HOME)/include -DBFS_CUDA_ARCHS='"sm_$(subst $() $(),/,$(CU_ARCHS)) + PTX $(CU_PTX)"'
 # static cudart: a missing driver is an error at run time, never a load failure
 LIBS    += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
-LIB_SRC := $(filter-out src/backend_cuda_stub.c,$(LIB_SRC))
+LIB_SRC := $(filter-out src/backend/backend_cuda_stub.c,$(LIB_SRC))
 else
 $(info bfshard: building CPU backends only (no nvcc found))
 CU_SRC  :=
 LIB_SRC := $(filter-out $(CUDA_C_SRC),$(LIB_SRC))
 endif
 
+HDRS := $(wildcard include/*.h src/*.h src/*/*.h kernels/*.h kernels/*.cuh)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(KCPU_SRC:%.c=$(BUILD)/%.o) \
            $(KAVX2_SRC:%.c=$(BUILD)/%.o) $(KAVX512_SRC:%.c=$(BUILD)/%.o) \
            $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
@@ -82,12 +83,12 @@ all: deps $(BUILD)/bfshard
 deps:
 	@scripts/install-deps.sh
 
-# What made this build, recorded in every manifest (src/version.c): `git describe` of this
+# What made this build, recorded in every manifest (src/base/version.c): `git describe` of this
 # checkout, "unknown" outside git (a tarball). version.o is rebuilt when it changes.
 BFS_REVISION := $(shell [ "$$(git -C . rev-parse --show-toplevel 2>/dev/null)" = "$(realpath $(CURDIR))" ] && \
                   git describe --always --tags --dirty 2>/dev/null || echo unknown)
-$(BUILD)/src/version.o $(BUILD)/pic/src/version.o: CFLAGS += -DBFS_BUILD_REVISION='"$(BFS_REVISION)"'
-$(BUILD)/src/version.o $(BUILD)/pic/src/version.o: $(BUILD)/revision.txt
+$(BUILD)/src/base/version.o $(BUILD)/pic/src/base/version.o: CFLAGS += -DBFS_BUILD_REVISION='"$(BFS_REVISION)"'
+$(BUILD)/src/base/version.o $(BUILD)/pic/src/base/version.o: $(BUILD)/revision.txt
 $(BUILD)/revision.txt: FORCE
 	@mkdir -p $(@D)
 	@echo '$(BFS_REVISION)' | cmp -s - $@ || echo '$(BFS_REVISION)' > $@
@@ -102,7 +103,7 @@ $(BUILD)/libbfshard.a: $(LIB_OBJ)
 $(BUILD)/bfshard: $(CLI_OBJ) $(BUILD)/libbfshard.a
 	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libbfshard.a $(LIBS)
 
-$(BUILD)/%.o: %.c $(wildcard include/*.h src/*.h src/*/*.h kernels/*.h kernels/*.cuh)
+$(BUILD)/%.o: %.c $(HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -c $< -o $@
 
@@ -256,13 +257,13 @@ ifeq ($(HAVE_CUDA),1)
 EMU_NVFLAGS := -O2 -std=c++17 -Iinclude -gencode arch=compute_75,code=sm_75 $(NVFLAGS_EXACT) \
                -DBFS_CUDA_EMULATE=1 -DBFS_HAVE_CUDA=1
 EMU_OBJ := $(filter-out $(CUDA_C_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o),$(LIB_OBJ)) \
-           $(CUDA_C_SRC:src/%.c=$(EMU_BUILD)/%.o) $(CU_SRC:kernels/%.cu=$(EMU_BUILD)/%.cu.o) $(EMU_BUILD)/fake_cudart.o
+           $(CUDA_C_SRC:src/backend/%.c=$(EMU_BUILD)/%.o) $(CU_SRC:kernels/%.cu=$(EMU_BUILD)/%.cu.o) $(EMU_BUILD)/fake_cudart.o
 EMU_LIBS := $(filter-out -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt,$(LIBS))
 
 $(EMU_BUILD)/%.cu.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh)
 	@mkdir -p $(@D)
 	$(NVCC) $(EMU_NVFLAGS) -c $< -o $@
-$(CUDA_C_SRC:src/%.c=$(EMU_BUILD)/%.o): $(EMU_BUILD)/%.o: src/%.c $(wildcard include/*.h src/*.h kernels/*.h kernels/*.cuh)
+$(CUDA_C_SRC:src/backend/%.c=$(EMU_BUILD)/%.o): $(EMU_BUILD)/%.o: src/backend/%.c $(HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -DBFS_CUDA_EMULATE=1 -c $< -o $@
 $(EMU_BUILD)/fake_cudart.o: dev/cuda/emu/fake_cudart.c kernels/common.cuh

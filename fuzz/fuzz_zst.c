@@ -9,7 +9,7 @@
  * exactly the bytes asked for.
  */
 #include "fuzz_common.h"
-#include "zst.h"
+#include "zst/zst.h"
 
 #include <stdlib.h>
 #include <string.h>

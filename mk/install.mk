@@ -39,7 +39,7 @@ $(BUILD)/libbfshard.map: include/bfshard.h mk/install.mk
 	@{ echo '{ global:'; grep -v '^typedef' include/bfshard.h | \
 	   sed -n 's/^[a-z][a-z0-9_ ]*[ *]\(bfs_[a-z0-9_]*\)(.*/    \1;/p'; echo '  local: *; };'; } > $@
 
-$(BUILD)/pic/%.o: %.c $(wildcard include/*.h src/*.h src/*/*.h kernels/*.h kernels/*.cuh)
+$(BUILD)/pic/%.o: %.c $(HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -fPIC -c $< -o $@
 

@@ -15,7 +15,7 @@
 #include "testutil.h"
 #include "bfs_internal.h"
 #include "bfshard.h"
-#include "manifest.h"
+#include "output/manifest.h"
 
 #include <fcntl.h>
 #include <jansson.h>

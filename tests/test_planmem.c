@@ -12,7 +12,7 @@
 #include "bfs_internal.h"
 #include "bfshard.h"
 #include "formats/format.h"
-#include "writer.h"
+#include "output/writer.h"
 
 #include <jansson.h>
 #include <malloc.h>

@@ -15,7 +15,7 @@
 #include "testutil.h"
 #include "tu_st.h"
 #include "bfs_internal.h"
-#include "bfs_io.h"
+#include "base/bfs_io.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -3,7 +3,7 @@
  * convert gives the same files either way. */
 #include "testutil.h"
 #include "bfs_internal.h"
-#include "writer.h"
+#include "output/writer.h"
 
 #include <fcntl.h>
 #include <jansson.h>

@@ -7,7 +7,7 @@
 #include "testutil.h"
 #include "tu_st.h"
 #include "bfs_internal.h"
-#include "bfs_io.h"
+#include "base/bfs_io.h"
 
 #include <fcntl.h>
 #include <stdio.h>

@@ -15,17 +15,17 @@ CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$NVCC")")}
 O=build/dev-cuda
 mkdir -p "$O"
 CFLAGS="-std=c11 -O2 -g -Wall -Wextra -Wshadow -Wno-unused-parameter -ffp-contract=off -fno-fast-math \
- -fno-strict-aliasing -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -Iinclude -pthread"
+ -fno-strict-aliasing -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -Iinclude -Isrc -pthread"
 NVFLAGS="-O2 -std=c++17 --fmad=false -ftz=false -prec-div=true -prec-sqrt=true -Xcompiler -fno-fast-math,-ffp-contract=off -Iinclude \
  -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90"
 
 # The few library files the CUDA backend needs besides itself: errors, dtypes.
 lib_support() {
-    gcc $CFLAGS -c src/error.c -o $O/error.o
-    gcc $CFLAGS -c src/util.c -o $O/util.o
+    gcc $CFLAGS -c src/base/error.c -o $O/error.o
+    gcc $CFLAGS -c src/base/util.c -o $O/util.o
 }
 SUPPORT="$O/error.o $O/util.o -ljansson"
-# the CUDA backend's files (src/backend_cuda.h) and the kernels
+# the CUDA backend's files (src/backend/backend_cuda.h) and the kernels
 BACKEND="backend_cuda backend_cuda_q backend_cuda_dev"
 KERNELS="mxfp4 bnb4 cast fp8 int4 nvfp4"
 objs() { for x in $1; do printf '%s ' "$O/$x$2"; done; }
@@ -33,7 +33,7 @@ objs() { for x in $1; do printf '%s ' "$O/$x$2"; done; }
 case $what in
 link)
     for k in $KERNELS; do "$NVCC" $NVFLAGS -c kernels/$k.cu -o $O/$k.cu.o; done
-    for f in $BACKEND; do gcc $CFLAGS -DBFS_HAVE_CUDA=1 -I"$CUDA_HOME/include" -c src/$f.c -o $O/$f.o; done
+    for f in $BACKEND; do gcc $CFLAGS -DBFS_HAVE_CUDA=1 -I"$CUDA_HOME/include" -c src/backend/$f.c -o $O/$f.o; done
     lib_support
     gcc $CFLAGS -Isrc -c dev/cuda/link_check.c -o $O/link_check.o
     gcc -pthread -o $O/link_check $O/link_check.o $(objs "$BACKEND" .o) $(objs "$KERNELS" .cu.o) \
@@ -43,12 +43,12 @@ link)
 emu)
     E="-DBFS_CUDA_EMULATE=1 -DBFS_HAVE_CUDA=1"
     for k in $KERNELS; do "$NVCC" $NVFLAGS $E -c kernels/$k.cu -o $O/$k.emu.o; done
-    for f in $BACKEND; do gcc $CFLAGS $E -I"$CUDA_HOME/include" -c src/$f.c -o $O/$f.emu.o; done
+    for f in $BACKEND; do gcc $CFLAGS $E -I"$CUDA_HOME/include" -c src/backend/$f.c -o $O/$f.emu.o; done
     gcc $CFLAGS -I"$CUDA_HOME/include" -c dev/cuda/emu/fake_cudart.c -o $O/fake_cudart.o
     lib_support
     gcc $CFLAGS -Isrc -c tests/testutil.c -o $O/testutil.o
     # the reference (bfs__ref_unit over the CPU kernels) every output is compared with
-    gcc $CFLAGS -c src/backend_cpu.c -o $O/backend_cpu.o
+    gcc $CFLAGS -c src/backend/backend_cpu.c -o $O/backend_cpu.o
     gcc $CFLAGS -c kernels/cpu_scalar.c -o $O/cpu_scalar.o
     gcc $CFLAGS -c kernels/cpu_dispatch.c -o $O/cpu_dispatch.o
     gcc $CFLAGS -mavx2 -mf16c -mbmi2 -c kernels/cpu_avx2.c -o $O/cpu_avx2.o
@@ -71,7 +71,7 @@ dev)
     ;;
 bench)
     for k in $KERNELS; do "$NVCC" $NVFLAGS -c kernels/$k.cu -o $O/$k.cu.o; done
-    for f in $BACKEND; do gcc $CFLAGS -DBFS_HAVE_CUDA=1 -I"$CUDA_HOME/include" -c src/$f.c -o $O/$f.o; done
+    for f in $BACKEND; do gcc $CFLAGS -DBFS_HAVE_CUDA=1 -I"$CUDA_HOME/include" -c src/backend/$f.c -o $O/$f.o; done
     lib_support
     gcc $CFLAGS -Isrc -c dev/cuda/backend_bench.c -o $O/backend_bench.o
     gcc -pthread -o $O/backend_bench $O/backend_bench.o $(objs "$BACKEND" .o) $(objs "$KERNELS" .cu.o) \

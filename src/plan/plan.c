@@ -19,7 +19,7 @@
  */
 #include "bfs_internal.h"
 #include "formats/format.h"
-#include "safetensors.h"
+#include "input/safetensors.h"
 
 #include <jansson.h>
 #include <stdio.h>

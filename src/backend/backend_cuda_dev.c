@@ -4,7 +4,7 @@
  * why no device can be used (driver messages), bfs__cuda_probe / _built / _device_count,
  * parsing "cuda:N,M", and the start-up self-test that refuses an inexact build.
  */
-#include "backend_cuda.h"
+#include "backend/backend_cuda.h"
 
 #include <inttypes.h>
 #include <pthread.h>

@@ -28,10 +28,10 @@
  * reads the skipped bytes itself from the same mapping, before the unit's ranges and so
  * under the same identity check; what is left after its last unit is read at the end.
  */
-#include "srchash.h"
-#include "bfs_io.h"
+#include "input/srchash.h"
+#include "base/bfs_io.h"
 #include "formats/format.h"
-#include "writer.h"
+#include "output/writer.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -6,10 +6,10 @@
 #define BFS_CONVERT_H
 
 #include "bfs_internal.h"
-#include "durable.h"
-#include "outdir.h"
-#include "srchash.h"
-#include "writer.h"
+#include "output/durable.h"
+#include "output/outdir.h"
+#include "input/srchash.h"
+#include "output/writer.h"
 
 #include <jansson.h>
 #include <limits.h>

@@ -13,7 +13,7 @@
 #define BFS_WRITER_H
 
 #include "bfs_internal.h"
-#include "bfs_io.h"
+#include "base/bfs_io.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

@@ -6,8 +6,8 @@
  * (bfs__mem_model, writer.c). `make bench` checks it against measured peaks. */
 #include "bfs_internal.h"
 #include "formats/format.h"
-#include "parts.h"
-#include "writer.h"
+#include "output/parts.h"
+#include "output/writer.h"
 
 #include <jansson.h>
 #include <stdio.h>

@@ -4,7 +4,7 @@
  * input arrays and output of one chunk in a slot (cu_layout), choosing chunk sizes,
  * and the kernel launch of a chunk (cu_launch). The pipeline is backend_cuda.c's.
  */
-#include "backend_cuda.h"
+#include "backend/backend_cuda.h"
 
 #include <inttypes.h>
 #include <stdlib.h>

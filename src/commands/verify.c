@@ -7,10 +7,10 @@
  * API depends on this file.
  */
 #include "bfs_internal.h"
-#include "bfs_io.h"
-#include "durable.h"
-#include "manifest.h"
-#include "parts.h"
+#include "base/bfs_io.h"
+#include "output/durable.h"
+#include "output/manifest.h"
+#include "output/parts.h"
 
 #include <dirent.h>
 #include <errno.h>

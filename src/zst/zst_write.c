@@ -6,9 +6,9 @@
  * sticky: a worker's failure reaches the writer's owner through bfs_errslot.
  */
 #include "bfs_internal.h"
-#include "bfs_io.h"
-#include "zst.h"
-#include "zst_format.h"
+#include "base/bfs_io.h"
+#include "zst/zst.h"
+#include "zst/zst_format.h"
 
 #include <pthread.h>
 #include <stdio.h>

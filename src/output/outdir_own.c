@@ -4,11 +4,11 @@
  * names it writes), refusing a file that is not ours, and the flock on .bfshard.lock (a
  * whole run's exclusive one; a part's shared one and its own part lock).
  */
-#include "outdir.h"
-#include "bfs_io.h"
-#include "durable.h"
-#include "manifest.h"
-#include "parts.h"
+#include "output/outdir.h"
+#include "base/bfs_io.h"
+#include "output/durable.h"
+#include "output/manifest.h"
+#include "output/parts.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -12,7 +12,7 @@
  * the same carry with buffered writes, whose dirty pages are pushed out every
  * BFS_FLUSH_WINDOW bytes, so the page cache does not grow with the model.
  */
-#include "writer.h"
+#include "output/writer.h"
 #include "formats/format.h"
 
 #include <errno.h>

@@ -6,9 +6,9 @@
  * Reads only; both in text or JSON.
  */
 #include "bfs_internal.h"
-#include "bfs_io.h"
-#include "manifest.h"
-#include "zst.h"
+#include "base/bfs_io.h"
+#include "output/manifest.h"
+#include "zst/zst.h"
 
 #include <errno.h>
 #include <jansson.h>

@@ -5,10 +5,10 @@
  * rank file. Outputs are written durably (durable.h); "-" is standard output.
  */
 #include "bfs_internal.h"
-#include "bfs_io.h"
-#include "durable.h"
-#include "safetensors.h"
-#include "zst.h"
+#include "base/bfs_io.h"
+#include "output/durable.h"
+#include "input/safetensors.h"
+#include "zst/zst.h"
 
 #include <errno.h>
 #include <fcntl.h>

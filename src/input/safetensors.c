@@ -10,7 +10,7 @@
  * the byte rules (safetensors.h): the length prefix, its limit, the header's padding.
  */
 #include "bfs_internal.h"
-#include "safetensors.h"
+#include "input/safetensors.h"
 
 #include <assert.h>
 #include <jansson.h>

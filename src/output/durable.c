@@ -1,7 +1,7 @@
 /* Durable commits (see durable.h): temp name, fdatasync, rename, fsync the directory. */
 #include "bfs_internal.h"
-#include "bfs_io.h"
-#include "durable.h"
+#include "base/bfs_io.h"
+#include "output/durable.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -8,11 +8,11 @@
  * whose owner rank (bfs__src_owner) is in R, and writes bfshard.part-R.json: the whole
  * manifest with null hashes where another part knows them.
  */
-#include "parts.h"
-#include "bfs_io.h"
-#include "durable.h"
-#include "manifest.h"
-#include "outdir.h"
+#include "output/parts.h"
+#include "base/bfs_io.h"
+#include "output/durable.h"
+#include "output/manifest.h"
+#include "output/outdir.h"
 
 #include <dirent.h>
 #include <errno.h>

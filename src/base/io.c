@@ -1,6 +1,6 @@
 /* Checked positioned I/O and XXH3-128 helpers. */
 #include "bfs_internal.h"
-#include "bfs_io.h"
+#include "base/bfs_io.h"
 
 #include <errno.h>
 #include <stdio.h>

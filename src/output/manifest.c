@@ -4,9 +4,9 @@
  * verify; xxh128sums.txt is written and checked here. Verify's report lines go
  * through bfs__report (also here: every report line names a manifest entry).
  */
-#include "manifest.h"
-#include "bfs_io.h"
-#include "durable.h"
+#include "output/manifest.h"
+#include "base/bfs_io.h"
+#include "output/durable.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -34,7 +34,7 @@
  * may also be called from several threads at once (one pipeline per device at
  * a time, under the device's lock).
  */
-#include "backend_cuda.h"
+#include "backend/backend_cuda.h"
 
 #include <inttypes.h>
 #include <pthread.h>

@@ -6,14 +6,14 @@
  * from an interrupted run re-hashed (bfs__rehash_pieces, bfs__hash_reused_sources), and the
  * input pages each unit read released (bfs__advise_sources).
  */
-#include "convert.h"
+#include "commands/convert.h"
 #include "bfs_internal.h"
-#include "bfs_io.h"
-#include "durable.h"
+#include "base/bfs_io.h"
+#include "output/durable.h"
 #include "formats/format.h"
-#include "outdir.h"
-#include "srchash.h"
-#include "writer.h"
+#include "output/outdir.h"
+#include "input/srchash.h"
+#include "output/writer.h"
 
 #include <errno.h>
 #include <fcntl.h>

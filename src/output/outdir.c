@@ -4,11 +4,11 @@
  * (ISSUE 13) in an OUTDIR other parts share. Which files are ours and the lock:
  * outdir_own.c.
  */
-#include "outdir.h"
-#include "bfs_io.h"
-#include "durable.h"
-#include "manifest.h"
-#include "parts.h"
+#include "output/outdir.h"
+#include "base/bfs_io.h"
+#include "output/durable.h"
+#include "output/manifest.h"
+#include "output/parts.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -6,11 +6,11 @@
  * zst_read.c, the single-file commands zst_file.c; verify.c checks the copies.
  */
 #include "bfs_internal.h"
-#include "bfs_io.h"
-#include "durable.h"
-#include "manifest.h"
-#include "outdir.h"
-#include "zst.h"
+#include "base/bfs_io.h"
+#include "output/durable.h"
+#include "output/manifest.h"
+#include "output/outdir.h"
+#include "zst/zst.h"
 
 #include <errno.h>
 #include <fcntl.h>

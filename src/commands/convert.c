@@ -15,16 +15,16 @@
  * pages are released (madvise + fadvise DONTNEED) after each unit (bfs__advise_sources,
  * convert_ranks.c), so neither RSS nor page cache grows with the model.
  */
-#include "convert.h"
+#include "commands/convert.h"
 #include "bfs_internal.h"
-#include "bfs_io.h"
-#include "durable.h"
+#include "base/bfs_io.h"
+#include "output/durable.h"
 #include "formats/format.h"
-#include "manifest.h"
-#include "outdir.h"
-#include "parts.h"
-#include "srchash.h"
-#include "writer.h"
+#include "output/manifest.h"
+#include "output/outdir.h"
+#include "output/parts.h"
+#include "input/srchash.h"
+#include "output/writer.h"
 
 #include <errno.h>
 #include <fcntl.h>

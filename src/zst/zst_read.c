@@ -5,10 +5,10 @@
  * checking each frame's size and checksum. Nothing read from the source is trusted.
  */
 #include "bfs_internal.h"
-#include "bfs_io.h"
-#include "safetensors.h"
-#include "zst.h"
-#include "zst_format.h"
+#include "base/bfs_io.h"
+#include "input/safetensors.h"
+#include "zst/zst.h"
+#include "zst/zst_format.h"
 
 #include <errno.h>
 #include <fcntl.h>

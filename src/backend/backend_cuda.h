@@ -11,8 +11,8 @@
 
 #include "bfs_internal.h"
 
-#include "../kernels/common.cuh"
-#include "../kernels/ref.h"
+#include "../../kernels/common.cuh"
+#include "../../kernels/ref.h"
 
 #include <inttypes.h>
 #include <pthread.h>
