@@ -10,7 +10,7 @@
 #ifndef BFS_FUZZ_COMMON_H
 #define BFS_FUZZ_COMMON_H
 
-#include "bfs_internal.h"
+#include "../tests/bfs_internal.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -15,7 +15,7 @@ CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$NVCC")")}
 O=build/dev-cuda
 mkdir -p "$O"
 CFLAGS="-std=c11 -O2 -g -Wall -Wextra -Wshadow -Wno-unused-parameter -ffp-contract=off -fno-fast-math \
- -fno-strict-aliasing -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -Iinclude -Isrc -pthread"
+ -fno-strict-aliasing -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -Iinclude -Isrc -Itests -pthread"
 NVFLAGS="-O2 -std=c++17 --fmad=false -ftz=false -prec-div=true -prec-sqrt=true -Xcompiler -fno-fast-math,-ffp-contract=off -Iinclude \
  -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90"
 

@@ -4,7 +4,7 @@
  * Also the one unit-level reference, bfs__ref_unit: the same cutting of a unit
  * into kernel calls, with the scalar kernels (kernels/cpu_scalar.c), on one thread.
  */
-#include "bfs_internal.h"
+#include "backend/backend.h"
 
 #include <pthread.h>
 #include <stdlib.h>

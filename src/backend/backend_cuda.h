@@ -9,7 +9,7 @@
 #ifndef BFS_BACKEND_CUDA_H
 #define BFS_BACKEND_CUDA_H
 
-#include "bfs_internal.h"
+#include "backend/backend.h"
 
 #include "../../kernels/common.cuh"
 #include "../../kernels/ref.h"

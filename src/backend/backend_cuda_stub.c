@@ -1,5 +1,5 @@
 /* CUDA backend for builds without nvcc: says so, and counts no device. */
-#include "bfs_internal.h"
+#include "backend/backend.h"
 
 int bfs__backend_cuda_create(const char *spec, uint64_t gpu_mem, uint64_t max_unit_bytes,
                              bfs_backend **out)

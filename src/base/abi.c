@@ -5,7 +5,7 @@
  * nonzero bytes from a newer caller refused) and writing a result back within the
  * caller's size, and the *_result_init functions.
  */
-#include "bfs_internal.h"
+#include "base/base.h"
 
 #include <string.h>
 
@@ -67,4 +67,15 @@ void bfs_compress_result_init(bfs_compress_result *r)
 {
     memset(r, 0, sizeof *r);
     r->size = sizeof *r;
+}
+
+void bfs_convert_opts_init(bfs_convert_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->size = sizeof *o;
+    o->world_size = 1;
+    o->layout = BFS_LAYOUT_DCP;
+    o->device = "auto";
+    o->mxfp4_layout = BFS_MXFP4_HF;
+    o->cpu_level = -1;
 }

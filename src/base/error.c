@@ -1,5 +1,5 @@
 /* Error codes, names and the per-thread last-error message. */
-#include "bfs_internal.h"
+#include "base/base.h"
 
 #include <stdio.h>
 #include <string.h>

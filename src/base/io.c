@@ -1,5 +1,5 @@
 /* Checked positioned I/O and XXH3-128 helpers. */
-#include "bfs_internal.h"
+#include "base/base.h"
 #include "base/bfs_io.h"
 
 #include <errno.h>

@@ -1,5 +1,5 @@
 /* Small utilities: dtypes, strings, paths, sizes. */
-#include "bfs_internal.h"
+#include "base/base.h"
 
 #include <jansson.h>
 

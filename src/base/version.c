@@ -1,7 +1,7 @@
 /* What made this build: the source revision, from `git describe` at build time (the
  * Makefile passes it as BFS_BUILD_REVISION to this file only, and rebuilds it when it
  * changes). Recorded in every manifest and printed by `bfshard --version`. */
-#include "bfs_internal.h"
+#include "base/base.h"
 
 #ifndef BFS_BUILD_REVISION
 #define BFS_BUILD_REVISION "unknown"

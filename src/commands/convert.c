@@ -16,7 +16,9 @@
  * convert_ranks.c), so neither RSS nor page cache grows with the model.
  */
 #include "commands/convert.h"
-#include "bfs_internal.h"
+#include "commands/commands.h"
+#include "backend/backend.h"
+#include "plan/plan.h"
 #include "base/bfs_io.h"
 #include "output/durable.h"
 #include "formats/format.h"
@@ -46,30 +48,7 @@
 
 #define BFS_DEFAULT_GPU_MEM (1ull << 30)
 
-/* lock-free atomic: safe from a signal handler and read by the worker threads */
-static _Atomic int bfs__cancel_flag;
-void bfs_cancel(void) { bfs__cancel_flag = 1; }
-bool bfs__cancelled(void) { return bfs__cancel_flag != 0; }
-
-void bfs_convert_opts_init(bfs_convert_opts *o)
-{
-    memset(o, 0, sizeof *o);
-    o->size = sizeof *o;
-    o->world_size = 1;
-    o->layout = BFS_LAYOUT_DCP;
-    o->device = "auto";
-    o->mxfp4_layout = BFS_MXFP4_HF;
-    o->cpu_level = -1;
-}
-
-/* ---- the run's clock and log (its state, bfs_run: convert.h) ------------------------- */
-double bfs__now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
+/* ---- the run's log (its state, bfs_run: convert.h) ------------------------------------- */
 static void bfs__log(const bfs_run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void bfs__log(const bfs_run *r, const char *fmt, ...)
 {
@@ -115,19 +94,6 @@ static void bfs__fingerprint(bfs_run *r)
 }
 
 /* ---- one output file ------------------------------------------------------------------- */
-/* Progress: bytes the writer has written (not merely queued); the run's last report,
- * once every file is written, has bytes_done == bytes_total. */
-static void bfs__progress_at(bfs_run *r, const char *tensor, bool final)
-{
-    if (!r->o->progress)
-        return;
-    const uint64_t done = final ? r->part_bytes : atomic_load(&r->w.total), total = r->part_bytes;
-    const bfs_progress p = {.bytes_done = done < total ? done : total, .bytes_total = total, .tensor = tensor};
-    r->o->progress(&p, r->o->progress_user);
-}
-
-void bfs__progress(bfs_run *r, const char *tensor) { bfs__progress_at(r, tensor, false); }
-
 /* The result's tensor counts by what is done to each. */
 static void bfs__count_kinds(const bfs_input *in, const bfs_plan *p, bfs_convert_result *res)
 {
@@ -565,7 +531,7 @@ static int bfs__run_finish(bfs_run *r)
         if (!r->src_mine || r->src_mine[i])
             r->src_read += r->in->files[i].size;
     BFS_TRY(bfs__input_check(r->in, -1)); /* the source hashes cover what was really there */
-    if (bfs__cancel_flag)
+    if (bfs__cancelled())
         BFS_FAIL(BFS_EINTR, "interrupted");
     BFS_TRY(bfs__write_config(r));
     BFS_TRY(bfs__copy_aux(r));
@@ -645,7 +611,7 @@ int bfs_convert(const char *input_arg, const char *outdir, const bfs_convert_opt
     for (int i = 0; i < 2; i++)
         r->rank[i].t = r->rank[i].zt = (bfs_tmpfile){.fd = -1, .dirfd = -1};
     bfs__err_clear();
-    bfs__cancel_flag = 0;
+    bfs__cancel_reset();
     bfs_convert_opts_init(o); /* the caller's fields within its size, defaults past it (abi.c) */
     bfs_convert_result_init(res);
     r->o = o;
@@ -676,7 +642,7 @@ int bfs_convert(const char *input_arg, const char *outdir, const bfs_convert_opt
     BFS_TRY(r->mine ? bfs__outdir_lock_part(outdir, true, r->part, &r->lock) : bfs__outdir_lock(outdir, true, &r->lock));
     const bool done = !o->force && (r->mine ? bfs__outdir_part_done(outdir, r->fingerprint, r->pname, r->jname)
                                             : bfs__outdir_already_done(outdir, r->fingerprint));
-    if (bfs__cancel_flag)
+    if (bfs__cancelled())
         BFS_FAIL(BFS_EINTR, "interrupted");
     if (done) {
         bfs__log(r, "%s: already holds this conversion (same input and options) and it verifies: nothing to do", outdir);
@@ -710,7 +676,7 @@ int bfs_convert(const char *input_arg, const char *outdir, const bfs_convert_opt
         res->gpu_buffer_bytes = r->be->device_bytes;
         snprintf(res->backend, sizeof res->backend, "%s", r->be->name);
     }
-    bfs__progress_at(r, "", true); /* the last report: every byte written */
+    bfs__progress_report(r->o, r->part_bytes, r->part_bytes, ""); /* the last report: every byte written */
 cleanup:
     if (r->plan)
         bfs__count_kinds(r->in, r->plan, res);

@@ -5,7 +5,9 @@
 #ifndef BFS_CONVERT_H
 #define BFS_CONVERT_H
 
-#include "bfs_internal.h"
+#include "commands/commands.h"
+#include "backend/backend.h"
+#include "plan/plan.h"
 #include "output/durable.h"
 #include "output/outdir.h"
 #include "input/srchash.h"
@@ -67,8 +69,12 @@ typedef struct bfs_run {
 } bfs_run;
 
 /* convert.c */
-double bfs__now(void);
-void bfs__progress(bfs_run *r, const char *tensor);
+/* Progress: bytes the writer has written (not merely queued); the run's last report,
+ * once every file is written, has bytes_done == bytes_total (convert.c). */
+static inline void bfs__progress(bfs_run *r, const char *tensor)
+{
+    bfs__progress_report(r->o, atomic_load(&r->w.total), r->part_bytes, tensor);
+}
 
 /* convert_ranks.c */
 void bfs__rank_free(bfs_rank *k);

@@ -7,7 +7,9 @@
  * input pages each unit read released (bfs__advise_sources).
  */
 #include "commands/convert.h"
-#include "bfs_internal.h"
+#include "commands/commands.h"
+#include "backend/backend.h"
+#include "plan/plan.h"
 #include "base/bfs_io.h"
 #include "output/durable.h"
 #include "formats/format.h"
@@ -163,7 +165,7 @@ static int bfs__run_unit(bfs_run *r, const bfs_unit *u)
     const double t0 = bfs__now();
     const int rc = r->be->run(r->be, u);
     r->t_dequant += bfs__now() - t0;
-    return rc < 0 ? rc : bfs__srchash_unit(r->sh, u);
+    return rc < 0 ? rc : bfs__srchash_ranges(r->sh, sr, ns);
 }
 
 /* Units of one piece through the backend into the writer; r->slot is the buffer to fill
@@ -394,9 +396,11 @@ int bfs__hash_reused_sources(bfs_run *r, int fidx)
         const bfs_piece *pc = &of->pieces[pi];
         const bfs_ltensor *t = &r->plan->t[pc->tensor];
         const bfs_unit u = {.t = t, .row0 = pc->row0, .row1 = pc->row1};
+        bfs_srange sr[BFS_UNIT_MAX_SRC];
+        const int ns = bfs__unit_sources(&u, sr);
         int rc = bfs__check_sources(r, t);
         if (rc == 0)
-            rc = bfs__srchash_unit(r->sh, &u);
+            rc = bfs__srchash_ranges(r->sh, sr, ns);
         if (rc == 0)
             rc = bfs__check_sources(r, t);
         if (rc < 0)

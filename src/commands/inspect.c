@@ -4,7 +4,9 @@
  * buffers' touched pages + the mapped input pages of
  * the largest unit + the writer's carry, the source-hash window and thread stacks
  * (bfs__mem_model, writer.c). `make bench` checks it against measured peaks. */
-#include "bfs_internal.h"
+#include "commands/commands.h"
+#include "backend/backend.h"
+#include "plan/plan.h"
 #include "formats/format.h"
 #include "output/parts.h"
 #include "output/writer.h"

@@ -5,7 +5,9 @@
  * .zst/.bfz (format, frames, tensors, ratio; only the header's frames are decoded).
  * Reads only; both in text or JSON.
  */
-#include "bfs_internal.h"
+#include "commands/commands.h"
+#include "backend/backend.h"
+#include "plan/plan.h"
 #include "base/bfs_io.h"
 #include "output/manifest.h"
 #include "zst/zst.h"

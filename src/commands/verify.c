@@ -6,7 +6,9 @@
  * Depends on manifest.c (the format) and the zst reader; nothing but the public
  * API depends on this file.
  */
-#include "bfs_internal.h"
+#include "commands/commands.h"
+#include "backend/backend.h"
+#include "plan/plan.h"
 #include "base/bfs_io.h"
 #include "output/durable.h"
 #include "output/manifest.h"

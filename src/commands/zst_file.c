@@ -4,7 +4,9 @@
  * tensor; compress_fd is also the OUTDIR command's and convert's way to compress a
  * rank file. Outputs are written durably (durable.h); "-" is standard output.
  */
-#include "bfs_internal.h"
+#include "commands/commands.h"
+#include "backend/backend.h"
+#include "plan/plan.h"
 #include "base/bfs_io.h"
 #include "output/durable.h"
 #include "input/safetensors.h"

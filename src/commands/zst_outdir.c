@@ -5,7 +5,9 @@
  * The format is described in zst_format.h; the writer is zst_write.c, the reader
  * zst_read.c, the single-file commands zst_file.c; verify.c checks the copies.
  */
-#include "bfs_internal.h"
+#include "commands/commands.h"
+#include "backend/backend.h"
+#include "plan/plan.h"
 #include "base/bfs_io.h"
 #include "output/durable.h"
 #include "output/manifest.h"

@@ -12,7 +12,7 @@
 #ifndef BFS_FORMAT_H
 #define BFS_FORMAT_H
 
-#include "../bfs_internal.h"
+#include "formats/tensor.h"
 
 struct json_t;
 
@@ -33,11 +33,7 @@ typedef struct bfs_fctx {
     const struct bfs_format *claim; /* the format whose .methods lists it; NULL when none */
 } bfs_fctx;
 
-/* Input bytes one unit reads: [off, off + len) of raw tensor r's data. */
-typedef struct {
-    const bfs_raw *r;
-    uint64_t off, len; /* relative to r->data */
-} bfs_srange;
+/* Input bytes one unit reads: bfs_srange (input/input.h). */
 
 /* The most source ranges any format returns for one unit: size the out array of
  * bfs__unit_sources() with it. */

@@ -13,7 +13,7 @@
  * transformers' from_pretrained), except a models--ORG--NAME folder, which is resolved.
  * Never touches the network. This file owns bfs_hf_resolve and nothing else.
  */
-#include "bfs_internal.h"
+#include "input/input.h"
 
 #include <dirent.h>
 #include <errno.h>

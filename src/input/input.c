@@ -3,7 +3,7 @@
  * model.safetensors.index.json). Every file is mmapped read-only and its
  * header validated before anything is planned or written.
  */
-#include "bfs_internal.h"
+#include "input/input.h"
 
 #include <dirent.h>
 #include <errno.h>

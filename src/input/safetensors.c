@@ -9,7 +9,7 @@
  * Nothing read here is trusted: every number is checked before use. This file owns
  * the byte rules (safetensors.h): the length prefix, its limit, the header's padding.
  */
-#include "bfs_internal.h"
+#include "input/input.h"
 #include "input/safetensors.h"
 
 #include <assert.h>

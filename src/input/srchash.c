@@ -8,7 +8,7 @@
  *
  * How each tensor's digest comes from the bytes its kernels read: convert.c runs a unit
  * as   identity check -> kernel -> bfs__srchash_unit() -> identity check,   and the
- * unit's ranges (bfs__unit_sources, the same mapping the kernel read) are streamed into
+ * unit's ranges (bfs__unit_sources, the same mapping the kernel read, handed over by convert) are streamed into
  * the tensor's hash in order, every byte once: a tensor's units read increasing rows,
  * also across the rank files, so each range starts at or before the bytes already
  * hashed (a range re-read -- an absmax block shared by two units, the 1 KiB nested code
@@ -30,8 +30,6 @@
  */
 #include "input/srchash.h"
 #include "base/bfs_io.h"
-#include "formats/format.h"
-#include "output/writer.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -170,10 +168,8 @@ static int bfs__srchash_range(bfs_srchash *h, const bfs_raw *r, uint64_t off, ui
     return 0;
 }
 
-int bfs__srchash_unit(bfs_srchash *h, const bfs_unit *u)
+int bfs__srchash_ranges(bfs_srchash *h, const bfs_srange *s, int n)
 {
-    bfs_srange s[BFS_UNIT_MAX_SRC];
-    const int n = bfs__unit_sources(u, s);
     for (int i = 0; i < n; i++) {
         const int rc = bfs__srchash_range(h, s[i].r, s[i].off, s[i].len);
         if (rc < 0)

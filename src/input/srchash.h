@@ -1,10 +1,14 @@
 /* Source hashes (srchash.c): the manifest's hash of every input file, computed from the
- * bytes the kernels read, as they read them. convert.c feeds it every unit after its
- * kernel ran; manifest.c writes what it returns. */
+ * bytes the kernels read, as they read them. convert feeds it every unit's source ranges after
+ * its kernel ran; manifest.c writes what it returns. */
 #ifndef BFS_SRCHASH_H
 #define BFS_SRCHASH_H
 
-#include "bfs_internal.h"
+#include "input/input.h"
+
+/* The source hash's window: srchash.c reads the input through the map in steps of this
+ * and drops them (writer.c's memory model counts it) */
+#define BFS_SRC_HASH_WINDOW (4u << 20)
 
 typedef struct bfs_srchash bfs_srchash;
 
@@ -13,9 +17,10 @@ typedef struct bfs_srchash bfs_srchash;
  * tensor that other parts convert: those bytes are read by the hash itself. */
 int bfs__srchash_create(const bfs_input *in, const bool *mine, bfs_srchash **out);
 void bfs__srchash_free(bfs_srchash *h); /* accepts NULL */
-/* Hash the input ranges unit u reads (bfs__unit_sources); the caller has checked the
- * inputs' identity before the kernel ran and checks it again after this returns. */
-int bfs__srchash_unit(bfs_srchash *h, const bfs_unit *u);
+/* Hash the n input ranges s[] one unit reads (bfs__unit_sources gives them: the mapping the
+ * kernel read); the caller has checked the inputs' identity before the kernel ran and
+ * checks it again after this returns. */
+int bfs__srchash_ranges(bfs_srchash *h, const bfs_srange *s, int n);
 /* Hash what no unit read (tensors only the planner read, rows of other parts) and give
  * every hashed input file's content hash, 32 hex, into hex[file] (others: untouched). */
 int bfs__srchash_finish(bfs_srchash *h, char (*hex)[33]);

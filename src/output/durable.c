@@ -1,5 +1,5 @@
 /* Durable commits (see durable.h): temp name, fdatasync, rename, fsync the directory. */
-#include "bfs_internal.h"
+#include "base/base.h"
 #include "base/bfs_io.h"
 #include "output/durable.h"
 

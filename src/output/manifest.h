@@ -6,12 +6,15 @@
 #ifndef BFS_MANIFEST_H
 #define BFS_MANIFEST_H
 
-#include "bfs_internal.h"
+#include "plan/plan.h"
 
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+
+/* One line of a verify report on out (nothing when out is NULL). */
+void bfs__report(FILE *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* What convert knows when the run is done; the manifest is built from it. */
 typedef struct bfs_manifest_in {

@@ -5,7 +5,7 @@
 #ifndef BFS_OUTDIR_H
 #define BFS_OUTDIR_H
 
-#include "bfs_internal.h"
+#include "plan/plan.h"
 
 #include <limits.h>
 #include <stdbool.h>

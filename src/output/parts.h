@@ -4,7 +4,7 @@
 #ifndef BFS_PARTS_H
 #define BFS_PARTS_H
 
-#include "bfs_internal.h"
+#include "plan/plan.h"
 
 #include <dirent.h>
 #include <stdbool.h>

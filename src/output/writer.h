@@ -12,7 +12,9 @@
 #ifndef BFS_WRITER_H
 #define BFS_WRITER_H
 
-#include "bfs_internal.h"
+#include "plan/plan.h"
+#include "zst/zst.h"
+#include "input/srchash.h" /* BFS_SRC_HASH_WINDOW, in the memory model */
 #include "base/bfs_io.h"
 
 #include <pthread.h>
@@ -72,9 +74,6 @@ typedef struct bfs_mem_model {
     uint64_t input;        /* mapped input pages the unit reads (released after it) */
     uint64_t fixed;        /* the writer's carry, the source-hash window, thread stacks */
 } bfs_mem_model;
-/* The source hashing thread's window (convert.c reads the input through the map in
- * steps of this and drops them) */
-#define BFS_SRC_HASH_WINDOW (4u << 20)
 int bfs__mem_model(const bfs_plan *p, const bool *mine, uint64_t mem, int nthreads, bfs_mem_model *m);
 /* inspect.c: base (the resident set besides the model's parts, bfs__base_rss) + the
  * model = the predicted peak. threads <= 0: one per online CPU. */

@@ -17,7 +17,7 @@
  * Between the passes the groups are checked against the claim (refuse.c).
  * Output names must be unique; the plan is sorted by output name.
  */
-#include "bfs_internal.h"
+#include "plan/plan.h"
 #include "formats/format.h"
 #include "input/safetensors.h"
 

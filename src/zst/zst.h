@@ -1,13 +1,15 @@
 /*
- * Compressed artifacts: what the zst files share beyond bfs_internal.h. The format
- * is in zst_format.h; the writer in zst_write.c, the reader in zst_read.c, the file
- * commands (compress, decompress, extract) in zst_file.c, and the OUTDIR commands
- * (compress a bfshard output directory, verify a compressed copy) in zst.c.
+ * src/zst/ -- compressed artifacts, the seekable zstd format: its byte layout
+ * (zst_format.h), the writer (zst_write.c) and the reader (zst_read.c). Uses src/input
+ * (the safetensors header of a compressed file) and src/base. The commands that use it
+ * (compress, decompress, extract: src/commands/zst_file.c; an OUTDIR:
+ * src/commands/zst_outdir.c) and verify's check of a copy sit above it.
  */
 #ifndef BFS_ZST_H
 #define BFS_ZST_H
 
-#include "bfs_internal.h"
+#include "base/base.h"
+#include "input/safetensors.h"
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -15,6 +17,48 @@
 #include <stdint.h>
 #include <time.h>
 #include <xxhash.h>
+
+/* ---- compressed artifacts: seekable zstd (src/zst/; ISSUE 7) ------------------------------ */
+#define BFS_ZST_DEFAULT_FRAME (4u << 20)
+typedef struct bfs_zst_writer bfs_zst_writer;
+typedef struct bfs_zst_reader bfs_zst_reader;
+struct json_t;
+
+/* Writer: compresses the bytes it is given, in order, to fd from offset 0. Frames are
+ * compressed by nthreads workers (0 = online CPUs) and written in order. mode BFS_ZST_*.
+ * Usable from convert's writer thread: write() the header, then for every piece
+ * cut_tensor() (a frame boundary; what follows is tensor data of that dtype) and
+ * write() its bytes; finish() writes the seek table. Errors are sticky. */
+int bfs__zst_writer_create(int fd, int level, int nthreads, size_t max_frame_bytes, int mode, bfs_zst_writer **out);
+int bfs__zst_write(bfs_zst_writer *w, const void *buf, size_t len);
+int bfs__zst_cut(bfs_zst_writer *w);
+int bfs__zst_cut_tensor(bfs_zst_writer *w, bfs_dtype dtype);
+int bfs__zst_finish(bfs_zst_writer *w, uint64_t *compressed_size);
+/* XXH3-128 of the compressed bytes written and of the uncompressed bytes given (either may be NULL). */
+void bfs__zst_writer_hashes(const bfs_zst_writer *w, char compressed_hex[33], char uncompressed_hex[33]);
+uint64_t bfs__zst_writer_frames(const bfs_zst_writer *w);
+void bfs__zst_writer_free(bfs_zst_writer *w); /* accepts NULL; also aborts an unfinished writer */
+const char *bfs__zst_mode_name(int mode);
+
+/* Reader: validates the seek table on open; decodes only the frames a range needs. */
+int bfs__zst_reader_open(const char *path, bfs_zst_reader **out);
+void bfs__zst_reader_free(bfs_zst_reader *r);
+uint64_t bfs__zst_reader_size(const bfs_zst_reader *r);     /* uncompressed bytes */
+int bfs__zst_reader_mode(const bfs_zst_reader *r);          /* BFS_ZST_* */
+uint32_t bfs__zst_reader_frames(const bfs_zst_reader *r);   /* seek table entries */
+int bfs__zst_read_range(bfs_zst_reader *r, uint64_t off, uint64_t len,
+                        int (*sink)(void *user, const uint8_t *p, size_t n), void *user);
+int bfs__zst_pread_range(bfs_zst_reader *r, void *buf, size_t len, uint64_t off);
+/* Decode every frame the seek table says holds 0 bytes (read_range skips them): each must
+ * be a frame of exactly 0 bytes, or a skippable frame. For whole-file reads. */
+int bfs__zst_check_empty_frames(bfs_zst_reader *r);
+/* The safetensors header in the first frames, parsed (*hbuf holds its bytes; free both). */
+int bfs__zst_read_header(bfs_zst_reader *r, uint8_t **hbuf, bfs_st_header *h);
+/* Compressed bytes read from frames and frames decoded since open or the last reset. */
+void bfs__zst_reader_stats(const bfs_zst_reader *r, uint64_t *compressed_bytes_read, uint64_t *frames_decoded);
+void bfs__zst_reader_reset_stats(bfs_zst_reader *r);
+/* Sum of the compressed sizes of the frames overlapping uncompressed [off, off + len). */
+uint64_t bfs__zst_span(const bfs_zst_reader *r, uint64_t off, uint64_t len);
 
 /* ---- the writer's state ----------------------------------------------------------
  * Owned by zst_write.c; zst.c reads out_off, frame_max, level, mode and nent of a
@@ -64,19 +108,5 @@ void bfs__src_mem(bfs_src *s, const void *data, size_t len, const char *what);
 int bfs__zst_reader_open_src(const bfs_src *src, bfs_zst_reader **out);
 
 typedef int (*bfs_zst_sink)(void *user, const uint8_t *p, size_t n);
-
-/* Compress the safetensors file `in` into the open fd ofd: the header, then every
- * tensor in file order, a frame boundary before each. *wout is the finished writer
- * (its hashes and sizes); *in_size the input's size. */
-int bfs__zst_compress_fd(const char *in, int ofd, const bfs_compress_opts *o, bfs_zst_writer **wout,
-                         uint64_t *in_size);
-
-/* The single-file and OUTDIR commands' common start: clears the error, starts the
- * clock, *o = the caller's options (o_arg, may be NULL) over the defaults, *res zeroed
- * (abi.c: BFS_EUSAGE for a struct without its size). bfs__zst_run_end sets res->seconds
- * and copies *res into the caller's res_arg (may be NULL). */
-int bfs__zst_run_begin(const bfs_compress_opts *o_arg, bfs_compress_opts *o, const bfs_compress_result *res_arg,
-                       bfs_compress_result *res, struct timespec *t0);
-void bfs__zst_run_end(bfs_compress_result *res_arg, bfs_compress_result *res, const struct timespec *t0);
 
 #endif

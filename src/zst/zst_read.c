@@ -4,7 +4,7 @@
  * table and the byte-group map on open, and decodes only the frames a range needs,
  * checking each frame's size and checksum. Nothing read from the source is trusted.
  */
-#include "bfs_internal.h"
+#include "zst/zst.h"
 #include "base/bfs_io.h"
 #include "input/safetensors.h"
 #include "zst/zst.h"

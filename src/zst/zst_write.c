@@ -5,7 +5,7 @@
  * finish() appends the byte-group map (BYTEGROUP) and the seek table. Errors are
  * sticky: a worker's failure reaches the writer's owner through bfs_errslot.
  */
-#include "bfs_internal.h"
+#include "zst/zst.h"
 #include "base/bfs_io.h"
 #include "zst/zst.h"
 #include "zst/zst_format.h"

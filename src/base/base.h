@@ -1,0 +1,124 @@
+/* src/base/ -- the leaves every other folder stands on: errors and the per-thread message
+ * (error.c), the public structs' sizes (abi.c), checked arithmetic, dtypes, strings and
+ * paths (util.c), checked positioned I/O and XXH3 (io.c, bfs_io.h), the build's revision
+ * (version.c), and the run's cancellation, clock and progress reports (run.c). It uses
+ * nothing of bfshard but the public header. Prefix bfs__ for everything here. */
+#ifndef BFS_BASE_H
+#define BFS_BASE_H
+
+#include "bfshard.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* ---- errors ---------------------------------------------------------------
+ * bfs__err(code, fmt, ...) records a one-line message for bfs_last_error()
+ * and returns code, so: `return bfs__err(BFS_EINPUT, "%s: ...", path);`.
+ * The first error recorded wins until bfs__err_clear(): deeper layers name
+ * the precise place, outer layers must not overwrite it. */
+int bfs__err(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int bfs__errno(int code, int errnum, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void bfs__err_clear(void);
+bool bfs__err_is_set(void);
+
+/* Carrying an error from a worker thread to the thread that reports it: the worker
+ * calls bfs__errslot_put(slot, rc) with its own last message (the first put wins);
+ * the owner calls bfs__errslot_get(slot), which makes it the owner's message and
+ * returns the code (0 when nothing was put). Thread-safe; one slot per pool. */
+typedef struct bfs_errslot {
+    int code;            /* read and written with __atomic builtins */
+    int lock;            /* spin flag guarding msg while the first put writes it */
+    char msg[1024];
+} bfs_errslot;
+void bfs__errslot_init(bfs_errslot *s);
+int bfs__errslot_put(bfs_errslot *s, int code);
+int bfs__errslot_get(bfs_errslot *s);
+
+#define BFS_TRY(expr)                                                                      \
+    do {                                                                                   \
+        rc = (expr);                                                                       \
+        if (rc < 0)                                                                        \
+            goto cleanup;                                                                  \
+    } while (0)
+#define BFS_FAIL(...)                                                                      \
+    do {                                                                                   \
+        rc = bfs__err(__VA_ARGS__);                                                        \
+        goto cleanup;                                                                      \
+    } while (0)
+
+/* ---- the run: cancellation, clock, progress (run.c) ----------------------------------
+ * Leaves, so that the code deep in a run (the writer, durable commits, the zst reader)
+ * checks cancellation and reads the clock without calling up into a command. */
+/* bfs_cancel() was called (a signal): every long loop and every commit checks it. */
+bool bfs__cancelled(void);
+/* A new conversion starts uncancelled (bfs_convert). */
+void bfs__cancel_reset(void);
+/* CLOCK_MONOTONIC in seconds. */
+double bfs__now(void);
+/* One progress report to o->progress (nothing when it is NULL): done bytes of total
+ * (done is clamped to total), at tensor. */
+void bfs__progress_report(const bfs_convert_opts *o, uint64_t done, uint64_t total, const char *tensor);
+
+/* ---- the public structs' sizes (abi.c) ---------------------------------------------
+ * bfs__struct_in: dst (dst_size bytes, holding the defaults) gets the fields of the
+ * caller's struct src that lie within src's `size` (src NULL: nothing); BFS_EUSAGE when
+ * src's size is 0 or src sets bytes past dst_size. bfs__struct_out_check: BFS_EUSAGE
+ * when a result struct dst (may be NULL) has no size. bfs__struct_out: copies src into dst
+ * within dst's size (never its size field). */
+int bfs__struct_in(void *dst, size_t dst_size, const void *src, const char *what);
+int bfs__struct_out_check(const void *dst, const char *what);
+void bfs__struct_out(void *dst, const void *src, size_t src_size);
+
+/* checked arithmetic: return false on overflow */
+static inline bool bfs__mul_ok(uint64_t a, uint64_t b, uint64_t *r) { return !__builtin_mul_overflow(a, b, r); }
+static inline bool bfs__add_ok(uint64_t a, uint64_t b, uint64_t *r) { return !__builtin_add_overflow(a, b, r); }
+/* Largest size, offset or dimension bfshard writes: headers store them as JSON integers
+ * (int64), so anything above INT64_MAX would print negative. */
+#define BFS_MAX_EXTENT ((uint64_t)INT64_MAX)
+/* A shape whose every dimension, and the product of its non-zero dimensions times elsize,
+ * is at most BFS_MAX_EXTENT: then every partial product a planner forms (rows, row
+ * bytes, piece bytes) is exact, zero-element tensors included. */
+static inline bool bfs__shape_ok(const uint64_t *shape, int ndim, uint64_t elsize)
+{
+    uint64_t p = elsize ? elsize : 1;
+    for (int d = 0; d < ndim; d++)
+        if (shape[d] > BFS_MAX_EXTENT || (shape[d] && (!bfs__mul_ok(p, shape[d], &p) || p > BFS_MAX_EXTENT)))
+            return false;
+    return p <= BFS_MAX_EXTENT;
+}
+
+/* ---- dtypes ---------------------------------------------------------------- */
+typedef enum bfs_dtype {
+    BFS_DT_BOOL, BFS_DT_U8, BFS_DT_I8, BFS_DT_U16, BFS_DT_I16, BFS_DT_F16, BFS_DT_BF16,
+    BFS_DT_U32, BFS_DT_I32, BFS_DT_F32, BFS_DT_U64, BFS_DT_I64, BFS_DT_F64,
+    BFS_DT_F8_E4M3, BFS_DT_F8_E5M2, BFS_DT_COUNT
+} bfs_dtype;
+
+int bfs__dtype_parse(const char *s, bfs_dtype *out); /* 0, or -1 when unknown */
+const char *bfs__dtype_name(bfs_dtype d);
+size_t bfs__dtype_size(bfs_dtype d);
+
+#define BFS_MAX_DIMS 8
+
+/* ---- hashing ---------------------------------------------------------------------- */
+/* XXH3-128 in canonical big-endian hex: 32 chars + NUL */
+typedef struct { char hex[33]; } bfs_hash_hex;
+
+/* ---- misc utilities ----------------------------------------------------------------- */
+char *bfs__strdup(const char *s);
+char *bfs__path_join(const char *a, const char *b);
+/* A name read from a file, printable on one line: control bytes, '"', '\\' and DEL
+ * escaped as JSON does (\n, \u001b, ...); cut with "..." to fit cap. Returns buf. */
+const char *bfs__esc(const char *s, char *buf, size_t cap);
+#define BFS_ESC_MAX 1024
+/* json_dumps(j, flags) plus a final newline; *len excludes the NUL. NULL when out of memory. */
+struct json_t;
+char *bfs__json_text(const struct json_t *j, size_t flags, size_t *len);
+/* json_dumps(j, flags) that fails instead of dropping a character when out of memory */
+char *bfs__json_dump(const struct json_t *j, size_t flags);
+int bfs__read_small_file(const char *path, size_t max, char **out, size_t *len);
+
+#endif

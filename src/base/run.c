@@ -1,0 +1,29 @@
+/* The run's leaves (base.h "the run"): cancellation (bfs_cancel, from a signal handler),
+ * the monotonic clock, and one progress report to the caller's callback. Here, at the
+ * bottom, so that the writer, durable commits and the readers check cancellation and
+ * read the clock without calling up into the command that runs them. */
+#include "base/base.h"
+
+#include <stdatomic.h>
+#include <time.h>
+
+/* lock-free atomic: safe from a signal handler and read by the worker threads */
+static _Atomic int bfs__cancel_flag;
+void bfs_cancel(void) { bfs__cancel_flag = 1; }
+bool bfs__cancelled(void) { return bfs__cancel_flag != 0; }
+void bfs__cancel_reset(void) { bfs__cancel_flag = 0; }
+
+double bfs__now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void bfs__progress_report(const bfs_convert_opts *o, uint64_t done, uint64_t total, const char *tensor)
+{
+    if (!o->progress)
+        return;
+    const bfs_progress p = {.bytes_done = done < total ? done : total, .bytes_total = total, .tensor = tensor};
+    o->progress(&p, o->progress_user);
+}

@@ -1,0 +1,72 @@
+/* The logical tensor: what a format makes of one or more input tensors (its kind, output
+ * shape and dtype, its sources and the kernel descriptor), and a unit (rows of one), as the
+ * formats (src/formats/), the planner, the backends and the writer all see them. The
+ * dispatch on a tensor's format (bfs__kind_name, bfs__kind_action, bfs__unit_sources) is
+ * src/formats/table.c's. Uses src/input, src/base and the kernels' descriptors. */
+#ifndef BFS_TENSOR_H
+#define BFS_TENSOR_H
+
+#include "input/input.h"
+#include "../../kernels/bfs_kernels.h"
+
+typedef enum bfs_kind {
+    BFS_K_PASS = 0, BFS_K_CAST, BFS_K_MXFP4, BFS_K_BNB4,
+    BFS_K_FP8,   /* FP8 E4M3 + scale grid (src/formats/fp8.c) */
+    BFS_K_INT4,  /* compressed-tensors pack-quantized INT4 (src/formats/int4.c) */
+    BFS_K_NVFP4, /* NVFP4, compressed-tensors or ModelOpt (src/formats/nvfp4.c) */
+} bfs_kind;
+
+typedef struct bfs_ltensor {
+    char *name;        /* output name */
+    bfs_kind kind;
+    bfs_dtype out_dtype;
+    int ndim;
+    int nsrc;
+    uint64_t shape[BFS_MAX_DIMS];
+    uint64_t row_elems; /* product of shape[1..] (1 for 0-d and 1-d) */
+    uint64_t d0;        /* shape[0], or 1 for 0-d */
+    const bfs_raw *src[6]; /* source tensors; see nsrc */
+    const char *transform; /* "mxfp4->bf16 transpose(1,2)", "nf4->bf16", "cast f32->bf16", "copy" */
+    bfs_dtype src_dtype;  /* PASS/CAST: input dtype; BNB4: the blob's dtype */
+    const char *qname;    /* FP8/INT4/NVFP4: the name inspect and the manifest give it (static) */
+    /* kind-specific: one kind's members only (a plan holds one of these per tensor; the
+     * plan zeroes the entry before each format's claim) */
+    union {
+        struct {
+            bfs_mxfp4_desc mx;  /* MXFP4: blocks/scales pointers, R, G, transpose */
+            int mx_items;       /* 1: dim 0 is items (4-d blocks); 0: dim 0 is rows R (3-d blocks) */
+        };
+        struct {
+            bfs_bnb4_desc bnb;  /* BNB4 */
+            char quant_type[8]; /* "nf4" / "fp4" */
+            bool double_quant;
+        };
+        bfs_fp8_desc fp8;     /* FP8 */
+        bfs_int4_desc int4;   /* INT4 */
+        bfs_nvfp4_desc nv;    /* NVFP4 */
+    };
+} bfs_ltensor;
+
+
+const char *bfs__kind_name(const bfs_ltensor *t); /* "mxfp4", "bnb-nf4", "bnb-nf4-dq", "passthrough" */
+/* What convert does to t: "dequantized", "cast" or "copied" (inspect, the manifest);
+ * an input tensor in plan->dropped is "dropped". */
+const char *bfs__kind_action(const bfs_ltensor *t);
+
+
+/* A unit: rows [row0, row1) of logical tensor t, to be written as out_dtype
+ * bytes into out (row-major, (row1-row0) * row_elems elements). */
+typedef struct bfs_unit {
+    const bfs_ltensor *t;
+    uint64_t row0, row1;
+    void *out;
+} bfs_unit;
+
+
+/* The kernels' cast source of a CAST tensor's dtype (F32, F16; anything else is F64). */
+static inline bfs_cast_src bfs__cast_src(bfs_dtype d)
+{
+    return d == BFS_DT_F32 ? BFS_CAST_F32 : d == BFS_DT_F16 ? BFS_CAST_F16 : BFS_CAST_F64;
+}
+
+#endif

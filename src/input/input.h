@@ -1,0 +1,60 @@
+/* src/input/ -- what bfshard reads: the safetensors reader (safetensors.c), the input set
+ * mmapped and checked (input.c), a model named in the Hugging Face cache (hfcache.c), and
+ * the source hashes of exactly the bytes the kernels read (srchash.c, srchash.h). Uses
+ * src/base only. */
+#ifndef BFS_INPUT_H
+#define BFS_INPUT_H
+
+#include "base/base.h"
+#include "input/safetensors.h"
+
+/* ---- input set --------------------------------------------------------------- */
+typedef struct bfs_infile {
+    char *path;      /* as given/resolved, for messages */
+    char *name;      /* base name */
+    int fd;
+    uint64_t size;
+    const uint8_t *map; /* mmap of the whole file, read-only */
+    bfs_st_header h;
+    uint64_t id[6];  /* identity at open: st_dev, st_ino, mtime s/ns, ctime s/ns (with size) */
+} bfs_infile;
+
+typedef struct bfs_raw {
+    const bfs_st_tensor *st; /* in its file's header */
+    int file;                /* index into files */
+    const uint8_t *data;     /* mmapped bytes */
+    uint64_t file_offset;    /* absolute offset of data in the file */
+    uint64_t nbytes;
+    int used;                /* claimed by a logical tensor */
+} bfs_raw;
+
+typedef struct bfs_input {
+    char *root;         /* directory holding the files (for config.json etc.) */
+    int nfiles;
+    bfs_infile *files;
+    size_t nraw;
+    bfs_raw *raw;       /* sorted by name */
+    char *config_json;  /* contents of config.json, or NULL */
+} bfs_input;
+
+int bfs__input_open(const char *path, bfs_input **out);
+void bfs__input_free(bfs_input *in);
+const bfs_raw *bfs__input_find(const bfs_input *in, const char *name);
+/* BFS_EINPUT when input file `file` (every file when < 0) changed since it was opened:
+ * its identity (device, inode, size, mtime, ctime) differs, or it was truncated under
+ * its mapping (input.c: the SIGBUS handler). Any write(2) to the file changes its
+ * ctime, which no user can set back. */
+int bfs__input_check(const bfs_input *in, int file);
+
+/* Input bytes one unit reads: [off, off + len) of raw tensor r's data (the formats say
+ * which: bfs__unit_sources; the source hashes take them). */
+typedef struct {
+    const bfs_raw *r;
+    uint64_t off, len; /* relative to r->data */
+} bfs_srange;
+
+/* ---- the Hugging Face cache (hfcache.c) ------------------------------------------------
+ * INPUT as bfs_hf_resolve() finds it, into a new string (free it). */
+int bfs__hf_resolve_dup(const char *input, const char *revision, char **out);
+
+#endif

@@ -1,0 +1,58 @@
+/* src/plan/ -- the planner (plan.c): output tensors grouped from the input by the format
+ * table, then every output file laid out (header, offsets, size) before any data moves.
+ * Uses src/formats, src/input, src/base. */
+#ifndef BFS_PLAN_H
+#define BFS_PLAN_H
+
+#include "formats/tensor.h"
+
+/* A tensor's piece in one output file. */
+typedef struct bfs_piece {
+    int tensor;         /* index into plan->t */
+    uint64_t row0, row1;/* dim-0 rows [row0, row1) of the global tensor */
+    uint64_t offset;    /* absolute file offset of the data */
+    uint64_t nbytes;
+} bfs_piece;
+
+typedef struct bfs_outfile {
+    char *name;         /* "shard-00001-model-00001-of-00001.safetensors" */
+    uint64_t size;
+    uint64_t data_start; /* 8 + the header's length (counted by the layout; the text: bfs__plan_header) */
+    size_t npieces;
+    bfs_piece *pieces;  /* in file order */
+} bfs_outfile;
+
+typedef struct bfs_plan {
+    int world_size;
+    int layout;
+    size_t nt;
+    bfs_ltensor *t;     /* sorted by output name */
+    int nfiles;
+    bfs_outfile *files;
+    uint64_t total_bytes; /* tensor bytes over all files */
+    uint64_t max_row_bytes; /* largest single dim-0 row (smallest indivisible unit) */
+    size_t ndropped;
+    const char **dropped; /* input tensors dropped (activation / KV-cache scales), by name
+                           * (pointers into the input's headers), sorted */
+} bfs_plan;
+
+
+/* Group raw tensors into logical ones and validate them (quantization metadata). */
+int bfs__plan_tensors(const bfs_input *in, const bfs_convert_opts *o, bfs_plan **out);
+/* Lay out the output files for o->world_size / o->layout (headers, offsets). */
+int bfs__plan_layout(bfs_plan *p, const bfs_convert_opts *o);
+void bfs__plan_free(bfs_plan *p);
+/* File f's complete header bytes (length f->data_start - 8, space padded, NUL-terminated)
+ * into *out (free it): built when needed, so that the plan holds no file's header text. */
+int bfs__plan_header(const bfs_plan *p, const bfs_outfile *f, char **out);
+
+/* FSDP2 Shard(0) / torch.chunk rule: rows of rank r out of d0 for W ranks. */
+static inline void bfs__chunk_rows(uint64_t d0, uint64_t W, uint64_t r, uint64_t *row0, uint64_t *row1)
+{
+    const uint64_t chunk = d0 == 0 ? 0 : (d0 + W - 1) / W;
+    uint64_t a = r * chunk, b = (r + 1) * chunk;
+    *row0 = a < d0 ? a : d0;
+    *row1 = b < d0 ? b : d0;
+}
+
+#endif
