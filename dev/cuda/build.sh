@@ -26,7 +26,7 @@ lib_support() {
 }
 SUPPORT="$O/error.o $O/util.o -ljansson"
 # the CUDA backend's files (src/backend/backend_cuda.h) and the kernels
-BACKEND="backend_cuda backend_cuda_q backend_cuda_dev"
+BACKEND="backend_cuda backend_cuda_selftest backend_cuda_pipe backend_cuda_q backend_cuda_dev"
 KERNELS="mxfp4 bnb4 cast fp8 int4 nvfp4"
 objs() { for x in $1; do printf '%s ' "$O/$x$2"; done; }
 

@@ -1,9 +1,12 @@
 /*
  * The CUDA backend's private header: its constants, the per-device and backend state, the
- * work of one unit (cu_job, cu_chunk), and what its three files call in each other.
- *   backend_cuda.c      the pipeline, run(), pinned unit buffers, creation and teardown
- *   backend_cuda_q.c    per-format job setup, chunk layout and kernel launch
- *   backend_cuda_dev.c  devices: contexts, probing, driver messages, spec, start-up self-test
+ * work of one unit (cu_job, cu_chunk), and what its files call in each other, one way
+ * (each calls only those listed below it):
+ *   backend_cuda.c           run() over the devices, pinned unit buffers, creation, teardown
+ *   backend_cuda_selftest.c  the start-up self-test that refuses an inexact build
+ *   backend_cuda_pipe.c      one unit's chunks through one device (the pipeline)
+ *   backend_cuda_q.c         per-format job setup, chunk layout and kernel launch
+ *   backend_cuda_dev.c       devices: contexts, probing, driver messages, spec
  * Included only by those files (built only with CUDA or its emulated runtime).
  */
 #ifndef BFS_BACKEND_CUDA_H
@@ -107,18 +110,30 @@ int bfs__cu_choose(const cu_backend *b, const cu_job *j, uint64_t pos, uint64_t 
 int bfs__cu_launch(const cu_job *j, const cu_chunk *ch, const cu_dev *d, uint8_t *ds);
 const char *bfs__cu_what(const cu_job *j);
 
-/* backend_cuda_dev.c: devices, contexts, probing, the self-test */
+/* backend_cuda_dev.c: devices, contexts, probing */
 int bfs__cu_enter(int id, int *prev);
 void bfs__cu_leave(int prev);
 bool bfs__cu_check_lost(cu_dev *d);
 int bfs__cu_cc(int dev);
 cudaError_t bfs__cu_why(cudaError_t e, char *why, size_t n);
 int bfs__cu_parse_spec(const char *spec, int *ids, int *n);
+
+/* backend_cuda_pipe.c: one unit's chunks through one device */
+int bfs__cu_pipeline(const cu_backend *b, cu_dev *d, cu_job *j, uint64_t cap);
+extern const float bfs__cu_nf4[16];
+
+/* backend_cuda_selftest.c: the start-up self-test */
 int bfs__cu_selftest(const cu_backend *b, cu_dev *d);
 int bfs__cu_selftest_failed(const cu_dev *d, int rc);
 
-/* backend_cuda.c */
-int bfs__cu_pipeline(const cu_backend *b, cu_dev *d, cu_job *j, uint64_t cap);
-extern const float bfs__cu_nf4[16];
+/* Waits for every stream of d that exists (errors ignored: cleanup paths). */
+static inline void cu_sync_streams(const cu_dev *d)
+{
+    const cudaStream_t s[3] = {d->s_up, d->s_comp, d->s_down};
+    for (int i = 0; i < 3; i++)
+        if (s[i])
+            (void)cudaStreamSynchronize(s[i]);
+}
+
 
 #endif

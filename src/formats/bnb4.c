@@ -285,7 +285,6 @@ static int bfs__bnb_detect(const bfs_fctx *c)
 {
     if (c->claim != &bfs__format_bnb4)
         return 0;
-    char sup[512];
     const json_t *q = c->qconfig, *qt = json_object_get(q, "bnb_4bit_quant_type");
     const char *bad = NULL;
     if (json_is_true(json_object_get(q, "load_in_8bit")) || json_is_true(json_object_get(q, "_load_in_8bit")))
@@ -297,9 +296,8 @@ static int bfs__bnb_detect(const bfs_fctx *c)
         bad = "a bnb_4bit_quant_type other than \"nf4\" or \"fp4\"";
     if (!bad)
         return 0;
-    bfs__supported_list(sup, sizeof sup);
     return bfs__err(BFS_EINPUT, "%s: quantization_config.quant_method \"bitsandbytes\" with %s is not supported (bfshard converts: %s)", c->qsource,
-                    bad, sup);
+                    bad, c->supported);
 }
 
 static const char *const bfs__bnb_methods[] = {"bitsandbytes", NULL};

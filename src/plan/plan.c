@@ -53,6 +53,7 @@ static int bfs__fctx_open(const bfs_input *in, const bfs_convert_opts *o, bfs_fc
 {
     *cfg = NULL;
     *c = (bfs_fctx){.in = in, .o = o};
+    bfs__supported_list(c->supported, sizeof c->supported);
     if (!in->config_json)
         return 0;
     *cfg = json_loads(in->config_json, 0, NULL);
