@@ -1,10 +1,11 @@
 /*
- * OUTDIR (see outdir.h): path checks, the journal of an interrupted run, resume / already
- * done, emptying the directory for a new run, and the same for a part of a conversion
+ * OUTDIR (see outdir.h): path checks, starting the journal of a run (reading and adding
+ * to it: journal.c), resume / already done, emptying the directory for a new run, and the same for a part of a conversion
  * (ISSUE 13) in an OUTDIR other parts share. Which files are ours and the lock:
  * outdir_own.c.
  */
 #include "output/outdir.h"
+#include "output/check.h"
 #include "base/bfs_io.h"
 #include "output/durable.h"
 #include "output/manifest.h"
@@ -79,64 +80,7 @@ cleanup:
     return rc;
 }
 
-/* ---- the journal -------------------------------------------------------------------------- */
-int bfs__read_journal(int dirfd, const char *name, char **text)
-{
-    *text = NULL;
-    int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size > (16 << 20)) {
-        close(fd);
-        return 0;
-    }
-    char *t = malloc((size_t)sb.st_size + 1);
-    if (!t) {
-        close(fd);
-        return bfs__err(BFS_ENOMEM, "out of memory");
-    }
-    const int rc = bfs__pread_all(fd, t, (size_t)sb.st_size, 0, name);
-    close(fd);
-    if (rc < 0) {
-        free(t);
-        return 0;
-    }
-    t[sb.st_size] = '\0';
-    *text = t;
-    return 0;
-}
-
-int bfs__journal_append(int dirfd, const char *outdir, const char *name, const char *line)
-{
-    int fd = openat(dirfd, name, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return bfs__errno(BFS_EIO, errno, "%s/%s: cannot open", outdir, name);
-    struct stat sb;
-    const size_t n = strlen(line);
-    const ssize_t k = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) ? write(fd, line, n) : (errno = EINVAL, -1);
-    const int e = errno;
-    if (k != (ssize_t)n || fdatasync(fd) != 0) {
-        close(fd);
-        return bfs__errno(BFS_EIO, k < 0 ? e : ENOSPC, "%s/%s: cannot write", outdir, name);
-    }
-    close(fd);
-    return 0;
-}
-
-int bfs__outdir_journal_add(int dirfd, const char *outdir, const char *jname, const char *hex, const char *name)
-{
-    char line[600];
-    snprintf(line, sizeof line, "%s  %s\n", hex, name);
-    return bfs__journal_append(dirfd, outdir, jname, line);
-}
-
-void bfs__outdir_journal_remove(int dirfd, const char *jname)
-{
-    unlinkat(dirfd, jname, 0);
-    fsync(dirfd);
-}
-
+/* ---- the journal (its file: journal.c) ----------------------------------------------- */
 /* a new run: the journal holds the fingerprint, then "+ NAME" of every output it may write
  * (so a rerun after kill -9 knows them as ours before any of them exists) */
 static int bfs__journal_start(int dirfd, const char *outdir, const char *jname, const char *fingerprint,
@@ -169,8 +113,10 @@ bool bfs__outdir_already_done(const char *outdir, const char *fingerprint)
         const char *fp = json_string_value(json_object_get(bfs__mf_head(mr), "plan_fingerprint"));
         const bool same = fp && strcmp(fp, fingerprint) == 0;
         bfs__mf_free(mr);
-        if (same)
-            done = bfs_verify(outdir, NULL, NULL) == 0;
+        if (same) {
+            bfs__err_clear(); /* as bfs_verify starts */
+            done = bfs__check_outdir(outdir, NULL, NULL) == 0;
+        }
     }
     bfs__err_clear();
     if (done) {
@@ -577,7 +523,7 @@ bool bfs__outdir_part_done(const char *outdir, const char *fingerprint, const ch
     if (bfs__file_fingerprint(dirfd, outdir, BFS_MANIFEST_NAME, fp) && !strcmp(fp, fingerprint))
         done = bfs__outdir_already_done(outdir, fingerprint);
     else if (bfs__file_fingerprint(dirfd, outdir, pname, fp) && !strcmp(fp, fingerprint))
-        done = bfs__verify_part(outdir, pname, NULL, NULL) == 0;
+        done = bfs__check_part(outdir, pname, NULL, NULL) == 0;
     bfs__err_clear();
     if (done)
         unlinkat(dirfd, jname, 0); /* a part killed between its manifest and removing its journal */

@@ -1,6 +1,7 @@
 /* A conversion in parts (ISSUE 13; parts.c): which ranks a part converts (a --ranks list,
  * or this process's block from the launcher's environment), the names of a part's own
- * files in OUTDIR (bfshard.part-RANKS.json, .bfshard-inprogress-RANKS), and bfs_merge. */
+ * files in OUTDIR (bfshard.part-RANKS.json, .bfshard-inprogress-RANKS). bfs_merge:
+ * src/commands/merge.c. */
 #ifndef BFS_PARTS_H
 #define BFS_PARTS_H
 
@@ -40,8 +41,5 @@ bool bfs__part_name_list(const char *name, char *list, size_t cap);
  * names[0..n) (malloc'ed, as is each name; the caller frees both, after a failure too). */
 int bfs__part_manifests(DIR *d, char ***names, int *n);
 
-/* verify.c: re-hash the files a part manifest `pname` in OUTDIR holds (0, BFS_EVERIFY, or
- * another code when it cannot check). */
-int bfs__verify_part(const char *outdir, const char *pname, FILE *report, uint64_t *bytes_checked);
 
 #endif
