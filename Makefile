@@ -77,7 +77,7 @@ TEST_SRC  := $(wildcard tests/test_*.c)
 TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 TEST_COMMON := $(BUILD)/tests/testutil.o
 
-.PHONY: all deps test demo clean bench interop fuzz asan test-launchers
+.PHONY: all deps test demo clean bench interop fuzz asan test-launchers check-layers
 all: deps $(BUILD)/bfshard
 
 deps:
@@ -127,9 +127,19 @@ $(BUILD)/tests/%: tests/%.c $(TEST_COMMON) $(BUILD)/libbfshard.a tests/testutil.
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -Isrc -o $@ $< $(TEST_COMMON) $(BUILD)/libbfshard.a $(LIBS) -lcmocka $(LDFLAGS)
 
-# The README's test command.
+# The README's test command: the test suite, then the layering check.
 test: all $(TEST_BIN)
-	@scripts/run-tests.sh $(BUILD) $(TEST_BIN)
+	@scripts/run-tests.sh $(BUILD) $(TEST_BIN); rc=$$?; \
+	 $(MAKE) --no-print-directory check-layers || rc=1; exit $$rc
+
+# ISSUE 21: the one-way layers of src/ and kernels/ (dev/layers/order), no cycle between
+# files, no file over 800 lines nor function over 150, derived from the code and the
+# objects of this build (dev/layers/check.py); first its self-test, which breaks each rule
+# on purpose in a small made-up tree and must see it fail.
+check-layers: all
+	@python3 dev/layers/check.py --selftest >$(BUILD)/layers-selftest.log 2>&1 || \
+	    { cat $(BUILD)/layers-selftest.log; echo "FAILED: the layering check's self-test"; exit 1; }
+	@python3 dev/layers/check.py --build $(BUILD)
 
 # ISSUE 13: a conversion in parts under real launchers (mpirun; torchrun when make interop's
 # venv exists). Installs Debian's openmpi-bin when mpirun is missing.

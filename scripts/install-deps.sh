@@ -17,6 +17,9 @@ command -v xxh128sum >/dev/null 2>&1 || need="$need xxhash"
 command -v zstd >/dev/null 2>&1 || need="$need zstd"
 command -v cc >/dev/null 2>&1 || need="$need build-essential"
 command -v pkg-config >/dev/null 2>&1 || need="$need pkg-config"
+# make test's layering check (dev/layers/check.py): python3 and nm (binutils)
+command -v python3 >/dev/null 2>&1 || need="$need python3"
+command -v nm >/dev/null 2>&1 || need="$need binutils"
 [ -z "$need" ] && exit 0
 echo "bfshard: installing missing Debian packages:$need" >&2
 SUDO=""
