@@ -1,8 +1,14 @@
 /* The manifest (bfshard.manifest.json) and its companion xxh128sums.txt: this header and
- * manifest.c own their format — building, sealing, loading, reading a files[] entry,
+ * manifest*.c own their format — building, sealing, loading, reading a files[] entry,
  * the "zst" entry of a compressed copy, writing both files durably, and walking the
  * tensors' shards of one file to narrow a bad file down to tensors. Nothing else in
- * src/ spells a manifest key. */
+ * src/ spells a manifest key. Which file owns what (manifest_int.h: what they share):
+ *   manifest.c         building a finished conversion's manifest (head, tensors[]) and writing it
+ *   manifest_write.c   the streamed, sealed writer; compress's rewrite; xxh128sums.txt; merging parts
+ *   manifest_read.c    the windowed reader: strict scanner, seal hash, per-element parse, the seal check
+ *   manifest_check.c   xxh128sums.txt's check; the shard index and narrowing a bad file
+ *   manifest_common.c  bfs__report, an entry's hash, aux/zst entries, reading a files[] entry
+ * Calls go one way: manifest.c -> _write -> _read -> _common; _check -> _read -> _common. */
 #ifndef BFS_MANIFEST_H
 #define BFS_MANIFEST_H
 

@@ -1,0 +1,53 @@
+/*
+ * What every manifest file uses (see manifest.h, manifest_int.h): verify's report lines
+ * (bfs__report: every report line names a manifest entry), a files[] or zst entry's hash,
+ * building the files[] entry of an aux file and the "zst" entry of a compressed copy, and
+ * reading one files[] entry. The lowest of the manifest files: it calls none of them.
+ */
+#include "output/manifest_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void bfs__report(FILE *out, const char *fmt, ...)
+{
+    if (!out)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(out, fmt, ap);
+    va_end(ap);
+    fputc('\n', out);
+}
+
+const char *bfs__manifest_hash(const json_t *entry) { return json_string_value(json_object_get(entry, BFS_MF_HASH)); }
+bool bfs__manifest_hash_elsewhere(const json_t *entry) { return json_is_null(json_object_get(entry, BFS_MF_HASH)); }
+
+json_t *bfs__manifest_aux_entry(const char *name, uint64_t size, const char *hex, const char *kind)
+{
+    return json_pack("{s:s, s:I, s:s, s:s}", "name", name, "size", (json_int_t)size, BFS_MF_HASH, hex, "kind", kind);
+}
+
+json_t *bfs__manifest_zst_entry(const char *zname, uint64_t size, const char *hex, const char *format, int level,
+                                uint64_t frame_bytes, uint64_t frames)
+{
+    return json_pack("{s:s, s:I, s:s, s:s, s:i, s:I, s:I}", "name", zname, "size", (json_int_t)size, BFS_MF_HASH, hex,
+                     "format", format, "level", level, "frame_bytes", (json_int_t)frame_bytes, "frames",
+                     (json_int_t)frames);
+}
+
+/* ---- reading ------------------------------------------------------------------------------- */
+bool bfs__manifest_file_get(const json_t *files, size_t i, bfs_manifest_file *out)
+{
+    json_t *f = json_array_get(files, i);
+    const json_t *jsz = json_object_get(f, "size");
+    memset(out, 0, sizeof *out);
+    out->name = json_string_value(json_object_get(f, "name"));
+    out->hash = bfs__manifest_hash(f);
+    out->kind = json_string_value(json_object_get(f, "kind"));
+    out->zst = json_object_get(f, "zst");
+    if (!out->name || !out->hash || !json_is_integer(jsz) || strchr(out->name, '/') || out->name[0] == '.')
+        return false;
+    out->size = (uint64_t)json_integer_value(jsz);
+    return true;
+}

@@ -1,0 +1,420 @@
+/*
+ * Writing manifests (see manifest.h): the streamed writer that puts a head and its
+ * tensors[] out one tensor at a time and seals the bytes before the durable commit
+ * (convert's manifest, manifest.c, goes through it), compress's rewrite (tensors[]
+ * copied byte for byte from the manifest read), xxh128sums.txt, and the merge of a
+ * conversion's parts into the manifest a single run writes.
+ */
+#include "output/manifest_int.h"
+#include "output/durable.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char *bfs__seal_find(char *text, size_t len)
+{
+    const size_t kl = strlen(BFS_SEAL_KEY);
+    char *hit = NULL;
+    for (char *p = text; (p = memmem(p, len - (size_t)(p - text), BFS_SEAL_KEY, kl)) != NULL; p += kl)
+        hit = p + kl;
+    if (!hit || (size_t)(hit - text) + 33 > len || hit[32] != '"')
+        return NULL;
+    return hit;
+}
+
+/* ---- a conversion's manifest, streamed ----------------------------------------------------
+ * tensors[] has an object per tensor and one per piece (1.6M pieces for 200k tensors at
+ * W = 8): it is never a tree in memory. The head (bfs__manifest_build_head: every key,
+ * "tensors" a placeholder string) is dumped whole, and the array goes in the
+ * placeholder's place one tensor at a time: built as a small tree, dumped, freed. The
+ * bytes are exactly json_dumps() of the whole tree with JSON_INDENT(1) |
+ * JSON_PRESERVE_ORDER, plus '\n': a tensor is at depth 2, so its own dump gets two
+ * spaces after each '\n' (a JSON string never holds a raw newline), and the array's
+ * frame is jansson's, "[\n  " A ",\n  " B "\n ]", or "[]" when empty. The seal is
+ * hashed as the bytes go out (the zero seal in place) and then written at its offset,
+ * before the commit: temp file, fdatasync, rename, directory fsync (durable.h). */
+#define BFS_MF_TENSORS_KEY "\n \"tensors\": " /* only a key of the top object follows "\n " */
+#define BFS_MF_BUF ((size_t)1 << 20)
+
+
+static void bfs__mf_flush(bfs_mf_out *w)
+{
+    if (w->rc == 0 && w->n) {
+        XXH3_128bits_update(w->st, w->buf, w->n);
+        w->rc = bfs__pwrite_all(w->fd, w->buf, w->n, w->off, w->what);
+        w->off += w->n;
+    }
+    w->n = 0;
+}
+
+static void bfs__mf_put(bfs_mf_out *w, const char *s, size_t len)
+{
+    while (len && w->rc == 0) {
+        if (w->n == BFS_MF_BUF)
+            bfs__mf_flush(w);
+        const size_t k = len < BFS_MF_BUF - w->n ? len : BFS_MF_BUF - w->n;
+        memcpy(w->buf + w->n, s, k);
+        w->n += k;
+        s += k;
+        len -= k;
+    }
+}
+
+static void bfs__mf_puts(bfs_mf_out *w, const char *s) { bfs__mf_put(w, s, strlen(s)); }
+
+/* json_dump_callback()'s sink for a tensor: depth 2 */
+static int bfs__mf_put_tensor(const char *s, size_t len, void *data)
+{
+    bfs_mf_out *w = data;
+    const char *nl;
+    while ((nl = memchr(s, '\n', len)) != NULL) {
+        const size_t k = (size_t)(nl - s) + 1;
+        bfs__mf_put(w, s, k);
+        bfs__mf_put(w, "  ", 2);
+        s += k;
+        len -= k;
+    }
+    bfs__mf_put(w, s, len);
+    return w->rc < 0 ? -1 : 0;
+}
+
+/* one tensor of tensors[], at depth 2, after "[\n  " (the first) or ",\n  " */
+int bfs__mf_put_elem(bfs_mf_out *w, const json_t *e, bool first)
+{
+    bfs__mf_puts(w, first ? "[\n  " : ",\n  ");
+    const int drc = json_dump_callback(e, bfs__mf_put_tensor, w, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+    if (w->rc < 0)
+        return w->rc;
+    return drc != 0 ? bfs__err(BFS_ENOMEM, "out of memory writing the manifest") : 0;
+}
+
+/* the end of tensors[] of n elements */
+void bfs__mf_put_end(bfs_mf_out *w, size_t n) { bfs__mf_puts(w, n ? "\n ]" : "[]"); }
+
+
+int bfs__mf_write_streamed(int dirfd, const char *outdir, const char *name, const json_t *head,
+                           bfs_mf_emit_fn emit, void *user, bfs_mf_pre_commit_fn pre_commit, void *pre_user)
+{
+    const size_t flags = JSON_INDENT(1) | JSON_PRESERVE_ORDER, kl = strlen(BFS_MF_TENSORS_KEY);
+    const size_t hl = strlen("\"" BFS_MF_TENSORS_HOLE "\"");
+    int rc = 0;
+    bfs_tmpfile t = {.fd = -1, .dirfd = -1};
+    bfs_mf_out w = {.fd = -1};
+    size_t len = 0;
+    char *text = bfs__json_text(head, flags, &len), *key = NULL, what[PATH_MAX + NAME_MAX + 32], hex[33];
+    if (!text)
+        BFS_FAIL(BFS_ENOMEM, "out of memory building the manifest");
+    key = memmem(text, len, BFS_MF_TENSORS_KEY, kl);
+    char *const hole = key ? key + kl : NULL, *const tail = hole ? hole + hl : NULL;
+    char *const seal = tail && (size_t)(tail - text) <= len && !memcmp(hole, "\"" BFS_MF_TENSORS_HOLE "\"", hl)
+                           ? bfs__seal_find(tail, len - (size_t)(tail - text)) : NULL;
+    if (!seal)
+        BFS_FAIL(BFS_EINTERNAL, "manifest head without its tensors placeholder or its seal");
+    memset(seal, '0', 32); /* a head read from a sealed manifest carries the old seal */
+    w.buf = malloc(BFS_MF_BUF);
+    w.st = XXH3_createState();
+    if (!w.buf || !w.st || XXH3_128bits_reset(w.st) != XXH_OK)
+        BFS_FAIL(BFS_ENOMEM, "out of memory writing the manifest");
+    BFS_TRY(bfs__tmp_open(&t, dirfd, outdir, name));
+    snprintf(what, sizeof what, "%s/%s", t.dir, t.tmp);
+    w.fd = t.fd;
+    w.what = what;
+    bfs__mf_put(&w, text, (size_t)(hole - text));
+    BFS_TRY(emit(&w, user));
+    const uint64_t seal_at = w.off + w.n + (uint64_t)(seal - tail);
+    bfs__mf_put(&w, tail, len - (size_t)(tail - text));
+    bfs__mf_flush(&w);
+    BFS_TRY(w.rc);
+    bfs__hash_hex(XXH3_128bits_digest(w.st), hex);
+    BFS_TRY(bfs__pwrite_all(t.fd, hex, 32, seal_at, what));
+    if (pre_commit)
+        BFS_TRY(pre_commit(pre_user));
+    BFS_TRY(bfs__tmp_commit(&t));
+cleanup:
+    bfs__tmp_abort(&t);
+    XXH3_freeState(w.st);
+    free(w.buf);
+    free(text);
+    return rc;
+}
+
+/* compress: tensors[] copied byte for byte from the manifest read */
+static int bfs__mf_emit_copy(bfs_mf_out *w, void *user)
+{
+    bfs_mf *r = user;
+    r->stop_at_array_end = false; /* the window is ours now: bfs__mf_next() starts over */
+    for (uint64_t o = r->arr_lo; o < r->arr_hi && w->rc == 0;) {
+        const size_t n = r->arr_hi - o < BFS_MF_WIN ? (size_t)(r->arr_hi - o) : BFS_MF_WIN;
+        BFS_MF_RET(bfs__pread_all(r->fd, r->win, n, o, r->path));
+        bfs__mf_put(w, r->win, n);
+        o += n;
+    }
+    return w->rc;
+}
+
+int bfs__mf_write_copy(int dirfd, const char *outdir, const char *name, const json_t *head, bfs_mf *src)
+{
+    if (!src->seen_tensors)
+        return bfs__err(BFS_EINPUT, "%s: not a bfshard manifest (no tensors array)", src->path);
+    return bfs__mf_write_streamed(dirfd, outdir, name, head, bfs__mf_emit_copy, src, NULL, NULL);
+}
+
+static bool bfs__exists_at(int dirfd, const char *name)
+{
+    struct stat sb;
+    return fstatat(dirfd, name, &sb, AT_SYMLINK_NOFOLLOW) == 0;
+}
+
+/* one "HASH  NAME\n" line, growing the buffer */
+static int bfs__sums_line(char **buf, size_t *len, size_t *cap, const char *hash, const char *name)
+{
+    const size_t need = strlen(hash) + strlen(name) + 4;
+    if (*len + need > *cap) {
+        const size_t nc = (*cap + need) * 2;
+        char *nb = realloc(*buf, nc);
+        if (!nb)
+            return bfs__err(BFS_ENOMEM, "out of memory");
+        *buf = nb;
+        *cap = nc;
+    }
+    *len += (size_t)snprintf(*buf + *len, *cap - *len, "%s  %s\n", hash, name);
+    return 0;
+}
+
+int bfs__manifest_write_sums(int dirfd, const char *outdir, const json_t *files)
+{
+    int rc = 0;
+    char *sums = NULL;
+    size_t k = 0, cap = 0;
+    for (size_t i = 0; i < json_array_size(files); i++) {
+        const json_t *f = json_array_get(files, i), *z = json_object_get(f, "zst");
+        const char *name = json_string_value(json_object_get(f, "name")), *hx = bfs__manifest_hash(f);
+        const char *zn = json_string_value(json_object_get(z, "name")), *zh = bfs__manifest_hash(z);
+        if (name && hx && bfs__exists_at(dirfd, name))
+            BFS_TRY(bfs__sums_line(&sums, &k, &cap, hx, name));
+        if (zn && zh && bfs__exists_at(dirfd, zn))
+            BFS_TRY(bfs__sums_line(&sums, &k, &cap, zh, zn));
+    }
+    BFS_TRY(bfs__write_durable(dirfd, outdir, BFS_SUMS_NAME, sums ? sums : "", k));
+cleanup:
+    free(sums);
+    return rc;
+}
+
+/* ---- parts (ISSUE 13): a part's manifest is the whole manifest with null hashes where
+ * another part knows them, plus "part": {"ranks", "world_size"}. Merging takes every
+ * rank's entries (files[], tensors[].shards[]) from the one part that holds the rank and
+ * every source hash from a part that hashed it: the result is, key for key and in the
+ * same order, what a single run builds. The heads are merged as trees; tensors[] is read
+ * from every part in lockstep, one tensor at a time, and written as convert writes it. */
+bool bfs__manifest_part_info(const json_t *m, const char **ranks, int *world_size, const char **fingerprint)
+{
+    const json_t *p = json_object_get(m, "part"), *w = json_object_get(p, "world_size");
+    *ranks = json_string_value(json_object_get(p, "ranks"));
+    *fingerprint = json_string_value(json_object_get(m, "plan_fingerprint"));
+    *world_size = json_is_integer(w) && json_integer_value(w) >= 1 && json_integer_value(w) <= 1000000
+                      ? (int)json_integer_value(w) : 0;
+    return *ranks && *fingerprint && *world_size && json_is_array(json_object_get(m, "files")) &&
+           json_object_get(m, "tensors") && json_is_array(json_object_get(json_object_get(m, "source"), "files"));
+}
+
+/* the rank of a files[] or shards[] entry, -1 when it has none; < -1 when out of 0..W-1 */
+static int bfs__entry_rank(const json_t *e, int W)
+{
+    const json_t *r = json_object_get(e, "rank");
+    if (!r)
+        return -1;
+    if (!json_is_integer(r) || json_integer_value(r) < 0 || json_integer_value(r) >= W)
+        return -2;
+    return (int)json_integer_value(r);
+}
+
+/* every part agrees with part 0 on what determines the bytes and on the manifest's shape */
+static int bfs__merge_agree(bfs_mf *const *parts, const char *const *names, int n, const char *outdir, int *W)
+{
+    const char *r0, *fp0, *rk, *fpk;
+    int wk;
+    for (int k = 0; k < n; k++)
+        if (!bfs__mf_has_tensors(parts[k]) || !bfs__manifest_part_info(bfs__mf_head(parts[k]), &rk, &wk, &fpk))
+            return bfs__err(BFS_EINPUT, "%s/%s: not a bfshard part manifest (no \"part\", files or tensors)", outdir, names[k]);
+    const json_t *m0 = bfs__mf_head(parts[0]);
+    bfs__manifest_part_info(m0, &r0, W, &fp0);
+    const json_t *f0 = json_object_get(m0, "files"), *s0 = json_object_get(json_object_get(m0, "source"), "files");
+    for (int k = 1; k < n; k++) {
+        const json_t *mk = bfs__mf_head(parts[k]);
+        bfs__manifest_part_info(mk, &rk, &wk, &fpk);
+        if (strcmp(fpk, fp0) != 0 || wk != *W || !json_equal(json_object_get(mk, "options"), json_object_get(m0, "options")) ||
+            !json_equal(json_object_get(mk, "version"), json_object_get(m0, "version")))
+            return bfs__err(BFS_EPARTS, "%s: %s (plan fingerprint %s) and %s (%s) are parts of different input or options; "
+                            "remove the stale one and rerun its part", outdir, names[0], fp0, names[k], fpk);
+        const json_t *fk = json_object_get(mk, "files"), *sk = json_object_get(json_object_get(mk, "source"), "files");
+        if (json_array_size(fk) != json_array_size(f0) || bfs__mf_ntensors(parts[k]) != bfs__mf_ntensors(parts[0]) ||
+            json_array_size(sk) != json_array_size(s0))
+            return bfs__err(BFS_EPARTS, "%s: %s and %s list different files or tensors for the same plan", outdir, names[0], names[k]);
+    }
+    return 0;
+}
+
+/* owner[r]: the part holding rank r (its files[] entry hashed) */
+static int bfs__merge_owners(bfs_mf *const *parts, const char *const *names, int n, const char *outdir, int W, int *owner)
+{
+    for (int r = 0; r < W; r++)
+        owner[r] = -1;
+    for (int k = 0; k < n; k++) {
+        const json_t *files = json_object_get(bfs__mf_head(parts[k]), "files");
+        for (size_t i = 0; i < json_array_size(files); i++) {
+            const json_t *e = json_array_get(files, i);
+            const int r = bfs__entry_rank(e, W);
+            if (r < -1)
+                return bfs__err(BFS_EINPUT, "%s/%s: files[%zu] has a rank outside 0..%d", outdir, names[k], i, W - 1);
+            if (r < 0 || !json_is_string(json_object_get(e, BFS_MF_HASH)))
+                continue;
+            if (owner[r] >= 0)
+                return bfs__err(BFS_EPARTS, "%s: rank %d is in both %s and %s: parts must not overlap; remove one and merge",
+                                outdir, r, names[owner[r]], names[k]);
+            owner[r] = k;
+        }
+    }
+    int missing = 0, first = -1;
+    for (int r = 0; r < W; r++)
+        if (owner[r] < 0 && missing++ == 0)
+            first = r;
+    if (missing)
+        return bfs__err(BFS_EINCOMPLETE, "%s: %d of %d ranks are in no finished part (first: rank %d); run their parts "
+                        "(convert --ranks), then merge", outdir, missing, W, first);
+    return 0;
+}
+
+/* the merged head: part 0's, with every rank's files[] entry and every source hash from its part */
+static int bfs__merge_head(bfs_mf *const *parts, int n, const char *outdir, int W, const int *owner, json_t **out)
+{
+    json_t *m = json_deep_copy(bfs__mf_head(parts[0]));
+    *out = NULL;
+    if (!m)
+        return bfs__err(BFS_ENOMEM, "out of memory");
+    json_object_del(m, "part");
+    json_t *files = json_object_get(m, "files");
+    for (size_t i = 0; i < json_array_size(files); i++) {
+        const int r = bfs__entry_rank(json_array_get(files, i), W);
+        if (r >= 0 && json_array_set_new(files, i, json_deep_copy(json_array_get(
+                                                       json_object_get(bfs__mf_head(parts[owner[r]]), "files"), i))) != 0) {
+            json_decref(m);
+            return bfs__err(BFS_ENOMEM, "out of memory");
+        }
+    }
+    json_t *src = json_object_get(json_object_get(m, "source"), "files");
+    for (size_t i = 0; i < json_array_size(src); i++) {
+        const json_t *e = NULL;
+        for (int k = 0; k < n && !e; k++) {
+            e = json_array_get(json_object_get(json_object_get(bfs__mf_head(parts[k]), "source"), "files"), i);
+            if (!json_is_string(json_object_get(e, BFS_MF_SRC_HASH)))
+                e = NULL;
+        }
+        if (!e) {
+            const int rc = bfs__err(BFS_EINCOMPLETE, "%s: no part hashed source file %s", outdir,
+                                    json_string_value(json_object_get(json_array_get(src, i), "name")));
+            json_decref(m);
+            return rc;
+        }
+        if (json_array_set_new(src, i, json_deep_copy(e)) != 0) {
+            json_decref(m);
+            return bfs__err(BFS_ENOMEM, "out of memory");
+        }
+    }
+    if (json_object_set_new(m, BFS_MF_SEAL, json_string(BFS_MF_ZERO_SEAL)) != 0) {
+        json_decref(m);
+        return bfs__err(BFS_ENOMEM, "out of memory");
+    }
+    *out = m;
+    return 0;
+}
+
+typedef struct {
+    bfs_mf *const *parts;
+    const char *const *names;
+    int n, W;
+    const int *owner;
+    const char *outdir;
+    json_t **el; /* tensor t of each part */
+    const json_t *head;
+    bfs_manifest_pre_commit_fn pre_commit;
+    void *pre_user;
+} bfs_mf_merge;
+
+/* tensors[t]: part 0's, every shard of a rank from the part holding it */
+static int bfs__mf_merge_one(bfs_mf_merge *g, size_t t)
+{
+    for (int k = 0; k < g->n; k++) {
+        const int got = bfs__mf_next(g->parts[k], &g->el[k]);
+        if (got == 0)
+            return bfs__err(BFS_EPARTS, "%s: %s and %s list different files or tensors for the same plan", g->outdir,
+                            g->names[0], g->names[k]);
+        BFS_MF_RET(got);
+    }
+    json_t *sh = json_object_get(g->el[0], "shards");
+    for (size_t s = 0; s < json_array_size(sh); s++) {
+        const int r = bfs__entry_rank(json_array_get(sh, s), g->W);
+        if (r < -1)
+            return bfs__err(BFS_EINPUT, "%s: tensors[%zu].shards[%zu] has a rank outside 0..%d", g->outdir, t, s, g->W - 1);
+        if (r < 0)
+            continue;
+        json_t *e = json_array_get(json_object_get(g->el[g->owner[r]], "shards"), s);
+        if (!json_is_string(json_object_get(e, BFS_MF_HASH)))
+            return bfs__err(BFS_EPARTS, "%s: %s lacks the hash of tensors[%zu].shards[%zu] of its rank %d", g->outdir,
+                            g->names[g->owner[r]], t, s, r);
+        if (json_array_set(sh, s, e) != 0)
+            return bfs__err(BFS_ENOMEM, "out of memory");
+    }
+    return 0;
+}
+
+static int bfs__mf_emit_merge(bfs_mf_out *w, void *user)
+{
+    bfs_mf_merge *g = user;
+    const size_t nt = bfs__mf_ntensors(g->parts[0]);
+    int rc = 0;
+    for (size_t t = 0; t < nt && rc == 0; t++) {
+        rc = bfs__mf_merge_one(g, t);
+        if (rc == 0)
+            rc = bfs__mf_put_elem(w, g->el[0], t == 0);
+        for (int k = 0; k < g->n; k++) {
+            json_decref(g->el[k]);
+            g->el[k] = NULL;
+        }
+    }
+    if (rc == 0)
+        bfs__mf_put_end(w, nt);
+    return rc < 0 ? rc : w->rc;
+}
+
+static int bfs__mf_merge_pre_commit(void *user)
+{
+    const bfs_mf_merge *g = user;
+    return g->pre_commit ? g->pre_commit(g->pre_user, g->head) : 0;
+}
+
+int bfs__manifest_merge(int dirfd, bfs_mf *const *parts, const char *const *names, int n, const char *outdir,
+                        bfs_manifest_pre_commit_fn pre_commit, void *pre_user)
+{
+    int rc = 0, W = 0;
+    int *owner = NULL;
+    json_t *m = NULL, **el = NULL;
+    BFS_TRY(bfs__merge_agree(parts, names, n, outdir, &W));
+    if (!(owner = malloc((size_t)W * sizeof *owner)) || !(el = calloc((size_t)n, sizeof *el)))
+        BFS_FAIL(BFS_ENOMEM, "out of memory");
+    BFS_TRY(bfs__merge_owners(parts, names, n, outdir, W, owner));
+    BFS_TRY(bfs__merge_head(parts, n, outdir, W, owner, &m));
+    for (int k = 0; k < n; k++)
+        BFS_TRY(bfs__mf_rewind(parts[k]));
+    bfs_mf_merge g = {parts, names, n, W, owner, outdir, el, m, pre_commit, pre_user};
+    BFS_TRY(bfs__mf_write_streamed(dirfd, outdir, BFS_MANIFEST_NAME, m, bfs__mf_emit_merge, &g, bfs__mf_merge_pre_commit, &g));
+cleanup:
+    free(owner);
+    free(el);
+    json_decref(m);
+    return rc;
+}
