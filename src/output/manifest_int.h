@@ -21,7 +21,7 @@
  * bfshard.manifest.json carries "manifest_xxh3_128": the XXH3-128 of the whole file as
  * written with that value set to 32 '0's. Any changed byte of the manifest shows:
  * its hash no longer matches, or the seal is gone. Whoever writes or rewrites a
- * manifest goes through bfs__manifest_write(), which seals its final bytes.
+ * manifest goes through bfs__mf_write_streamed() (manifest_write.c), which seals its final bytes.
  * xxh128sums.txt may hold only lines "HASH  NAME\n" that agree with the manifest. */
 #define BFS_SEAL_KEY "\"" BFS_MF_SEAL "\": \""
 
