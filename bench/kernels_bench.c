@@ -42,7 +42,7 @@ static double now_s(void)
 }
 
 /* Buffers as convert allocates its unit buffers: 2 MiB-aligned and advised for
- * transparent huge pages (src/convert.c), so the kernels see the TLB they see there. */
+ * transparent huge pages (src/commands/convert.c), so the kernels see the TLB they see there. */
 static void *xmalloc(size_t n)
 {
     const size_t huge = (size_t)2 << 20, len = (n + huge - 1) / huge * huge;

@@ -1,5 +1,5 @@
 /*
- * Fuzz target: the seekable zstd reader (src/zst_read.c), bfs__zst_reader_open_src +
+ * Fuzz target: the seekable zstd reader (src/zst/zst_read.c), bfs__zst_reader_open_src +
  * bfs__zst_read_range + bfs__zst_read_header over a fuzzed .zst/.bfz image, read
  * from memory (no file is written: a memory bfs_src).
  *

@@ -1,4 +1,4 @@
-/* The writer (src/writer.c): O_DIRECT body + block carry + buffered tail, and the
+/* The writer (src/output/writer.c): O_DIRECT body + block carry + buffered tail, and the
  * buffered fallback, give the same bytes and hashes as one plain write of the file;
  * convert gives the same files either way. */
 #include "testutil.h"

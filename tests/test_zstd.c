@@ -1,5 +1,5 @@
 /*
- * Compressed artifacts (seekable zstd, src/zst.c): byte-exact round trips of every
+ * Compressed artifacts (seekable zstd, src/zst/): byte-exact round trips of every
  * fixture's converted output (bfshard and stock `zstd -d`), both modes; extraction of
  * one tensor reading only its frames; hostile seek tables; verify of a compressed
  * OUTDIR (with and without the rank files) and of a flipped byte; the CLI.

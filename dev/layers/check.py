@@ -11,9 +11,10 @@ and fails, naming the file, the symbol or header and the rule, on
     "FOLDER: A B" line does not name);
   - a cycle between files: two or more files that use each other (within a folder too);
   - a file of src/ or kernels/ in no folder of the order;
-  - size: a file over 800 lines, or a function over 150 lines.
+  - size: a file over 800 lines, or a function over 150 lines;
+  - a file that does not open with a comment, a folder without a README.md.
 
-Usage: check.py [--build BUILD] [--root ROOT] [--order FILE]    (exit 0: clean, 1: not)
+Usage: check.py [--build BUILD] [--root ROOT] [--order FILE] [--graph]   (exit 0: clean, 1: not)
        check.py --selftest   (proves on a small made-up tree that each rule fails when broken)
 Needs python3 (stdlib only) and nm (binutils).
 """
@@ -120,7 +121,7 @@ def nm_symbols(obj):
     return d, u
 
 
-def check(root, order_path, build, echo=print):
+def check(root, order_path, build, echo=print, graph=False):
     order = read_order(order_path)
     folders = [f for f, _ in order]
     errors = []
@@ -138,6 +139,10 @@ def check(root, order_path, build, echo=print):
                     continue
                 files.append(rel)
     files.sort()
+    for fo in folders:
+        if fo != 'include' and os.path.isdir(os.path.join(root, fo)) and \
+                not os.path.exists(os.path.join(root, fo, 'README.md')):
+            errors.append(f'{fo}/: no README.md saying what it owns and what it may use')
     fset = set(files)
     folder = {f: os.path.dirname(f) for f in files}
     edges = {}  # (a, b) -> reason
@@ -154,6 +159,8 @@ def check(root, order_path, build, echo=print):
                     if cand != f:
                         edges.setdefault((f, cand), f'includes "{inc}"')
                     break
+        if not text.lstrip().startswith(('/*', '//')):
+            errors.append(f'{f}: does not open with a comment on what it owns')
         # size limits
         n = text.count('\n')
         if n > MAX_FILE_LINES:
@@ -249,6 +256,15 @@ def check(root, order_path, build, echo=print):
                           for i in range(len(path) - 1))
         errors.append(f'cycle between files {", ".join(comp)}: {steps}')
 
+    if graph:  # the folder-level graph, for the README's picture (public calls: `include`)
+        fg = {}
+        for (a, b), why in edges.items():
+            if why.startswith('calls ') and why[6:] in public and 'include' in limited.get(folder[a], ()):
+                b = 'include/bfshard.h'
+            if folder[a] != os.path.dirname(b):
+                fg.setdefault(folder[a], set()).add(os.path.dirname(b))
+        for f in folders:
+            echo(f'{f} -> {" ".join(sorted(fg.get(f, ()), key=folders.index))}')
     for e in errors:
         echo('layers: ' + e)
     nuse = sum(1 for w in edges.values() if w.startswith('calls'))
@@ -281,9 +297,10 @@ def selftest():
         return d
 
     base = {
-        'src/low/low.h': 'int low_f(void);\n',
-        'src/low/low.c': '#include "low/low.h"\nint low_f(void) { return 1; }\n',
-        'src/high/high.c': '#include "low/low.h"\nint high_f(void) { return low_f(); }\n',
+        'src/low/README.md': 'low\n', 'src/high/README.md': 'high\n',
+        'src/low/low.h': '/* low */\nint low_f(void);\n',
+        'src/low/low.c': '/* low */\n#include "low/low.h"\nint low_f(void) { return 1; }\n',
+        'src/high/high.c': '/* high */\n#include "low/low.h"\nint high_f(void) { return low_f(); }\n',
     }
     order = 'src/low\nsrc/high\n'
     cases = [
@@ -302,10 +319,14 @@ def selftest():
             'int long_f(int x)\n{\n' + '    x++;\n' * 160 + '    return x;\n}\n'}), order, False, 'function long_f'),
         ('a long file', dict(base, **{'src/low/big.h': '/* x */\n' * 900}), order, False, '900 lines'),
         ('a limited folder', base, 'src/low\nsrc/high: include\n', False, 'src/high may not use src/low'),
-        ('a limited folder using the public API', dict(base, **{'include/api.h': 'int bfs_api(void);\n',
-            'src/low/low.c': 'int bfs_api(void) { return 1; }\n',
-            'src/high/high.c': '#include "api.h"\nint high_f(void) { return bfs_api(); }\n'}),
+        ('a limited folder using the public API', dict(base, **{'include/api.h': '/* api */\nint bfs_api(void);\n',
+            'src/low/low.c': '/* low */\nint bfs_api(void) { return 1; }\n',
+            'src/high/high.c': '/* high */\n#include "api.h"\nint high_f(void) { return bfs_api(); }\n'}),
             'include\nsrc/low\nsrc/high: include\n', True, None),
+        ('a file without its opening comment', dict(base, **{'src/low/bare.c': 'int bare_f(void) { return 0; }\n'}),
+            order, False, 'does not open with a comment'),
+        ('a folder without its README', {k: v for k, v in base.items() if k != 'src/high/README.md'},
+            order, False, 'no README.md'),
     ]
     for name, files, ordr, want, needle in cases:
         d = tree(files, ordr)
@@ -325,11 +346,12 @@ def main():
     ap.add_argument('--build', default='build')
     ap.add_argument('--order', default=os.path.join(here, 'order'))
     ap.add_argument('--selftest', action='store_true')
+    ap.add_argument('--graph', action='store_true', help='also print which folders each folder uses')
     a = ap.parse_args()
     if a.selftest:
         return 0 if selftest() else 1
     build = a.build if os.path.isabs(a.build) else os.path.join(a.root, a.build)
-    return 0 if check(a.root, a.order, build) else 1
+    return 0 if check(a.root, a.order, build, graph=a.graph) else 1
 
 
 if __name__ == '__main__':
