@@ -30,7 +30,7 @@ LIB_SRC := $(filter-out src/cli/%,$(wildcard src/*/*.c))
 # the CUDA backend (backend_cuda.c, _q.c, _dev.c); backend_cuda_stub.c replaces it without nvcc
 CUDA_C_SRC := $(filter-out src/backend/backend_cuda_stub.c,$(wildcard src/backend/backend_cuda*.c))
 KCPU_SRC := kernels/cpu_scalar.c kernels/cpu_dispatch.c
-KAVX2_SRC := kernels/cpu_avx2.c
+KAVX2_SRC := kernels/cpu_avx2.c kernels/cpu_avx2_mxfp4.c
 KAVX512_SRC := kernels/cpu_avx512.c
 
 ifeq ($(HAVE_CUDA),1)
@@ -107,7 +107,7 @@ $(BUILD)/%.o: %.c $(HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/kernels/cpu_avx2.o: kernels/cpu_avx2.c $(wildcard kernels/*.h)
+$(KAVX2_SRC:%.c=$(BUILD)/%.o): $(BUILD)/%.o: %.c $(wildcard kernels/*.h)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -mavx2 -mf16c -mbmi2 -c $< -o $@
 

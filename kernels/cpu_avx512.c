@@ -9,7 +9,7 @@
  * bf16 rounding is the integer rule of ref.h, not vcvtneps2bf16 (AVX512_BF16):
  * that instruction flushes subnormal inputs to zero and keeps a NaN's sign and
  * payload instead of giving 0x7FC0, so its bytes differ from upstream's.
- * The transposed MXFP4 path is cpu_avx2.c's (tile, 16x16 transposes in L1,
+ * The transposed MXFP4 path is cpu_avx2_mxfp4.c's (tile, 16x16 transposes in L1,
  * non-temporal runs per output row), fed by this file's row dequant; what the two
  * files share is in cpu_x86.h. No FTZ/DAZ. Tails (fewer than 16..32 elements) are
  * the scalar reference's (cpu_scalar.c).

@@ -1,7 +1,7 @@
 /*
- * What the x86 kernels (cpu_avx2.c, cpu_avx512.c) share: the nibble order of
- * the 4-bit formats spelled in vectors, the walk over bnb blocks and their
- * scales, and the skeleton of the MXFP4 kernel around a level's row dequant.
+ * What the x86 kernels (cpu_avx2.c, cpu_avx2_mxfp4.c, cpu_avx512.c) share: the
+ * nibble order of the 4-bit formats spelled in vectors, the walk over bnb blocks
+ * and their scales, and the skeleton of the MXFP4 kernel around a level's row dequant.
  * Values always come from ref.h's rules; only the vector spelling lives here.
  *
  * Include after the intrinsics (<immintrin.h>, or SIMDe with native aliases):
@@ -108,7 +108,7 @@ void bfs__nvfp4_avx2(const bfs_nvfp4_desc *d, size_t i0, size_t i1, uint16_t *ou
 /* A level's row dequant: ng consecutive groups of one row (codes blk, scales sc) -> ng*32 bf16 at o. */
 typedef void (*x86_mx_groups_fn)(const uint8_t *blk, const uint8_t *sc, size_t ng, uint16_t *o);
 /* The transposed layout, output rows [o0, o1) of one item: byte transposes, the scale
- * added to the exponent, non-temporal runs per output row (cpu_avx2.c; AVX2 suffices). */
+ * added to the exponent, non-temporal runs per output row (cpu_avx2_mxfp4.c; AVX2 suffices). */
 void bfs__mxfp4_transposed_x86(const bfs_mxfp4_desc *d, size_t item, size_t o0, size_t o1, uint16_t *out);
 
 /* A level's bfs_mxfp4_fn from its row dequant (inlined with a constant `groups`). */

@@ -43,7 +43,7 @@ $(BUILD)/pic/%.o: %.c $(HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -fPIC -c $< -o $@
 
-$(BUILD)/pic/kernels/cpu_avx2.o: kernels/cpu_avx2.c $(wildcard kernels/*.h)
+$(KAVX2_SRC:%.c=$(BUILD)/pic/%.o): $(BUILD)/pic/%.o: %.c $(wildcard kernels/*.h)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -fPIC -mavx2 -mf16c -mbmi2 -c $< -o $@
 
