@@ -3,85 +3,19 @@
  * program's own pages, the input headers and the plan (bfs__base_rss) + the unit
  * buffers' touched pages + the mapped input pages of
  * the largest unit + the writer's carry, the source-hash window and thread stacks
- * (bfs__mem_model, writer.c). `make bench` checks it against measured peaks. */
+ * (the memory model: src/output/units.c). `make bench` checks it against measured peaks. */
 #include "commands/commands.h"
 #include "backend/backend.h"
 #include "plan/plan.h"
 #include "formats/format.h"
 #include "output/parts.h"
-#include "output/writer.h"
+#include "output/units.h"
 
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-uint64_t bfs__base_rss(const bfs_input *in, const bfs_plan *p, const bool *mine)
-{
-    /* measured: `bfshard --version` peaks at 3.8 MB (program, libc, jansson, zstd,
-     * xxhash, the static CUDA runtime's pages); a constant, so inspect's output is the
-     * same every run */
-    uint64_t b = 4ull << 20, header = 0, pieces = 0;
-    for (int i = 0; i < in->nfiles; i++) /* the input headers, read through the map */
-        b += (in->files[i].h.data_start + 4095) / 4096 * 4096;
-    /* per input tensor: its parsed header entry and name, its raw entry, its source-hash
-     * slot; per output tensor: the plan's entry and name; per piece (every file's: the
-     * plan lays out all of them): the piece, its hash, the manifest's index of it. Fitted
-     * on gen_synth.py tiny (200k tensors, W = 1 and 8: 226 and 315 MB measured with
-     * glibc malloc). The plan keeps no header text: convert builds one file's header at a
-     * time, the largest of the files this run writes counts. */
-    for (int f = 0; f < p->nfiles; f++) {
-        pieces += p->files[f].npieces;
-        if ((!mine || mine[f]) && p->files[f].data_start > header)
-            header = p->files[f].data_start;
-    }
-    return b + (uint64_t)in->nraw * 256 + (uint64_t)p->nt * 340 + pieces * 72 + header;
-}
-
-/* the predicted peak RSS of convert with this plan and --mem (see the top of this file) */
-int bfs__predict_rss(const bfs_plan *p, const bool *mine, uint64_t mem, int threads, uint64_t base, bfs_mem_model *m,
-                     uint64_t *peak)
-{
-    if (threads <= 0) {
-        const long n = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = n > 0 ? (int)n : 1;
-    }
-    const int rc = bfs__mem_model(p, mine, mem, threads, m);
-    *peak = rc < 0 ? 0 : base + m->buffers + m->input + m->fixed;
-    return rc;
-}
-
-int bfs__pick_mem(const bfs_input *in, const bfs_plan *p, const bool *mine, const bfs_convert_opts *o, uint64_t *mem)
-{
-    *mem = o->mem ? o->mem : BFS_DEFAULT_MEM;
-    if (!o->max_rss)
-        return 0;
-    if (o->mem)
-        return bfs__err(BFS_EUSAGE, "--max-rss picks --mem: give one of them");
-    const uint64_t step = 64u << 10, base = bfs__base_rss(in, p, mine);
-    bfs_mem_model m;
-    uint64_t peak = 0;
-    uint64_t lo = (2 * p->max_row_bytes + step - 1) / step * step, hi = BFS_DEFAULT_MEM;
-    if (lo < step)
-        lo = step;
-    if (lo > hi)
-        hi = lo;
-    int rc = bfs__predict_rss(p, mine, lo, o->threads, base, &m, &peak);
-    if (rc < 0 || peak > o->max_rss)
-        return bfs__err(BFS_ENOMEM, "--max-rss %llu: this conversion needs at least %llu bytes (predicted peak RSS at --mem %llu, the least it can use)",
-                        (unsigned long long)o->max_rss, (unsigned long long)peak, (unsigned long long)lo);
-    while (lo < hi) { /* the largest mem in [lo, hi] that fits; lo fits */
-        const uint64_t mid = lo + ((hi - lo) / step + 1) / 2 * step;
-        rc = bfs__predict_rss(p, mine, mid, o->threads, base, &m, &peak);
-        if (rc == 0 && peak <= o->max_rss)
-            lo = mid;
-        else
-            hi = mid - step;
-    }
-    *mem = lo;
-    return 0;
-}
 
 static void bfs__shape_fmt(const uint64_t *s, int n, char *buf, size_t cap)
 {

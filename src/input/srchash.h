@@ -7,7 +7,7 @@
 #include "input/input.h"
 
 /* The source hash's window: srchash.c reads the input through the map in steps of this
- * and drops them (writer.c's memory model counts it) */
+ * and drops them (the memory model, src/output/units.c, counts it) */
 #define BFS_SRC_HASH_WINDOW (4u << 20)
 
 typedef struct bfs_srchash bfs_srchash;

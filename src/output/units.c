@@ -1,0 +1,261 @@
+/*
+ * How a conversion's work and memory are sized (see units.h): the unit budget, the
+ * buffers' page, batches of small pieces and their input pages, and the memory model
+ * (convert walks the same units; inspect predicts the peak RSS from it and convert's
+ * --max-rss picks --mem with it). The base of the prediction, bfs__base_rss, is fitted
+ * on measured peaks; `make bench` checks the prediction against measured peaks.
+ */
+#include "output/units.h"
+#include "formats/format.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+bool bfs__unit_budget(const bfs_plan *p, const bool *mine, uint64_t mem, uint64_t *unit_bytes)
+{
+    if (!mem)
+        mem = BFS_DEFAULT_MEM;
+    uint64_t unit = mem / 2, need = 64, data = 0;
+    for (int f = 0; f < p->nfiles; f++) {
+        if (mine && !mine[f])
+            continue;
+        const uint64_t d = p->files[f].size - p->files[f].data_start;
+        data = d > data ? d : data;
+        for (size_t i = 0; i < p->files[f].npieces; i++)
+            if (p->files[f].pieces[i].nbytes > need)
+                need = p->files[f].pieces[i].nbytes;
+    }
+    /* room for batches of small pieces, where a file holds that many bytes */
+    const uint64_t batch = data < BFS_BATCH_BYTES ? data : BFS_BATCH_BYTES;
+    need = batch > need ? batch : need;
+    if (unit > need)
+        unit = need;
+    *unit_bytes = (unit + 4095) & ~4095ull;
+    return p->max_row_bytes <= mem / 2;
+}
+
+uint64_t bfs__buf_page(void)
+{
+    static _Atomic uint64_t page; /* 0: not read yet */
+    uint64_t v = page;
+    if (v)
+        return v;
+    v = 4096;
+    const char *env = getenv("BFSHARD_HUGEPAGES");
+    FILE *f = env && strcmp(env, "0") == 0 ? NULL : fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (f) {
+        char line[128] = "";
+        if (fgets(line, sizeof line, f) && !strstr(line, "[never]"))
+            v = BFS_HUGE_PAGE;
+        fclose(f);
+    }
+    page = v;
+    return v;
+}
+
+size_t bfs__batch_end(const bfs_plan *p, const bfs_outfile *of, size_t pi, uint64_t unit_bytes)
+{
+    /* at most BFS_BATCH_BYTES: batching is for small pieces; a large one already makes a
+     * unit worth its overheads, and filling the buffers with large ones would only make
+     * the pipeline coarser and the resident set larger */
+    const uint64_t cap = unit_bytes < BFS_BATCH_BYTES ? unit_bytes : BFS_BATCH_BYTES;
+    uint64_t sum = 0;
+    size_t e = pi;
+    while (e < of->npieces && e - pi < BFS_BATCH_MAX && of->pieces[e].nbytes <= cap - sum) {
+        sum += of->pieces[e].nbytes;
+        e++;
+    }
+    return e > pi + 1 ? e : pi + 1;
+}
+
+static int bfs__cmp_prange(const void *x, const void *y)
+{
+    const bfs_prange *a = x, *b = y;
+    if (a->file != b->file)
+        return a->file < b->file ? -1 : 1;
+    return a->a < b->a ? -1 : a->a > b->a;
+}
+
+size_t bfs__batch_pages(const bfs_plan *p, const bfs_outfile *of, size_t p0, size_t p1, uint64_t pg, bool inward,
+                        bfs_prange *out)
+{
+    size_t n = 0;
+    bool sorted = true;
+    for (size_t k = p0; k < p1; k++) {
+        const bfs_piece *pc = &of->pieces[k];
+        if (pc->row0 == pc->row1)
+            continue;
+        bfs_srange s[BFS_UNIT_MAX_SRC];
+        const bfs_unit u = {.t = &p->t[pc->tensor], .row0 = pc->row0, .row1 = pc->row1};
+        const int ns = bfs__unit_sources(&u, s);
+        for (int i = 0; i < ns; i++) {
+            if (s[i].len == 0)
+                continue;
+            const uint64_t a = s[i].r->file_offset + s[i].off, b = a + s[i].len;
+            out[n] = inward ? (bfs_prange){.file = s[i].r->file, .a = (a + pg - 1) / pg * pg, .b = b / pg * pg}
+                            : (bfs_prange){.file = s[i].r->file, .a = a / pg * pg, .b = (b + pg - 1) / pg * pg};
+            if (out[n].a >= out[n].b)
+                continue;
+            if (n > 0 && bfs__cmp_prange(&out[n - 1], &out[n]) > 0)
+                sorted = false;
+            n++;
+        }
+    }
+    if (!sorted)
+        qsort(out, n, sizeof *out, bfs__cmp_prange);
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (m > 0 && out[m - 1].file == out[i].file && out[i].a <= out[m - 1].b) {
+            if (out[i].b > out[m - 1].b)
+                out[m - 1].b = out[i].b;
+        } else {
+            out[m++] = out[i];
+        }
+    }
+    return m;
+}
+
+int bfs__mem_model(const bfs_plan *p, const bool *mine, uint64_t mem, int nthreads, bfs_mem_model *m)
+{
+    memset(m, 0, sizeof *m);
+    if (!bfs__unit_budget(p, mine, mem, &m->unit_bytes))
+        return bfs__err(BFS_ENOMEM, "--mem %llu is too small for this plan", (unsigned long long)mem);
+    const uint64_t pg = 4096;
+    uint64_t touched[2] = {0, 0}, header = 0;
+    int slot = 0; /* convert alternates the buffers over the whole run */
+    bfs_prange *pr = malloc(BFS_BATCH_MAX * BFS_UNIT_MAX_SRC * sizeof *pr);
+    if (!pr)
+        return bfs__err(BFS_ENOMEM, "out of memory");
+    for (int f = 0; f < p->nfiles; f++) {
+        if (mine && !mine[f])
+            continue; /* only the files this run writes, as convert walks them */
+        const bfs_outfile *of = &p->files[f];
+        header = of->data_start > header ? of->data_start : header;
+        for (size_t pi = 0; pi < of->npieces;) {
+            const size_t pe = bfs__batch_end(p, of, pi, m->unit_bytes);
+            if (pe > pi + 1) { /* a batch, as bfs__write_batch runs it */
+                uint64_t len = 0, in = 0;
+                for (size_t k = pi; k < pe; k++)
+                    len += of->pieces[k].nbytes;
+                const uint64_t bp = bfs__buf_page(); /* the buffer's pages: maybe huge */
+                const uint64_t end = (of->pieces[pi].offset % BFS_DIO_ALIGN + len + bp - 1) / bp * bp;
+                touched[slot] = end > touched[slot] ? end : touched[slot];
+                const size_t nr = bfs__batch_pages(p, of, pi, pe, pg, false, pr);
+                for (size_t i = 0; i < nr; i++)
+                    in += pr[i].b - pr[i].a;
+                if (touched[0] + touched[1] + in > m->buffers + m->input) {
+                    m->buffers = touched[0] + touched[1];
+                    m->input = in;
+                }
+                slot ^= 1;
+                pi = pe;
+                continue;
+            }
+            const bfs_piece *pc = &of->pieces[pi++];
+            const bfs_ltensor *t = &p->t[pc->tensor];
+            const uint64_t row_bytes = t->row_elems * bfs__dtype_size(t->out_dtype);
+            if (pc->row0 == pc->row1 || row_bytes == 0)
+                continue;
+            const uint64_t rows_per_unit = m->unit_bytes / row_bytes;
+            uint64_t off = pc->offset;
+            for (uint64_t row = pc->row0; row < pc->row1;) { /* as bfs__write_piece cuts them */
+                const uint64_t n = pc->row1 - row < rows_per_unit ? pc->row1 - row : rows_per_unit;
+                const uint64_t bp = bfs__buf_page(); /* the buffer's pages: maybe huge */
+                const uint64_t end = (off % BFS_DIO_ALIGN + n * row_bytes + bp - 1) / bp * bp;
+                touched[slot] = end > touched[slot] ? end : touched[slot];
+                bfs_srange s[BFS_UNIT_MAX_SRC];
+                const bfs_unit u = {.t = t, .row0 = row, .row1 = row + n};
+                const int ns = bfs__unit_sources(&u, s);
+                uint64_t in = 0;
+                for (int i = 0; i < ns; i++)
+                    if (s[i].len) { /* outward to pages, as convert releases them */
+                        const uint64_t a = s[i].r->file_offset + s[i].off;
+                        in += (a + s[i].len + pg - 1) / pg * pg - a / pg * pg;
+                    }
+                /* the buffers keep their pages; the unit's input pages go after it */
+                if (touched[0] + touched[1] + in > m->buffers + m->input) {
+                    m->buffers = touched[0] + touched[1];
+                    m->input = in;
+                }
+                slot ^= 1;
+                row += n;
+                off += n * row_bytes;
+            }
+        }
+    }
+    free(pr);
+    m->unit_bytes += BFS_DIO_ALIGN;
+    /* two files' carries: the next file's header while the last one ends */
+    const uint64_t carry = header + BFS_DIO_ALIGN < BFS_CARRY_BYTES ? header + BFS_DIO_ALIGN : BFS_CARRY_BYTES;
+    m->fixed = 2 * carry + BFS_SRC_HASH_WINDOW + (uint64_t)(nthreads + 2) * (64u << 10);
+    return 0;
+}
+
+uint64_t bfs__base_rss(const bfs_input *in, const bfs_plan *p, const bool *mine)
+{
+    /* measured: `bfshard --version` peaks at 3.8 MB (program, libc, jansson, zstd,
+     * xxhash, the static CUDA runtime's pages); a constant, so inspect's output is the
+     * same every run */
+    uint64_t b = 4ull << 20, header = 0, pieces = 0;
+    for (int i = 0; i < in->nfiles; i++) /* the input headers, read through the map */
+        b += (in->files[i].h.data_start + 4095) / 4096 * 4096;
+    /* per input tensor: its parsed header entry and name, its raw entry, its source-hash
+     * slot; per output tensor: the plan's entry and name; per piece (every file's: the
+     * plan lays out all of them): the piece, its hash, the manifest's index of it. Fitted
+     * on gen_synth.py tiny (200k tensors, W = 1 and 8: 226 and 315 MB measured with
+     * glibc malloc). The plan keeps no header text: convert builds one file's header at a
+     * time, the largest of the files this run writes counts. */
+    for (int f = 0; f < p->nfiles; f++) {
+        pieces += p->files[f].npieces;
+        if ((!mine || mine[f]) && p->files[f].data_start > header)
+            header = p->files[f].data_start;
+    }
+    return b + (uint64_t)in->nraw * 256 + (uint64_t)p->nt * 340 + pieces * 72 + header;
+}
+
+/* the predicted peak RSS of convert with this plan and --mem (see the top of this file) */
+int bfs__predict_rss(const bfs_plan *p, const bool *mine, uint64_t mem, int threads, uint64_t base, bfs_mem_model *m,
+                     uint64_t *peak)
+{
+    if (threads <= 0) {
+        const long n = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = n > 0 ? (int)n : 1;
+    }
+    const int rc = bfs__mem_model(p, mine, mem, threads, m);
+    *peak = rc < 0 ? 0 : base + m->buffers + m->input + m->fixed;
+    return rc;
+}
+
+int bfs__pick_mem(const bfs_input *in, const bfs_plan *p, const bool *mine, const bfs_convert_opts *o, uint64_t *mem)
+{
+    *mem = o->mem ? o->mem : BFS_DEFAULT_MEM;
+    if (!o->max_rss)
+        return 0;
+    if (o->mem)
+        return bfs__err(BFS_EUSAGE, "--max-rss picks --mem: give one of them");
+    const uint64_t step = 64u << 10, base = bfs__base_rss(in, p, mine);
+    bfs_mem_model m;
+    uint64_t peak = 0;
+    uint64_t lo = (2 * p->max_row_bytes + step - 1) / step * step, hi = BFS_DEFAULT_MEM;
+    if (lo < step)
+        lo = step;
+    if (lo > hi)
+        hi = lo;
+    int rc = bfs__predict_rss(p, mine, lo, o->threads, base, &m, &peak);
+    if (rc < 0 || peak > o->max_rss)
+        return bfs__err(BFS_ENOMEM, "--max-rss %llu: this conversion needs at least %llu bytes (predicted peak RSS at --mem %llu, the least it can use)",
+                        (unsigned long long)o->max_rss, (unsigned long long)peak, (unsigned long long)lo);
+    while (lo < hi) { /* the largest mem in [lo, hi] that fits; lo fits */
+        const uint64_t mid = lo + ((hi - lo) / step + 1) / 2 * step;
+        rc = bfs__predict_rss(p, mine, mid, o->threads, base, &m, &peak);
+        if (rc == 0 && peak <= o->max_rss)
+            lo = mid;
+        else
+            hi = mid - step;
+    }
+    *mem = lo;
+    return 0;
+}

@@ -1,0 +1,79 @@
+/* How a conversion's work and memory are sized (units.c): the unit budget (THE rule for
+ * the two unit buffers: convert allocates them, inspect reports them), batches of small
+ * pieces and the input pages they read, the buffers' page size, and the memory model a
+ * run touches, from which inspect predicts the peak RSS and convert --max-rss picks --mem. */
+#ifndef BFS_UNITS_H
+#define BFS_UNITS_H
+
+#include "plan/plan.h"
+#include "input/srchash.h" /* BFS_SRC_HASH_WINDOW, in the memory model */
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define BFS_DEFAULT_MEM (256ull << 20)
+/* O_DIRECT alignment of file offsets, lengths and buffer addresses; also the headroom
+ * convert leaves before each unit's output (see bfs_wjob.headroom) */
+#define BFS_DIO_ALIGN 4096u
+/* the writer's carry buffer (its own allocation, counted by inspect) */
+#define BFS_CARRY_BYTES (1u << 20)
+
+/* Size of each of the two unit buffers for --mem `mem` (0: the default): mem/2, no
+ * bigger than the largest piece needs (at least 64 bytes) or BFS_BATCH_BYTES (for
+ * batches of small pieces) when the largest file's data holds that much, rounded up
+ * to 4 KiB. mine: per output file, whether this run writes it (NULL: all). Returns
+ * false when the largest indivisible unit (one dim-0 row) exceeds mem/2. */
+#define BFS_BATCH_BYTES (8ull << 20)
+bool bfs__unit_budget(const bfs_plan *p, const bool *mine, uint64_t mem, uint64_t *unit_bytes);
+
+/* Batches: consecutive whole pieces of one file whose bytes together fit one unit
+ * buffer and BFS_BATCH_BYTES go through the pipeline as ONE unit (one identity check, one writer job, one
+ * release of their input pages), so that a model of many small tensors does not pay
+ * per-tensor syscalls and hand-offs. Returns the end of the batch that begins at piece
+ * pi: > pi + 1 for a batch, pi + 1 for a piece on its own (cut into units of rows,
+ * bfs__write_piece). At most BFS_BATCH_MAX pieces. */
+#define BFS_BATCH_MAX 4096
+size_t bfs__batch_end(const bfs_plan *p, const bfs_outfile *of, size_t pi, uint64_t unit_bytes);
+/* The input pages that pieces [p0, p1) of `of` read (dim-0 rows of their sources),
+ * outward to pages of `pg` bytes (inward: only the pages they read whole; none where a
+ * source range holds no whole page), sorted by (file, offset) and merged where they touch:
+ * at most BFS_UNIT_MAX_SRC * (p1 - p0) ranges into out. Returns how many. */
+typedef struct bfs_prange {
+    int file;
+    uint64_t a, b; /* page-aligned [a, b) of the file (b may pass its end by < pg) */
+} bfs_prange;
+size_t bfs__batch_pages(const bfs_plan *p, const bfs_outfile *of, size_t p0, size_t p1, uint64_t pg, bool inward,
+                        bfs_prange *out);
+
+/* The unit buffers' page: BFS_HUGE_PAGE where transparent huge pages may back them
+ * (/sys/kernel/mm/transparent_hugepage/enabled not "never"; BFSHARD_HUGEPAGES=0 turns
+ * them off), else 4096. Convert allocates the buffers on it and advises MADV_HUGEPAGE:
+ * the transposed kernels write each unit in runs to thousands of rows, one TLB entry per
+ * 2 MiB instead of per 4 KiB (measured: 0.56x -> 1.1x memcpy). The memory model counts
+ * the buffers' pages in it. */
+#define BFS_HUGE_PAGE ((uint64_t)2 << 20)
+uint64_t bfs__buf_page(void);
+
+/* The memory a convert with this plan and --mem touches, unit by unit as convert cuts
+ * them (bfs__mem_model walks the same units): what inspect adds to its own resident
+ * set (the program, the plan, the input headers) to predict convert's peak RSS. */
+typedef struct bfs_mem_model {
+    uint64_t unit_bytes;   /* each buffer's capacity (bfs__unit_budget), + BFS_DIO_ALIGN headroom */
+    /* at the unit where their sum peaks: */
+    uint64_t buffers;      /* pages of the two buffers touched so far (they keep them) */
+    uint64_t input;        /* mapped input pages the unit reads (released after it) */
+    uint64_t fixed;        /* the writer's carry, the source-hash window, thread stacks */
+} bfs_mem_model;
+int bfs__mem_model(const bfs_plan *p, const bool *mine, uint64_t mem, int nthreads, bfs_mem_model *m);
+/* base (the resident set besides the model's parts, bfs__base_rss) + the
+ * model = the predicted peak. threads <= 0: one per online CPU. */
+int bfs__predict_rss(const bfs_plan *p, const bool *mine, uint64_t mem, int threads, uint64_t base, bfs_mem_model *m,
+                     uint64_t *peak);
+/* The program, the input headers, the plan and the largest header of the files this run
+ * writes (mine: per output file; NULL: all): a deterministic estimate. */
+uint64_t bfs__base_rss(const bfs_input *in, const bfs_plan *p, const bool *mine);
+/* o->mem, or for o->max_rss the largest --mem up to the default (in 64 KiB steps)
+ * whose predicted peak fits: BFS_ENOMEM naming the least peak when none does. */
+int bfs__pick_mem(const bfs_input *in, const bfs_plan *p, const bool *mine, const bfs_convert_opts *o, uint64_t *mem);
+
+#endif
