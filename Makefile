@@ -130,7 +130,8 @@ $(BUILD)/tests/%: tests/%.c $(TEST_COMMON) $(BUILD)/libbfshard.a tests/testutil.
 # The README's test command: the test suite, then the layering check.
 test: all $(TEST_BIN)
 	@scripts/run-tests.sh $(BUILD) $(TEST_BIN); rc=$$?; \
-	 $(MAKE) --no-print-directory check-layers || rc=1; exit $$rc
+	 $(MAKE) --no-print-directory check-layers || rc=1; \
+	 $(MAKE) --no-print-directory check-cuda-exact || rc=1; exit $$rc
 
 # ISSUE 21: the one-way layers of src/ and kernels/ (dev/layers/order), no cycle between
 # files, no file over 800 lines nor function over 150, derived from the code and the
@@ -255,6 +256,20 @@ bench: all
 # on first use (~3 GB, the only step that needs the network). See tests/interop/run.sh.
 interop: all
 	@tests/interop/run.sh $(BUILD)
+
+# ---- ISSUE 25: what the GPU would run, checked without one. Every kernel's PTX (per
+# architecture built) and SASS (the build's own objects) has no float FMA, no FTZ, no
+# approximation; negative controls (--fmad=true, -ftz=true) must be caught. make test runs
+# it on every CUDA build (dev/cuda/exactness.py; cuobjdump from NVIDIA's PyPI wheel).
+.PHONY: check-cuda-exact
+ifeq ($(HAVE_CUDA),1)
+check-cuda-exact: $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
+	@python3 dev/cuda/exactness.py --build $(BUILD) --nvcc $(NVCC) --archs "$(CU_ARCHS)" \
+	    --flags "-O2 -std=c++17 -Iinclude $(EXTRA_NVFLAGS) $(NVFLAGS_EXACT)" $(CU_SRC)
+else
+check-cuda-exact:
+	@echo "check-cuda-exact: SKIP: no nvcc (a build without CUDA has no device code)"
+endif
 
 # ---- the CUDA backend under the emulated runtime (no GPU needed): `make test-cuda-emu`
 # builds bfshard and tests/test_cuda.c with the kernels' host emulation and the strict fake

@@ -123,7 +123,8 @@ int bfs__cu_int4(const bfs_cu_int4_args *a, cudaStream_t stream);
 typedef struct bfs_cu_nvfp4_args {
     const uint8_t *packed; /* [0] = byte b0 of the whole [rows][cols / 2] array */
     const uint8_t *scale;  /* [0] = E4M3 scale s0 of the whole [rows][cols / 16] array */
-    float global_scale;
+    const float *bs;       /* [256]: the block scale of each E4M3 scale byte, made by the host
+                            * with bfs_nvfp4_block_scale (so the kernel divides nothing) */
     int modelopt;
     uint64_t e0, b0, s0;
     size_t n, cols;

@@ -24,7 +24,7 @@
 #include <string.h>
 
 #define CU_ALIGN ((uint64_t)BFS_CU_PTR_ALIGN)
-#define CU_CONST_BYTES ((uint64_t)4096)           /* bnb table (16 f32) at 0, nested code (256 f32) at 256 */
+#define CU_CONST_BYTES ((uint64_t)4096)           /* bnb table (16 f32) at 0, nested code (256 f32) at 256; NVFP4 block scales (256 f32) at 0 */
 #define CU_NCODE_OFF ((uint64_t)256)
 #define CU_SLOT_CAP ((uint64_t)64 << 20)
 #define CU_SLOT_MIN ((uint64_t)4 << 10)

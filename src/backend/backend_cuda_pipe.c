@@ -7,6 +7,7 @@
  * start-up self-test call it.
  */
 #include "backend/backend_cuda.h"
+#include "../../kernels/ref_formats.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -87,6 +88,11 @@ int bfs__cu_pipeline(const cu_backend *b, cu_dev *d, cu_job *j, uint64_t cap)
             bytes = CU_NCODE_OFF + 256 * sizeof(float);
         }
         CUDA_CHECK(cudaMemcpyAsync(d->d_arena, d->h_arena, bytes, cudaMemcpyHostToDevice, d->s_up));
+    } else if (j->mode == J_NVFP4) { /* the block scale of every E4M3 byte, by the reference */
+        float *bs = (float *)d->h_arena;
+        for (unsigned s = 0; s < 256; s++)
+            bs[s] = bfs_nvfp4_block_scale((uint8_t)s, j->t->nv.global_scale, j->t->nv.modelopt);
+        CUDA_CHECK(cudaMemcpyAsync(d->d_arena, d->h_arena, 256 * sizeof(float), cudaMemcpyHostToDevice, d->s_up));
     }
     while (j->pos < j->end) {
         const int k = c & 1;

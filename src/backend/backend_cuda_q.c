@@ -363,7 +363,7 @@ int bfs__cu_launch(const cu_job *j, const cu_chunk *ch, const cu_dev *d, uint8_t
         memset(&a, 0, sizeof a);
         a.packed = ds + ch->g[0].off;
         a.scale = ds + ch->g[1].off;
-        a.global_scale = q->global_scale;
+        a.bs = (const float *)d->d_arena; /* the block scales (backend_cuda_pipe.c) */
         a.modelopt = q->modelopt;
         a.e0 = ch->pos;
         a.b0 = (ch->pos / q->cols) * (q->cols / 2) + (ch->pos % q->cols) / 2;
