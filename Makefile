@@ -224,7 +224,8 @@ valgrind: all $(BUILD)/tests/test_safetensors
 # REPEAT (rounds of every timed run), PY=0 (skip the upstream Python path), PY_LAYERS (layers
 # the Python path converts, 0 = all), CHECK=1 (bit-compare upstream and bfshard), RSS_LAYERS,
 # MEM_LAYERS (sizes for the predicted-peak-RSS check),
-# KEEP_DATA=0 (delete build/bench-data afterwards), BENCH_VENV (an existing venv to use).
+# KEEP_DATA=0 (delete build/bench-data afterwards), BENCH_VENV (an existing venv to use),
+# SCALE_LAYERS (DeepSeek-V3-named layers of the 92k-tensor scale case, 0 skips), SCALE_WORLDS.
 LAYERS     ?= 2
 BNB_LAYERS ?= 2
 VOCAB      ?= 32000
@@ -237,6 +238,8 @@ RSS_LAYERS ?= 1,4
 MEM_LAYERS ?= 1,4
 KEEP_DATA  ?= 1
 TINY       ?= 200000
+SCALE_LAYERS ?= 61
+SCALE_WORLDS ?= 8,64,256
 BENCH_VENV ?= $(BUILD)/bench-venv
 bench: all
 	@bench/setup.sh $(BENCH_VENV)
@@ -248,7 +251,8 @@ bench: all
 	else rm -f $(BUILD)/bench/kernels_bench; fi
 	$(BENCH_VENV)/bin/python bench/bench.py --build $(BUILD) --python $(BENCH_VENV)/bin/python \
 	    --layers $(LAYERS) --bnb-layers $(BNB_LAYERS) --vocab $(VOCAB) --world $(WORLD) --repeat $(REPEAT) \
-	    --py $(PY) --py-layers $(PY_LAYERS) --check $(CHECK) --rss-layers "$(RSS_LAYERS)" --mem-layers "$(MEM_LAYERS)" --keep-data $(KEEP_DATA) --tiny $(TINY)
+	    --py $(PY) --py-layers $(PY_LAYERS) --check $(CHECK) --rss-layers "$(RSS_LAYERS)" --mem-layers "$(MEM_LAYERS)" --keep-data $(KEEP_DATA) --tiny $(TINY) \
+	    --scale-layers $(SCALE_LAYERS) --scale-worlds "$(SCALE_WORLDS)"
 
 # ---- interop: `make interop` proves the output loads in the real consumers
 # (safetensors, FSDP2 + torch.distributed.checkpoint, transformers, torch's own

@@ -43,6 +43,9 @@ TARGETS = {
     "rss_growth": 1.05,        # peak RSS of the 4x larger checkpoint <= 1.05x the smaller one's
     "time_linear": 4.2,        # wall time of the 4x larger checkpoint <= 4.2x the smaller one's
     "rss_predicted": 0.10,     # measured peak RSS within 10% of `inspect`'s prediction
+    # issue 22, DeepSeek-V3's real tensor count (92k tensors, 163 files, small matrices):
+    "scale_w64_vs_w8": 1.5,    # convert at W=64 <= 1.5x convert at W=8 (same input bytes)
+    "parts_vs_whole": 1.1,     # 4 parts one after another + merge <= 1.1x the whole run at W=64
 }
 # reported, not bars of issue 15: near-linear thread scaling would be >= 0.8; the project's
 # own aim for many tiny tensors (--tiny) is >= 50k tensors/s end to end at W = 1 and 8
@@ -511,6 +514,54 @@ class Bench:
                             "stages": s})
         self.res["tiny"] = out
 
+    # ---- issue 22: bookkeeping at DeepSeek-V3's real tensor count and 64+ ranks ----
+    def scale(self):
+        a = self.a
+        d = os.path.join(self.data, f"dsv3-names-L{a.scale_layers}")
+        if not os.path.isdir(d):
+            os.makedirs(self.data, exist_ok=True)
+            log(f"generating {d}")
+            subprocess.run([self.py, os.path.join(HERE, "gen_synth.py"), "dsv3-names", d, "--layers",
+                            str(a.scale_layers), "--files", "163"], check=True)
+        out = os.path.join(self.disk, "scale-out")
+        res = {"layers": a.scale_layers, "whole": [], "parts": None}
+
+        def manifest_bytes(o):
+            return sum(os.path.getsize(os.path.join(o, f)) for f in os.listdir(o)
+                       if f == "bfshard.manifest.json" or f.startswith("bfshard.part-"))
+
+        for W in a.scale_worlds:
+            rmtree(out)
+            r = timed(self.convert_cmd(d, out, world=W))
+            if r["rc"] != 0:
+                self.note(f"scale: convert W={W} failed (rc {r['rc']}): {r.get('stderr', '')[-300:]}")
+                continue
+            mb = manifest_bytes(out)
+            v = timed([self.bfshard, "verify", out, "--quiet"])
+            res["whole"].append({"world": W, "wall_s": r["wall_s"], "max_rss_kb": r.get("max_rss_kb"),
+                                 "manifest_bytes": mb, "verify_s": v["wall_s"], "verify_rc": v["rc"],
+                                 "verify_rss_kb": v.get("max_rss_kb")})
+            log(f"scale: W={W}: convert {r['wall_s']:.1f} s, manifest {mb / 1e6:.0f} MB, "
+                f"verify {v['wall_s']:.1f} s (rc {v['rc']})")
+        W = 64
+        if W in a.scale_worlds:
+            rmtree(out)
+            parts, t = [], 0.0
+            for lo in range(0, W, W // 4):
+                c = self.convert_cmd(d, out, world=W) + ["--ranks", f"{lo}-{lo + W // 4 - 1}"]
+                c.remove("--force")
+                r = timed(c)
+                parts.append({"ranks": f"{lo}-{lo + W // 4 - 1}", "wall_s": r["wall_s"], "rc": r["rc"]})
+                t += r["wall_s"]
+            pm = manifest_bytes(out) / 4
+            m = timed([self.bfshard, "merge", out])
+            res["parts"] = {"world": W, "parts": parts, "parts_s": t, "merge_s": m["wall_s"], "merge_rc": m["rc"],
+                            "part_manifest_bytes": pm}
+            log(f"scale: W={W} in 4 parts: {t:.1f} s + merge {m['wall_s']:.1f} s (rc {m['rc']}), "
+                f"each part manifest {pm / 1e6:.0f} MB")
+        rmtree(out)
+        self.res["scale"] = res
+
     # ---- summary ----
     @staticmethod
     def stat(runs, key="wall_s"):
@@ -724,7 +775,25 @@ class Bench:
                   f"(dd O_DIRECT of the same bytes {min(dds) if dds else float('nan'):.2f} s), peak RSS {(b['max_rss_kb'] or 0) / 1e3:.0f} MB")
                 items.append({"what": f"W{W}", "ratio": b["tensors_per_s"]})
             targ["tiny_tensors_per_s"] = items
-        lower = ("rss_growth", "time_linear", "rss_predicted")  # lower is better
+        sc = R.get("scale")
+        if sc and sc["whole"]:
+            P("")
+            P(f"scale: DeepSeek-V3's tensor count ({sc['layers']} layers, 163 files, small matrices), to disk")
+            by = {x["world"]: x for x in sc["whole"]}
+            for x in sc["whole"]:
+                P(f"    W={x['world']:<4d} convert {x['wall_s']:7.1f} s, peak RSS {(x['max_rss_kb'] or 0) / 1e3:6.0f} MB, "
+                  f"manifest {x['manifest_bytes'] / 1e6:7.0f} MB, verify {x['verify_s']:6.1f} s "
+                  f"(peak RSS {(x['verify_rss_kb'] or 0) / 1e3:.0f} MB)")
+            if 8 in by and 64 in by:
+                targ["scale_w64_vs_w8"] = [{"what": "W64/W8", "ratio": by[64]["wall_s"] / by[8]["wall_s"]}]
+            pt = sc.get("parts")
+            if pt and 64 in by:
+                P(f"    W=64 in 4 parts one after another: {pt['parts_s']:.1f} s (" +
+                  ", ".join(f"{x['ranks']} {x['wall_s']:.1f} s" for x in pt["parts"]) +
+                  f") + merge {pt['merge_s']:.1f} s; each part manifest {pt['part_manifest_bytes'] / 1e6:.0f} MB")
+                targ["parts_vs_whole"] = [{"what": "(parts+merge)/whole",
+                                           "ratio": (pt["parts_s"] + pt["merge_s"]) / by[64]["wall_s"]}]
+        lower = ("rss_growth", "time_linear", "rss_predicted", "scale_w64_vs_w8", "parts_vs_whole")  # lower is better
         for key, lim in list(TARGETS.items()) + list(INFO_ONLY.items()):
             items = targ.get(key)
             if not items:
@@ -743,6 +812,8 @@ class Bench:
                     "rss_growth": "4x model: peak RSS <= %.2fx",
                     "time_linear": "4x model: time <= %.1fx (per byte x4, /dd)",
                     "rss_predicted": "peak RSS within %.2f of inspect",
+                    "scale_w64_vs_w8": "92k tensors: W=64 time <= %.1fx W=8",
+                    "parts_vs_whole": "92k tensors: 4 parts + merge <= %.1fx whole",
                     "tiny_tensors_per_s": "(info) tiny tensors, aim >= %.0f tensors/s"}[key] % lim
             detail = ", ".join(
                 f"{x.get('op') or x.get('model') or x.get('what') or ''} {x[field]:.2f}".strip() for x in items)
@@ -777,12 +848,14 @@ class Bench:
                 self.mem_predict()
             if a.tiny:
                 self.tiny()
+            if a.scale_layers:
+                self.scale()
         finally:
             for d in self.shm_inputs:
                 rmtree(d)
             for d in (os.path.join(self.shm, "out"), os.path.join(self.shm, "rss-out"), os.path.join(self.disk, "out"),
                       os.path.join(self.disk, "rss-out"), os.path.join(self.disk, "py-out"),
-                      os.path.join(self.disk, "mem-out")):
+                      os.path.join(self.disk, "mem-out"), os.path.join(self.disk, "scale-out")):
                 rmtree(d)
             try:
                 os.rmdir(self.shm)
@@ -822,6 +895,9 @@ def main():
     ap.add_argument("--rss-layers", default="1,4", help="gpt-oss sizes for the RSS test ('' skips)")
     ap.add_argument("--mem-layers", default="1,4", help="gpt-oss sizes for the predicted-RSS check ('' skips)")
     ap.add_argument("--tiny", type=int, default=200000, help="tensors of the many-tiny-tensors case (0 skips)")
+    ap.add_argument("--scale-layers", type=int, default=61,
+                    help="issue 22: DeepSeek-V3-named layers of the scale case (61 = all, 92k tensors; 0 skips)")
+    ap.add_argument("--scale-worlds", default="8,64,256", help="issue 22: world sizes of the scale case")
     ap.add_argument("--kernels", type=int, default=1)
     ap.add_argument("--kreps", type=int, default=5, help="threads_bench repetitions")
     ap.add_argument("--kb-reps", type=int, default=25, help="kernels_bench repetitions (best of)")
@@ -835,6 +911,7 @@ def main():
     a = ap.parse_args()
     a.rss_layers = [int(x) for x in a.rss_layers.replace(" ", ",").split(",") if x.strip()]
     a.mem_layers = [int(x) for x in a.mem_layers.replace(" ", ",").split(",") if x.strip()]
+    a.scale_worlds = [int(x) for x in a.scale_worlds.replace(" ", ",").split(",") if x.strip()]
     if not os.path.exists(TIME):
         raise SystemExit("bench: /usr/bin/time is missing (Debian package `time`; bench/setup.sh installs it)")
     return Bench(a).run()

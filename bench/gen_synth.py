@@ -5,6 +5,7 @@
     python bench/gen_synth.py bnb-nf4  OUTDIR --layers 2 [--vocab 128256]
     python bench/gen_synth.py fp8-block OUTDIR --layers 1 [--experts 256] [--vocab 129280]
     python bench/gen_synth.py tiny OUTDIR --tensors 200000 [--files 4] [--quant none|mxfp4]
+    python bench/gen_synth.py dsv3-names OUTDIR --layers 61 --files 163 [--dim 256]
 
 gpt-oss: gpt-oss-20b's tensors (MXFP4 experts: gate_up_proj_blocks [32, 5760, 90, 16],
 down_proj_blocks [32, 2880, 90, 16], U8 scales around 127; BF16 attention, sinks,
@@ -429,27 +430,104 @@ def gen_tiny(out, ntensors, nfiles, quant, seed):
     return write_model(out, shards, config, None)
 
 
+# ---------------------------------------------------------------------------------------
+# dsv3-names: DeepSeek-V3's real tensor names and count, tiny matrices (bookkeeping scale)
+# ---------------------------------------------------------------------------------------
+def gen_dsv3_names(out, layers, files, dim, experts):
+    """DeepSeek-V3's key names and tensor count (61 layers: 3 dense, 58 MoE with 256 routed
+    experts + the shared one; MLA attention; the MTP layer 61; ~92k tensors), every FP8
+    weight [dim, dim] (or [dim/2, dim]) with its F32 weight_scale_inv, spread over `files`
+    files in name order as the real 163-file split does. For the per-tensor and per-rank
+    costs (issue 22): the data are small, the counts are real."""
+    rng = np.random.default_rng(22)
+    pool = (rng.integers(0, 256, size=1 << 20, dtype=np.uint8) & np.uint8(0xF7)).tobytes()
+    spool = (rng.uniform(0.5, 2.0, size=1 << 16) * 2.0 ** -13).astype(np.float32).tobytes()
+    bf = np.full(dim, 0x3F80, dtype=np.uint16).tobytes()  # 1.0 in bf16: norms
+    h = dim // 2
+    names = []  # (name, dtype, shape, bytes)
+    cur = [0, 0]
+
+    def cut(p, n):
+        o = int(rng.integers(0, len(p) - n)) & ~3
+        return p[o:o + n]
+
+    def fp8(name, o, i):
+        names.append(T(name, "F8_E4M3", [o, i], cut(pool, o * i)))
+        sh = [-(-o // 128), -(-i // 128)]
+        names.append(T(name + "_scale_inv", "F32", sh, cut(spool, 4 * sh[0] * sh[1])))
+
+    def norm(name):
+        names.append(T(name, "BF16", [dim], bf))
+
+    for L in list(range(layers)) + ([61] if layers >= 61 else []):
+        p = f"model.layers.{L}."
+        norm(p + "input_layernorm.weight")
+        norm(p + "post_attention_layernorm.weight")
+        a = p + "self_attn."
+        fp8(a + "q_a_proj.weight", h, dim)
+        names.append(T(a + "q_a_layernorm.weight", "BF16", [h], bf[:2 * h]))
+        fp8(a + "q_b_proj.weight", dim, h)
+        fp8(a + "kv_a_proj_with_mqa.weight", h, dim)
+        names.append(T(a + "kv_a_layernorm.weight", "BF16", [h], bf[:2 * h]))
+        fp8(a + "kv_b_proj.weight", dim, h)
+        fp8(a + "o_proj.weight", dim, dim)
+        if L < 3:
+            for n in ("gate_proj", "up_proj", "down_proj"):
+                fp8(p + f"mlp.{n}.weight", dim, dim)
+            continue
+        names.append(T(p + "mlp.gate.weight", "BF16", [experts, dim], cut(pool, 2 * experts * dim)))
+        names.append(T(p + "mlp.gate.e_score_correction_bias", "F32", [experts], cut(spool, 4 * experts)))
+        for e in [f"experts.{k}" for k in range(experts)] + ["shared_experts"]:
+            fp8(p + f"mlp.{e}.gate_proj.weight", h, dim)
+            fp8(p + f"mlp.{e}.up_proj.weight", h, dim)
+            fp8(p + f"mlp.{e}.down_proj.weight", dim, h)
+        if L == 61:  # the MTP layer's own tensors
+            for n in ("enorm.weight", "hnorm.weight", "shared_head.norm.weight"):
+                norm(p + n)
+            names.append(T(p + "eh_proj.weight", "BF16", [dim, 2 * dim], cut(pool, 4 * dim * dim)))
+    names.append(T("model.embed_tokens.weight", "BF16", [1024, dim], cut(pool, 2 * 1024 * dim)))
+    names.append(T("model.norm.weight", "BF16", [dim], bf))
+    names.append(T("lm_head.weight", "BF16", [1024, dim], cut(pool, 2 * 1024 * dim)))
+    names.sort(key=lambda t: t.name)
+    shards = [names[i * len(names) // files:(i + 1) * len(names) // files] for i in range(files)]
+    config = {
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+        "hidden_size": dim, "moe_intermediate_size": h, "n_routed_experts": experts, "n_shared_experts": 1,
+        "first_k_dense_replace": 3, "num_hidden_layers": min(layers, 61), "num_nextn_predict_layers": 1,
+        "torch_dtype": "bfloat16", "bos_token_id": 0, "eos_token_id": 1, "vocab_size": 1024,
+        "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                "weight_block_size": [128, 128]},
+        "_bench_synthetic": True,
+    }
+    print(f"gen_synth: dsv3-names: {len(names)} tensors in {files} files", file=sys.stderr)
+    return write_model(out, shards, config, None)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("kind", choices=["gpt-oss", "bnb-nf4", "fp8-block", "tiny"])
+    ap.add_argument("kind", choices=["gpt-oss", "bnb-nf4", "fp8-block", "tiny", "dsv3-names"])
     ap.add_argument("--experts", type=int, default=DSV3["experts"], help="fp8-block: routed experts per MoE layer")
     ap.add_argument("out")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--vocab", type=int, default=0, help="0 = the real model's (201088 / 128256)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--tensors", type=int, default=200000, help="tiny: number of tensors")
-    ap.add_argument("--files", type=int, default=4, help="tiny: safetensors files")
+    ap.add_argument("--files", type=int, default=4, help="tiny, dsv3-names (163 = the real split): safetensors files")
+    ap.add_argument("--dim", type=int, default=256, help="dsv3-names: the matrices' size")
     ap.add_argument("--quant", choices=["none", "mxfp4"], default="none", help="tiny: every other tensor MXFP4")
     a = ap.parse_args()
-    vocab = a.vocab or {"gpt-oss": GPTOSS["vocab"], "bnb-nf4": LLAMA["vocab"], "fp8-block": DSV3["vocab"], "tiny": 0}[a.kind]
+    vocab = a.vocab or {"gpt-oss": GPTOSS["vocab"], "bnb-nf4": LLAMA["vocab"], "fp8-block": DSV3["vocab"], "tiny": 0,
+                        "dsv3-names": 0}[a.kind]
     t0 = time.monotonic()
-    pools = Pools(a.seed) if a.kind != "tiny" else None
+    pools = Pools(a.seed) if a.kind not in ("tiny", "dsv3-names") else None
     tmp = a.out.rstrip("/") + ".partial"
     if os.path.exists(tmp):
         import shutil
         shutil.rmtree(tmp)
     if a.kind == "tiny":
         total = gen_tiny(tmp, a.tensors, a.files, a.quant, a.seed)
+    elif a.kind == "dsv3-names":
+        total = gen_dsv3_names(tmp, a.layers, a.files, a.dim, a.experts)
     elif a.kind == "fp8-block":
         total = gen_fp8_block(tmp, a.layers, vocab, pools, a.experts)
     else:
