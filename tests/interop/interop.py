@@ -239,11 +239,60 @@ def upstream_quant(d, sd, ref, consumed):
             consumed |= {P + ".weight", P + ".weight_scale", k}
 
 
+_BNB_CPU_CHECKED = False
+
+
+def bnb_cpu_kernel_check():
+    """bitsandbytes 0.50.2 dequantizes 4-bit on the CPU with its C++ kernel when the last
+    dim is even, else with its device-independent implementation (backends/default/ops.py
+    _dequantize_4bit_compute: code[q] * absmax[block], the math of its CUDA kernel too).
+    On some CPUs the C++ kernel's AVX-512 path gives other values when a row is shorter
+    than a block (seen: AMD EPYC with avx512_bf16, a [45, 48] NF4 weight, blocksize 64:
+    every block after the first takes the wrong absmax; bitsandbytes itself falls back for
+    blocksize >= 2048 "as AVX512 implementation has accuracy issues"). When the two upstream
+    implementations disagree on a probe here, the CPU dispatch is pointed at the default
+    one for this process, loudly: the reference is upstream's own definition either way."""
+    global _BNB_CPU_CHECKED
+    if _BNB_CPU_CHECKED:
+        return
+    _BNB_CPU_CHECKED = True
+    import bitsandbytes.functional as bnbF
+    from bitsandbytes.backends.default.ops import _dequantize_4bit_compute
+    from bitsandbytes.backends.utils import _get_4bit_code
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(45, 48, generator=g).to(torch.bfloat16)
+    bad = []
+    for qt in ("nf4", "fp4"):
+        q, st = bnbF.quantize_4bit(w, blocksize=64, quant_type=qt)
+        live = bnbF.dequantize_4bit(q, st).view(torch.int16)
+        A = q.view(torch.uint8).reshape(-1)
+        dflt = _dequantize_4bit_compute(A, st.absmax.float(), _get_4bit_code(qt, A.device), 64,
+                                        list(st.shape), st.dtype).view(torch.int16)
+        if not torch.equal(live, dflt):
+            bad.append(f"{qt}: {int((live != dflt).sum())} of {live.numel()} elements")
+    if not bad:
+        info("bitsandbytes: its CPU C++ kernel agrees with its default implementation here")
+        return
+
+    def default_impl(A, absmax, blocksize, quant_type, shape, dtype):
+        if A.dtype != torch.uint8:
+            A = A.view(torch.uint8)
+        return _dequantize_4bit_compute(A.reshape(-1), absmax.float() if absmax.dtype != torch.float32 else absmax,
+                                        _get_4bit_code(quant_type, A.device), blocksize, shape, dtype)
+
+    torch.library.register_kernel("bitsandbytes::dequantize_4bit", "cpu", default_impl)
+    info("NOTE bitsandbytes: on this CPU its C++ 4-bit dequant kernel disagrees with its own default "
+         f"implementation on a [45, 48] blocksize-64 probe ({'; '.join(bad)}): an upstream bug of its AVX-512 "
+         "path (rows shorter than a block); the CPU dispatch now uses the default implementation, "
+         "code[q] * absmax[block] as bitsandbytes' CUDA kernel computes it")
+
+
 def upstream_reference(fixture_dir, layout="hf"):
     """name -> (bf16 tensor at global shape, kind, code8 mask or None)."""
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
     import bitsandbytes.functional as bnbF
     from bitsandbytes.functional import QuantState
+    bnb_cpu_kernel_check()
 
     sd = read_inputs(fixture_dir)
     ref, consumed = {}, set()
