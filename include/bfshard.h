@@ -89,6 +89,9 @@ typedef struct bfs_convert_opts {
                                 folder: the branch, tag or commit hash to use (NULL = "main") */
     uint64_t max_rss;        /* 0 = none; else the largest mem up to the default whose predicted
                                 peak RSS (bfs_inspect's) fits; not with mem */
+    int sha256;              /* ISSUE 24: also the SHA-256 of every file, in the same pass as XXH3
+                                (a thread beside the writer): files[].sha256 in the manifest and
+                                sha256sums.txt (`sha256sum -c`) beside xxh128sums.txt */
 } bfs_convert_opts;
 
 void bfs_convert_opts_init(bfs_convert_opts *o);

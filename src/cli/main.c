@@ -61,6 +61,9 @@ static const char *const usage_convert =
     "  --mxfp4-layout L      hf: transposed [E, in, out] as transformers >= 4.56 (default);\n"
     "                        openai: untransposed [E, out, in] as openai/gpt-oss\n"
     "  --keep-dtype          keep F32/F16/F64 tensors that are not quantized (default: cast to BF16)\n"
+    "  --sha256              also the SHA-256 of every file, in the same pass (a thread beside the\n"
+    "                        writer): files[].sha256 in the manifest and sha256sums.txt\n"
+    "                        (`sha256sum -c`), the digests `bfshard pack` then need not re-read\n"
     "  --force               replace bfshard's files (those its manifest or journal records) in a\n"
     "                        non-empty OUTDIR; other files are left alone\n"
     "  --cpu-level L         scalar|avx2|avx512: force a CPU kernel level (default: best)\n"
@@ -247,6 +250,7 @@ static const cli_opt progress_opts[] = { /* convert */
 static const cli_opt convert_opts[] = { /* convert, inspect, verify */
     FLAG("--keep-dtype", NULL, co.keep_dtype, 1),
     FLAG("--force", NULL, co.force, 1),
+    FLAG("--sha256", NULL, co.sha256, 1),
     {"--world-size", "-w", CLI_INT, AT(co.world_size), 1, 1000000,
      .err = "--world-size needs an integer from 1 to 1000000, got '%s'"},
     {"--threads", "-T", CLI_INT, AT(co.threads), 0, 4096, .err = "--threads needs an integer, got '%s'"},
