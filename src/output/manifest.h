@@ -8,7 +8,9 @@
  *   manifest_read.c    the windowed reader: strict scanner, seal hash, per-element parse, the seal check
  *   manifest_check.c   xxh128sums.txt's check; the shard index and narrowing a bad file
  *   manifest_common.c  bfs__report, an entry's hash, aux/zst entries, reading a files[] entry
- * Calls go one way: manifest.c -> _write -> _read -> _common; _check -> _read -> _common. */
+ *   manifest_summary.c what it says about the model as a whole (bfshard pack, OCI verify)
+ * Calls go one way: manifest.c -> _write -> _read -> _common; _check -> _read -> _common;
+ * _summary -> _read -> _common. */
 #ifndef BFS_MANIFEST_H
 #define BFS_MANIFEST_H
 
@@ -47,6 +49,7 @@ typedef struct bfs_manifest_file {
     const char *hash;   /* 32 hex expected (not checked for form) */
     const char *sha256; /* 64 lowercase hex (checked), or NULL when not recorded (ISSUE 24) */
     const char *kind;   /* "weights", "config", ... or NULL */
+    int rank;           /* a dcp rank file's rank, else -1 */
     uint64_t size;
     json_t *zst;        /* the compressed copy's entry, or NULL */
 } bfs_manifest_file;
@@ -110,6 +113,21 @@ int bfs__mf_write_copy(int dirfd, const char *outdir, const char *name, const js
 
 /* files[i] checked: false when malformed (the caller names it). */
 bool bfs__manifest_file_get(const json_t *files, size_t i, bfs_manifest_file *out);
+
+/* What a finished conversion's manifest (not a part's: BFS_EINPUT) says about the model,
+ * from one windowed read of `name` in dir (opened at dirfd when >= 0, never through a
+ * symbolic link): for bfshard pack's ModelPack config and the OCI check (ISSUE 24). */
+typedef struct bfs_manifest_summary {
+    uint32_t dtypes;        /* a bit (1 << bfs_dtype) per dtype of tensors[] */
+    uint64_t params;        /* elements of every tensor (UINT64_MAX when that overflows) */
+    char formats[1088];     /* the dequantized tensors' formats, sorted, ',' between; "" when none */
+    char quant_method[64];  /* source.quantization_config.quant_method, or "" */
+    char version[64], layout[8], seal[33], fingerprint[33];
+    int world_size;
+    bool seal_ok;           /* the seal matches the bytes */
+    json_t *files;          /* files[] (new reference: json_decref) */
+} bfs_manifest_summary;
+int bfs__manifest_summary(int dirfd, const char *dir, const char *name, bfs_manifest_summary *s);
 
 /* A part's manifest head: its "part" entry's rank list and world size, its fingerprint; false when malformed. */
 bool bfs__manifest_part_info(const json_t *m, const char **ranks, int *world_size, const char **fingerprint);

@@ -67,6 +67,11 @@ bool bfs__manifest_file_get(const json_t *files, size_t i, bfs_manifest_file *ou
         return false;
     if (js && (!out->sha256 || !bfs__is_sha256_hex(out->sha256))) /* present: 64 hex (null: another part's) */
         return false;
+    const json_t *jr = json_object_get(f, "rank");
+    out->rank = json_is_integer(jr) && json_integer_value(jr) >= 0 && json_integer_value(jr) < 1000000
+                    ? (int)json_integer_value(jr) : -1;
+    if (jr && out->rank < 0)
+        return false;
     out->size = (uint64_t)json_integer_value(jsz);
     return true;
 }
