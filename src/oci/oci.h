@@ -53,6 +53,7 @@ typedef struct bfs_oci_layer {
     uint64_t size;
     char sha256[65];
     char xxh3[33];          /* "" for the files the OUTDIR manifest does not list (itself, the sums) */
+    char recorded[65];      /* pack: the SHA-256 the OUTDIR manifest records (convert --sha256), or "" */
     int rank;               /* the FSDP rank of a dcp rank file, else -1 */
     /* pack: the OUTDIR file it comes from (fstat'ed, checked before it is linked or copied) */
     dev_t dev;

@@ -62,9 +62,9 @@ static bool bfs__under(const char *a, const char *b)
 int bfs__oci_check_paths(const char *outdir, const char *ocidir)
 {
     char ro[PATH_MAX], rc_[PATH_MAX];
-    int rc = bfs__real(outdir, ro, "OUTDIR");
-    if (rc == 0)
-        rc = bfs__real(ocidir, rc_, "OCIDIR");
+    if (!realpath(outdir, ro))
+        return bfs__errno(BFS_EINPUT, errno, "OUTDIR %s", outdir);
+    const int rc = bfs__real(ocidir, rc_, "OCIDIR");
     if (rc < 0)
         return rc;
     if (bfs__under(rc_, ro))
