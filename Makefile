@@ -141,6 +141,12 @@ check-layers: all
 	    { cat $(BUILD)/layers-selftest.log; echo "FAILED: the layering check's self-test"; exit 1; }
 	@python3 dev/layers/check.py --build $(BUILD)
 
+# ISSUE 24: a packed artifact through a real OCI registry on loopback (Debian's docker-registry)
+# and back with skopeo, rebuilt and verified (tests/oci/roundtrip.sh; installs them when missing).
+.PHONY: test-oci
+test-oci: all
+	@tests/oci/roundtrip.sh $(BUILD)
+
 # ISSUE 13: a conversion in parts under real launchers (mpirun; torchrun when make interop's
 # venv exists). Installs Debian's openmpi-bin when mpirun is missing.
 test-launchers: all
