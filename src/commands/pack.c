@@ -175,6 +175,7 @@ static int bfs__pack_digest(bfs_pack_run *p, bfs_oci_layer *l, int fd)
     l->ino = sb.st_ino;
     if (l->sha256[0])
         return 0; /* recorded by convert --sha256 */
+    (void)posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL); /* read ahead while the last chunk is hashed */
     XXH3_128bits_reset(p->xst);
     BFS_TRY(bfs__sha256_reset(p->sha));
     BFS_TRY(bfs__hash_range2(fd, 0, l->size, p->buf, BFS_PACK_BUF, path, p->xst, p->sha));

@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
@@ -251,37 +252,149 @@ cleanup:
     return rc;
 }
 
-/* a copy of srcfd as the blob, hashed as it is written */
+/* A copy of srcfd as the blob, and its bytes hashed as they land: a thread copies (in the
+ * kernel, copy_file_range; else read and write) while this one reads the copy back behind
+ * it (from the page cache) into the SHA-256, so the copy runs at the disk's rate and what
+ * is hashed is what was written. */
+#define BFS_COPY_CHUNK ((uint64_t)64 << 20)
+typedef struct {
+    int in, out, back; /* the source, the copy, the copy read back */
+    uint64_t size;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t done;  /* bytes of the copy written (under mu) */
+    int err;        /* errno of a failed copy (under mu) */
+    bool stop;      /* the hasher gave up (under mu) */
+    uint8_t *buf;   /* the fallback's */
+    size_t bs;
+} bfs_copier;
+
+static ssize_t bfs__copy_chunk(bfs_copier *c, uint64_t off, size_t n, bool *plain)
+{
+    if (!*plain) {
+        loff_t a = (loff_t)off, b = (loff_t)off;
+        const ssize_t k = copy_file_range(c->in, &a, c->out, &b, n, 0);
+        if (k > 0 || (k < 0 && errno != EXDEV && errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP))
+            return k;
+        if (k == 0) { /* the source is shorter than it was: it changed */
+            errno = EIO;
+            return -1;
+        }
+        *plain = true; /* a file system without it: read and write */
+    }
+    const size_t m = n < c->bs ? n : c->bs;
+    ssize_t k = pread(c->in, c->buf, m, (off_t)off);
+    if (k == 0)
+        errno = EIO; /* the source is shorter than it was: it changed */
+    if (k <= 0)
+        return -1;
+    for (ssize_t w = 0; w < k;) {
+        const ssize_t x = pwrite(c->out, c->buf + w, (size_t)(k - w), (off_t)(off + (uint64_t)w));
+        if (x <= 0) {
+            if (x == 0)
+                errno = ENOSPC;
+            return -1;
+        }
+        w += x;
+    }
+    return k;
+}
+
+static void *bfs__copier_main(void *arg)
+{
+    bfs_copier *c = arg;
+    bool plain = false, stop = false;
+    uint64_t off = 0;
+    while (off < c->size && !stop) {
+        const uint64_t n = c->size - off < BFS_COPY_CHUNK ? c->size - off : BFS_COPY_CHUNK;
+        const ssize_t k = bfs__copy_chunk(c, off, (size_t)n, &plain);
+        if (k < 0 && errno == EINTR)
+            continue;
+        pthread_mutex_lock(&c->mu);
+        if (k < 0)
+            c->err = errno ? errno : EIO;
+        else
+            c->done = off += (uint64_t)k;
+        stop = c->stop || k < 0;
+        pthread_cond_broadcast(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+    }
+    return NULL;
+}
+
+/* the copy's bytes [0, size) into s as the copier writes them */
+static int bfs__copy_hash(bfs_copier *c, bfs_sha256 *s, const char *what, const char *name)
+{
+    int rc = 0;
+    for (uint64_t h = 0; h < c->size && rc == 0;) {
+        pthread_mutex_lock(&c->mu);
+        while (c->done <= h && !c->err)
+            pthread_cond_wait(&c->cv, &c->mu);
+        const uint64_t done = c->done;
+        const int err = c->err;
+        pthread_mutex_unlock(&c->mu);
+        if (done <= h)
+            return bfs__errno(BFS_EIO, err, "%s: copying %s failed at byte %llu", what, name, (unsigned long long)done);
+        if (bfs__cancelled())
+            return bfs__err(BFS_EINTR, "interrupted while copying %s", name);
+        const uint64_t n = done - h < c->bs ? done - h : c->bs;
+        rc = bfs__pread_all(c->back, c->buf + c->bs, (size_t)n, h, what); /* the second half of buf */
+        bfs__sha256_update(s, c->buf + c->bs, (size_t)n);
+        h += n;
+    }
+    return rc;
+}
+
 static int bfs__blob_copy(bfs_oci_dir *d, int srcfd, const bfs_oci_layer *l, uint8_t *buf, size_t bs)
 {
     int rc = 0;
     bfs_tmpfile t = {.fd = -1, .dirfd = -1};
     char got[65], what[PATH_MAX + 80];
     bfs_sha256 *s = bfs__sha256_new();
+    bfs_copier c = {.in = srcfd, .back = -1, .size = l->size, .buf = buf, .bs = bs / 2};
+    pthread_t tid;
+    bool started = false;
     if (!s)
         return bfs__err(BFS_ENOMEM, "out of memory");
+    pthread_mutex_init(&c.mu, NULL);
+    pthread_cond_init(&c.cv, NULL);
     BFS_TRY(bfs__tmp_open(&t, d->blobfd, d->blobdir, l->sha256));
     snprintf(what, sizeof what, "%s/%s", d->blobdir, t.tmp);
+    c.out = t.fd;
+    c.back = openat(d->blobfd, t.tmp, O_RDONLY | O_NOFOLLOW | O_CLOEXEC); /* the temporary is opened write-only */
+    if (c.back < 0)
+        BFS_FAIL(BFS_EIO, "%s: cannot open to read it back: %s", what, strerror(errno));
     const int fe = posix_fallocate(t.fd, 0, (off_t)l->size); /* a full disk fails here, before the copy */
     if (fe == ENOSPC || fe == EFBIG || fe == EDQUOT)
         BFS_FAIL(BFS_EIO, "%s: cannot reserve %llu bytes: %s", what, (unsigned long long)l->size, strerror(fe));
-    for (uint64_t off = 0; off < l->size;) {
-        const size_t n = l->size - off < bs ? (size_t)(l->size - off) : bs;
-        if (bfs__cancelled())
-            BFS_FAIL(BFS_EINTR, "interrupted while copying %s", l->name);
-        BFS_TRY(bfs__pread_all(srcfd, buf, n, off, l->name));
-        bfs__sha256_update(s, buf, n);
-        BFS_TRY(bfs__pwrite_all(t.fd, buf, n, off, what));
-        off += n;
-    }
+    if (pthread_create(&tid, NULL, bfs__copier_main, &c) != 0)
+        BFS_FAIL(BFS_ENOMEM, "cannot start a thread to copy %s", l->name);
+    started = true;
+    rc = bfs__copy_hash(&c, s, what, l->name);
+    pthread_mutex_lock(&c.mu);
+    c.stop = true;
+    pthread_mutex_unlock(&c.mu);
+    pthread_join(tid, NULL);
+    started = false;
+    BFS_TRY(rc);
     BFS_TRY(bfs__sha256_hex(s, got));
     if (strcmp(got, l->sha256) != 0)
         BFS_FAIL(BFS_EVERIFY, "%s: its bytes hash to sha256:%s, not sha256:%s (changed since it was checked)", l->name,
                  got, l->sha256);
     BFS_TRY(bfs__tmp_commit(&t));
 cleanup:
+    if (started) {
+        pthread_mutex_lock(&c.mu);
+        c.stop = true;
+        pthread_mutex_unlock(&c.mu);
+        pthread_join(tid, NULL);
+    }
+    if (c.back >= 0)
+        close(c.back);
     bfs__tmp_abort(&t);
     bfs__sha256_free(s);
+    pthread_mutex_destroy(&c.mu);
+    pthread_cond_destroy(&c.cv);
     return rc;
 }
 
