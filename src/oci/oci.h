@@ -125,7 +125,7 @@ int bfs__oci_put_bytes(bfs_oci_dir *d, const void *data, size_t len, char sha[65
 int bfs__oci_index_set(bfs_oci_dir *d, const char *tag, const char *sha, size_t len);
 
 /* ---- checking a layout (oci_check.c) ------------------------------------------------------- */
-/* A directory holding an `oci-layout` file. */
+/* A directory holding an `oci-layout` file (and no bfshard.manifest.json: an OUTDIR stays one). */
 bool bfs__oci_is_layout(const char *path);
 /* bfs_verify of an OCIDIR: every manifest of index.json that is a ModelPack artifact made by
  * bfshard (the others are named and skipped): its manifest and config blobs, every layer

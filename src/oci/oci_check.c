@@ -51,9 +51,11 @@ static void bfs__bad(bfs_oci_chk *c, const char *fmt, ...)
 bool bfs__oci_is_layout(const char *path)
 {
     struct stat sb;
-    char *p = bfs__path_join(path, BFS_OCI_LAYOUT_FILE);
-    const bool yes = p && stat(path, &sb) == 0 && S_ISDIR(sb.st_mode) && lstat(p, &sb) == 0;
+    char *p = bfs__path_join(path, BFS_OCI_LAYOUT_FILE), *m = bfs__path_join(path, BFS_MANIFEST_NAME);
+    /* an OUTDIR (its manifest there) stays one, whatever else lies in it */
+    const bool yes = p && m && stat(path, &sb) == 0 && S_ISDIR(sb.st_mode) && lstat(p, &sb) == 0 && lstat(m, &sb) != 0;
     free(p);
+    free(m);
     return yes;
 }
 
