@@ -14,7 +14,7 @@ CFLAGS_BASE := -std=c11 $(OPT) -g -Wall -Wextra -Wshadow -Wno-unused-parameter $
                -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -Iinclude -Isrc -pthread
 CFLAGS  += $(CFLAGS_BASE) $(EXTRA_CFLAGS)
 LDFLAGS += -pthread $(EXTRA_LDFLAGS)
-LIBS    := -ljansson -lxxhash -lzstd -lm
+LIBS    := -ljansson -lxxhash -lzstd -lcrypto -lm
 
 # ---- CUDA: built when nvcc is present (llm.c style) ----------------------------
 NVCC      ?= $(shell command -v nvcc 2>/dev/null)
@@ -142,6 +142,12 @@ check-layers: all
 	    { cat $(BUILD)/layers-selftest.log; echo "FAILED: the layering check's self-test"; exit 1; }
 	@python3 dev/layers/check.py --build $(BUILD)
 
+# ISSUE 24: a packed artifact through a real OCI registry on loopback (Debian's docker-registry)
+# and back with skopeo, rebuilt and verified (tests/oci/roundtrip.sh; installs them when missing).
+.PHONY: test-oci
+test-oci: all
+	@tests/oci/roundtrip.sh $(BUILD)
+
 # ISSUE 13: a conversion in parts under real launchers (mpirun; torchrun when make interop's
 # venv exists). Installs Debian's openmpi-bin when mpirun is missing.
 test-launchers: all
@@ -180,7 +186,7 @@ fuzz-lib:
 $(FUZZ_BUILD)/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz_common.c fuzz/fuzz_common.h $(FUZZ_BUILD)/lib/libbfshard.a
 	@mkdir -p $(@D)
 	$(FUZZ_CC) $(CFLAGS_BASE) -O1 -Wno-unknown-warning-option -Isrc -Itests $(FUZZ_SAN) -fsanitize=fuzzer \
-	    -o $@ $< fuzz/fuzz_common.c $(FUZZ_BUILD)/lib/libbfshard.a -ljansson -lxxhash -lzstd -lm
+	    -o $@ $< fuzz/fuzz_common.c $(FUZZ_BUILD)/lib/libbfshard.a -ljansson -lxxhash -lzstd -lcrypto -lm
 
 fuzz-build: deps fuzz-lib $(FUZZ_BINS)
 

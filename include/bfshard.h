@@ -89,6 +89,9 @@ typedef struct bfs_convert_opts {
                                 folder: the branch, tag or commit hash to use (NULL = "main") */
     uint64_t max_rss;        /* 0 = none; else the largest mem up to the default whose predicted
                                 peak RSS (bfs_inspect's) fits; not with mem */
+    int sha256;              /* ISSUE 24: also the SHA-256 of every file, in the same pass as XXH3
+                                (a thread beside the writer): files[].sha256 in the manifest and
+                                sha256sums.txt (`sha256sum -c`) beside xxh128sums.txt */
 } bfs_convert_opts;
 
 void bfs_convert_opts_init(bfs_convert_opts *o);
@@ -149,8 +152,51 @@ const char *bfs_build_revision(void);
 
 /* Re-hash every file and shard of OUTDIR against its manifest. Writes one line
  * per problem to report (may be NULL). Returns 0 when everything matches,
- * BFS_EVERIFY when something does not, another code when it cannot check. */
+ * BFS_EVERIFY when something does not, another code when it cannot check.
+ * A directory holding an `oci-layout` file is an OCIDIR (bfs_pack): every blob's sha256
+ * and size, and each bfshard artifact's config and manifest against the OUTDIR manifest
+ * it carries as a layer (names, sizes, XXH3-128, media types, ranks). */
 int bfs_verify(const char *outdir, FILE *report, uint64_t *bytes_checked);
+
+/* ---- OCI artifacts (ISSUE 24) -------------------------------------------------------------
+ * bfs_pack: a verified OUTDIR as an OCI image layout (OCIDIR/oci-layout, index.json,
+ * blobs/sha256/) holding a CNCF ModelPack artifact: one raw layer per file (rank files
+ * application/vnd.cncf.model.weight.v1.raw, the rest ...weight.config.v1.raw or
+ * ...doc.v1.raw), sorted by path, each annotated org.cncf.model.filepath; the config
+ * application/vnd.cncf.model.config.v1+json; bfshard's facts as org.bfshard.* annotations
+ * (docs/OCI.md). Blobs are hard links to the OUTDIR's files where OCIDIR is on the same file
+ * system (else, or with copy, copies hashed as written). Reproducible: the same OUTDIR and
+ * options give the same bytes. Crash-safe: blobs first, index.json last, each durably; a
+ * rerun goes on. Never removes a file it did not write. */
+typedef struct bfs_pack_opts {
+    size_t size;          /* sizeof(bfs_pack_opts), set by bfs_pack_opts_init */
+    const char *tag;      /* index.json's org.opencontainers.image.ref.name; NULL = "latest" */
+    int copy;             /* copy every blob, even where a hard link is possible */
+    int verify;           /* re-hash every file, even those whose SHA-256 convert --sha256 recorded
+                             and that did not change since (mtime) */
+    const char *name;     /* config descriptor.name; NULL = OUTDIR's directory name */
+    const char *revision; /* config descriptor.revision (e.g. the source's commit); NULL = none */
+    const char *created;  /* descriptor.createdAt: "now" or RFC 3339; NULL = none (reproducible) */
+    FILE *log;            /* one line per step, NULL for none */
+} bfs_pack_opts;
+
+void bfs_pack_opts_init(bfs_pack_opts *o);
+
+typedef struct bfs_pack_result {
+    size_t size;                /* sizeof(bfs_pack_result), set by bfs_pack_result_init */
+    char manifest_digest[72];   /* "sha256:<hex>" of the OCI manifest */
+    uint64_t layers, bytes;     /* layers, and the bytes of their files */
+    uint64_t linked, copied, kept; /* blobs hard-linked, copied, found already there */
+    uint64_t bytes_hashed;      /* bytes read to hash (files whose SHA-256 was not recorded, or --verify) */
+    double seconds;
+} bfs_pack_result;
+
+void bfs_pack_result_init(bfs_pack_result *r);
+
+/* Pack OUTDIR (a finished, merged conversion that verifies: else BFS_EVERIFY, and nothing is
+ * tagged) into OCIDIR (new, empty, or an OCI image layout; not OUTDIR nor inside it, nor
+ * OUTDIR inside it: BFS_EUSAGE). res may be NULL. */
+int bfs_pack(const char *outdir, const char *ocidir, const bfs_pack_opts *o, bfs_pack_result *res);
 
 /* Finish a conversion done in parts (bfs_convert_opts.ranks) in one OUTDIR: check that its
  * bfshard.part-*.json come from the same input and options (else BFS_EPARTS) and hold every

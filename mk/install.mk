@@ -78,7 +78,7 @@ $(BUILD)/bfshard.pc: include/bfshard.h mk/install.mk
 	    'Name: bfshard' \
 	    'Description: quantized Hugging Face checkpoints (MXFP4, bitsandbytes NF4/FP4) to BF16 FSDP rank shards' \
 	    'Version: $(BFS_VERSION)' \
-	    'Requires.private: jansson libxxhash libzstd' \
+	    'Requires.private: jansson libxxhash libzstd libcrypto' \
 	    'Cflags: -I$${includedir}' \
 	    'Libs: -L$${libdir} -lbfshard' \
 	    'Libs.private: $(BFS_PC_PRIVATE)' > $@
@@ -122,20 +122,21 @@ test-install: all shared man
 
 # ---- the Python package's native parts (python/setup.py runs this) -------------------
 # $(PY_NATIVE)/ holds what the package bundles, so the wheel needs none of the -dev or
-# runtime packages of jansson, xxhash and zstd:
+# runtime packages of jansson, xxhash, zstd and OpenSSL's libcrypto:
 #   _libbfshard.so  the library and python/bfshard_abi.c (struct layouts, checked by the
 #                   ctypes binding at import). xxhash is linked in from its static archive
 #                   and hidden (--exclude-libs); Debian's libjansson.a and libzstd.a are not
-#                   -fPIC, so those two are copied beside it (libjansson.so.4, libzstd.so.1)
-#                   and found through RUNPATH $ORIGIN. bundle.txt lists the files to ship.
-#   bfshard         the CLI: all three linked in from their static archives.
+#                   -fPIC, so those two, and OpenSSL's libcrypto.so.3 (SHA-256), are copied
+#                   beside it (libjansson.so.4, libzstd.so.1, libcrypto.so.3) and found
+#                   through RUNPATH $ORIGIN. bundle.txt lists the files to ship.
+#   bfshard         the CLI: all four linked in from their static archives.
 # Left to the system: libc, libm, libgcc_s and libstdc++ (CUDA), all in the manylinux policy.
 PY_NATIVE    := $(BUILD)/python
-PY_BUNDLED   := jansson zstd
-PY_LIB_LIBS  := -Wl,-Bstatic -lxxhash -Wl,-Bdynamic -ljansson -lzstd \
-                $(filter-out -ljansson -lxxhash -lzstd,$(LIBS))
-PY_CLI_LIBS  := -Wl,-Bstatic -ljansson -lxxhash -lzstd -Wl,-Bdynamic \
-                $(filter-out -ljansson -lxxhash -lzstd,$(LIBS))
+PY_BUNDLED   := jansson zstd crypto
+PY_LIB_LIBS  := -Wl,-Bstatic -lxxhash -Wl,-Bdynamic -ljansson -lzstd -lcrypto \
+                $(filter-out -ljansson -lxxhash -lzstd -lcrypto,$(LIBS))
+PY_CLI_LIBS  := -Wl,-Bstatic -ljansson -lxxhash -lzstd -lcrypto -Wl,-Bdynamic \
+                $(filter-out -ljansson -lxxhash -lzstd -lcrypto,$(LIBS))
 
 $(PY_NATIVE)/libbfshard_py.map: $(BUILD)/libbfshard.map
 	@mkdir -p $(@D)

@@ -135,7 +135,8 @@ def _choice(name: str, v: Any, table: Dict[Any, int]) -> int:
 
 
 _OPTIONS = ("layout", "device", "threads", "mem", "gpu_mem", "mxfp4_layout", "keep_dtype", "force",
-            "max_shard_size", "cpu_level", "compress", "log", "ranks", "parts", "revision", "max_rss")
+            "max_shard_size", "cpu_level", "compress", "log", "ranks", "parts", "revision", "max_rss",
+            "sha256")
 
 
 def _opts(world_size: int, options: Dict[str, Any], keep: List[Any]) -> "_lib.ConvertOpts":
@@ -163,6 +164,7 @@ def _opts(world_size: int, options: Dict[str, Any], keep: List[Any]) -> "_lib.Co
         o.mxfp4_layout = _choice("mxfp4_layout", options["mxfp4_layout"], _lib.MXFP4_LAYOUT)
     o.keep_dtype = 1 if options.get("keep_dtype") else 0
     o.force = 1 if options.get("force") else 0
+    o.sha256 = 1 if options.get("sha256") else 0
     if "cpu_level" in options:
         o.cpu_level = _choice("cpu_level", options["cpu_level"], _lib.CPU_LEVEL)
     comp = options.get("compress")
@@ -195,7 +197,7 @@ def convert(input: Union[str, os.PathLike], outdir: Union[str, os.PathLike], wor
 
     options (as the CLI's, see `bfshard convert --help`): layout ("dcp", "hf"), device
     ("auto", "cpu", "cuda", "cuda:N[,M]"), threads, mem, max_rss, gpu_mem, max_shard_size (ints or
-    "512M"-style strings), mxfp4_layout ("hf", "openai"), keep_dtype, force, cpu_level
+    "512M"-style strings), mxfp4_layout ("hf", "openai"), keep_dtype, force, sha256, cpu_level
     (None, "scalar", "avx2", "avx512"), compress (None, "zstd[:LEVEL]",
     "zstd-bytegroup[:LEVEL]"), log (True: the library's log lines on stderr), ranks
     ("0-3", "auto": convert only these ranks, finished by `bfshard merge`), parts.

@@ -58,6 +58,7 @@ class ConvertOpts(Structure):
         ("parts", c_int),
         ("revision", c_char_p),
         ("max_rss", c_uint64),
+        ("sha256", c_int),
     ]
 
 

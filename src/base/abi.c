@@ -79,3 +79,15 @@ void bfs_convert_opts_init(bfs_convert_opts *o)
     o->mxfp4_layout = BFS_MXFP4_HF;
     o->cpu_level = -1;
 }
+
+void bfs_pack_opts_init(bfs_pack_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->size = sizeof *o;
+}
+
+void bfs_pack_result_init(bfs_pack_result *r)
+{
+    memset(r, 0, sizeof *r);
+    r->size = sizeof *r;
+}

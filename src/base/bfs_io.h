@@ -1,5 +1,5 @@
-/* Checked positioned I/O, XXH3-128 helpers (io.c), and the names of the files a
- * conversion leaves in OUTDIR beside the weights. */
+/* Checked positioned I/O, XXH3-128 and SHA-256 helpers (io.c), and the names of the
+ * files a conversion leaves in OUTDIR beside the weights. */
 #ifndef BFS_IO_H
 #define BFS_IO_H
 #include <stddef.h>
@@ -13,6 +13,25 @@ void bfs__hash_hex(XXH128_hash_t h, char out[33]);
 int bfs__hash_range(int fd, uint64_t off, uint64_t len, uint8_t *buf, size_t bufsize, const char *what,
                     XXH3_state_t *st, XXH3_state_t *st2);
 
+/* SHA-256 (ISSUE 24) through OpenSSL's libcrypto (EVP: SHA-NI or AVX2 where the CPU has
+ * them, never code of our own). A context is reused: reset, update..., hex (which ends it). */
+typedef struct bfs_sha256 bfs_sha256;
+bfs_sha256 *bfs__sha256_new(void); /* NULL when out of memory; ready (reset) */
+void bfs__sha256_free(bfs_sha256 *s); /* accepts NULL */
+int bfs__sha256_reset(bfs_sha256 *s); /* 0, or BFS_EINTERNAL when libcrypto refuses */
+void bfs__sha256_update(bfs_sha256 *s, const void *p, size_t n);
+/* 64 lowercase hex digits + NUL; the context must be reset before its next use.
+ * 0, or BFS_EINTERNAL when libcrypto failed anywhere since the reset. */
+int bfs__sha256_hex(bfs_sha256 *s, char out[65]);
+/* SHA-256 of a buffer, as hex. */
+int bfs__sha256_buf(const void *p, size_t n, char out[65]);
+/* 64 lowercase hex digits, nothing else */
+int bfs__is_sha256_hex(const char *s);
+/* Hash [off, off+len) of fd into xst (may be NULL) and sha (may be NULL), reading through buf. */
+int bfs__hash_range2(int fd, uint64_t off, uint64_t len, uint8_t *buf, size_t bufsize, const char *what,
+                     XXH3_state_t *xst, bfs_sha256 *sha);
+
 #define BFS_MANIFEST_NAME "bfshard.manifest.json"
 #define BFS_SUMS_NAME "xxh128sums.txt"
+#define BFS_SHA256SUMS_NAME "sha256sums.txt" /* `sha256sum -c`; only when the manifest records sha256 */
 #endif

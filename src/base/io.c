@@ -1,10 +1,12 @@
-/* Checked positioned I/O and XXH3-128 helpers. */
+/* Checked positioned I/O, XXH3-128 and SHA-256 helpers. */
 #include "base/base.h"
 #include "base/bfs_io.h"
 
 #include <errno.h>
+#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 int bfs__pwrite_all(int fd, const void *buf, size_t len, uint64_t off, const char *what)
@@ -72,6 +74,118 @@ int bfs__hash_range(int fd, uint64_t off, uint64_t len, uint8_t *buf, size_t buf
         XXH3_128bits_update(st, buf, n);
         if (st2)
             XXH3_128bits_update(st2, buf, n);
+        off += n;
+        len -= n;
+    }
+    return 0;
+}
+
+/* ---- SHA-256: OpenSSL's EVP (it picks SHA-NI, AVX2 or its assembly for this CPU) ---------- */
+struct bfs_sha256 {
+    EVP_MD_CTX *ctx;
+    bool ok; /* every call since the reset succeeded */
+};
+
+static const EVP_MD *bfs__sha256_md(void)
+{
+    /* fetched once: an implicit fetch on every init costs a lookup per file */
+    static const EVP_MD *md;
+    const EVP_MD *m = __atomic_load_n(&md, __ATOMIC_ACQUIRE);
+    if (!m) {
+        EVP_MD *f = EVP_MD_fetch(NULL, "SHA256", NULL);
+        const EVP_MD *expect = NULL;
+        if (!f)
+            return EVP_sha256();
+        if (!__atomic_compare_exchange_n(&md, &expect, (const EVP_MD *)f, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            EVP_MD_free(f); /* another thread's won */
+        m = __atomic_load_n(&md, __ATOMIC_ACQUIRE);
+    }
+    return m;
+}
+
+bfs_sha256 *bfs__sha256_new(void)
+{
+    bfs_sha256 *s = calloc(1, sizeof *s);
+    if (!s || !(s->ctx = EVP_MD_CTX_new()) || bfs__sha256_reset(s) < 0) {
+        bfs__sha256_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void bfs__sha256_free(bfs_sha256 *s)
+{
+    if (!s)
+        return;
+    EVP_MD_CTX_free(s->ctx);
+    free(s);
+}
+
+int bfs__sha256_reset(bfs_sha256 *s)
+{
+    s->ok = EVP_DigestInit_ex(s->ctx, bfs__sha256_md(), NULL) == 1;
+    return s->ok ? 0 : bfs__err(BFS_EINTERNAL, "libcrypto: cannot start a SHA-256 digest");
+}
+
+void bfs__sha256_update(bfs_sha256 *s, const void *p, size_t n)
+{
+    if (n && s->ok)
+        s->ok = EVP_DigestUpdate(s->ctx, p, n) == 1;
+}
+
+int bfs__sha256_hex(bfs_sha256 *s, char out[65])
+{
+    unsigned char d[EVP_MAX_MD_SIZE];
+    unsigned int dl = 0;
+    static const char hx[] = "0123456789abcdef";
+    const bool ok = s->ok && EVP_DigestFinal_ex(s->ctx, d, &dl) == 1 && dl == 32;
+    s->ok = false; /* reset before the next use */
+    memset(out, '0', 64);
+    out[64] = '\0';
+    if (!ok)
+        return bfs__err(BFS_EINTERNAL, "libcrypto: a SHA-256 digest failed");
+    for (int i = 0; i < 32; i++) {
+        out[2 * i] = hx[d[i] >> 4];
+        out[2 * i + 1] = hx[d[i] & 15];
+    }
+    return 0;
+}
+
+int bfs__sha256_buf(const void *p, size_t n, char out[65])
+{
+    bfs_sha256 *s = bfs__sha256_new();
+    if (!s)
+        return bfs__err(BFS_ENOMEM, "out of memory");
+    bfs__sha256_update(s, p, n);
+    const int rc = bfs__sha256_hex(s, out);
+    bfs__sha256_free(s);
+    return rc;
+}
+
+int bfs__is_sha256_hex(const char *s)
+{
+    if (!s || strlen(s) != 64)
+        return 0;
+    for (int i = 0; i < 64; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+            return 0;
+    return 1;
+}
+
+int bfs__hash_range2(int fd, uint64_t off, uint64_t len, uint8_t *buf, size_t bufsize, const char *what,
+                     XXH3_state_t *xst, bfs_sha256 *sha)
+{
+    while (len > 0) {
+        const size_t n = len < bufsize ? (size_t)len : bufsize;
+        if (bfs__cancelled())
+            return bfs__err(BFS_EINTR, "interrupted while reading %s", what);
+        const int rc = bfs__pread_all(fd, buf, n, off, what);
+        if (rc < 0)
+            return rc;
+        if (xst)
+            XXH3_128bits_update(xst, buf, n);
+        if (sha)
+            bfs__sha256_update(sha, buf, n);
         off += n;
         len -= n;
     }

@@ -26,8 +26,9 @@ static const char *const usage_main =
     "commands:\n"
     "  convert INPUT OUTDIR --world-size W   write one BF16 rank file per FSDP rank\n"
     "  inspect INPUT [--world-size W]        show tensors, formats, the plan and memory\n"
-    "  verify OUTDIR                         re-hash every file against the manifest\n"
+    "  verify OUTDIR|OCIDIR                  re-hash every file against the manifest (or every blob)\n"
     "  merge OUTDIR                          finish a conversion done in parts (convert --ranks)\n"
+    "  pack OUTDIR OCIDIR [--tag T]          an OCI image layout (CNCF ModelPack) for registries\n"
     "  compress FILE|OUTDIR                  seekable zstd for registries (per-tensor access)\n"
     "  decompress FILE.zst [-o OUT]          restore the .safetensors file\n"
     "  extract FILE.zst TENSOR [-o OUT]      one tensor, decoding only its frames\n"
@@ -61,6 +62,9 @@ static const char *const usage_convert =
     "  --mxfp4-layout L      hf: transposed [E, in, out] as transformers >= 4.56 (default);\n"
     "                        openai: untransposed [E, out, in] as openai/gpt-oss\n"
     "  --keep-dtype          keep F32/F16/F64 tensors that are not quantized (default: cast to BF16)\n"
+    "  --sha256              also the SHA-256 of every file, in the same pass (a thread beside the\n"
+    "                        writer): files[].sha256 in the manifest and sha256sums.txt\n"
+    "                        (`sha256sum -c`), the digests `bfshard pack` then need not re-read\n"
     "  --force               replace bfshard's files (those its manifest or journal records) in a\n"
     "                        non-empty OUTDIR; other files are left alone\n"
     "  --cpu-level L         scalar|avx2|avx512: force a CPU kernel level (default: best)\n"
@@ -100,12 +104,42 @@ static const char *const usage_inspect =
     "(format, frames, each tensor and its compression ratio).\n";
 
 static const char *const usage_verify =
-    "usage: bfshard verify OUTDIR [--quiet] [--json]\n"
+    "usage: bfshard verify OUTDIR|OCIDIR [--quiet] [--json]\n"
     "\n"
-    "Re-hashes every file of OUTDIR against bfshard.manifest.json. Exit 0 when all match;\n"
-    "otherwise names each bad file, tensor and byte range and exits 7. An OUTDIR holding\n"
-    "only some parts (convert --ranks, not merged) is checked against their part manifests,\n"
-    "and the ranks that are elsewhere are named.\n";
+    "Re-hashes every file of OUTDIR against bfshard.manifest.json (XXH3-128, and sha256 where\n"
+    "convert --sha256 recorded it). Exit 0 when all match; otherwise names each bad file,\n"
+    "tensor and byte range and exits 7. An OUTDIR holding only some parts (convert --ranks,\n"
+    "not merged) is checked against their part manifests, and the ranks that are elsewhere\n"
+    "are named.\n"
+    "\n"
+    "A directory holding an oci-layout file is an OCI image layout (bfshard pack): every\n"
+    "bfshard artifact its index.json names is checked: every blob's sha256 and size, the\n"
+    "config against the ModelPack schema and the layers, and every layer against the OUTDIR\n"
+    "manifest the artifact carries (name, size, XXH3-128, sha256, media type, rank).\n";
+
+static const char *const usage_pack =
+    "usage: bfshard pack OUTDIR OCIDIR [--tag T] [--copy] [--verify] [--name N] [--revision R]\n"
+    "                    [--created now|TIME] [--quiet] [--json]\n"
+    "\n"
+    "Packs a finished conversion (merged, and verifying: else exit 7) as an OCI image layout\n"
+    "holding a CNCF ModelPack artifact: one raw layer per file, sorted by path (rank files\n"
+    "application/vnd.cncf.model.weight.v1.raw, config/tokenizer/manifest files\n"
+    "...weight.config.v1.raw), the config application/vnd.cncf.model.config.v1+json, the tag\n"
+    "in index.json. Push it with `skopeo copy oci:OCIDIR:T docker://REGISTRY/REPO:T` or\n"
+    "`oras cp --from-oci-layout OCIDIR:T REGISTRY/REPO:T` (docs/OCI.md).\n"
+    "Blobs are hard links to the OUTDIR's files when OCIDIR is on the same file system (else\n"
+    "copies). The same OUTDIR gives the same bytes (no time stamp unless --created). A rerun\n"
+    "after a crash goes on; files in OCIDIR that bfshard did not write are never removed.\n"
+    "\n"
+    "  --tag T             the tag (org.opencontainers.image.ref.name; default latest)\n"
+    "  --copy              copy the blobs even where hard links are possible\n"
+    "  --verify            re-hash every file, even those whose sha256 convert --sha256\n"
+    "                      recorded (default: those are trusted when not modified since the\n"
+    "                      manifest; the others are read once, sha256 and XXH3-128 together)\n"
+    "  --name N            the config's descriptor.name (default: OUTDIR's directory name)\n"
+    "  --revision R        the config's descriptor.revision, e.g. the source's commit\n"
+    "  --created now|TIME  the config's descriptor.createdAt (RFC 3339); default: none\n"
+    "  -q, --quiet, --json no log lines; machine-readable summary on stdout\n";
 
 static const char *const usage_merge =
     "usage: bfshard merge OUTDIR [--quiet] [--json]\n"
@@ -192,6 +226,7 @@ static int check_stdout(int rc)
 typedef struct {
     bfs_convert_opts co;  /* convert, inspect, verify */
     bfs_compress_opts zo; /* compress, decompress, extract */
+    bfs_pack_opts po;     /* pack */
     const char *pos[2];
     const char *out; /* -o */
     int raw, json, quiet, verbose, progress;
@@ -247,6 +282,7 @@ static const cli_opt progress_opts[] = { /* convert */
 static const cli_opt convert_opts[] = { /* convert, inspect, verify */
     FLAG("--keep-dtype", NULL, co.keep_dtype, 1),
     FLAG("--force", NULL, co.force, 1),
+    FLAG("--sha256", NULL, co.sha256, 1),
     {"--world-size", "-w", CLI_INT, AT(co.world_size), 1, 1000000,
      .err = "--world-size needs an integer from 1 to 1000000, got '%s'"},
     {"--threads", "-T", CLI_INT, AT(co.threads), 0, 4096, .err = "--threads needs an integer, got '%s'"},
@@ -284,6 +320,16 @@ static const cli_opt compress_opts[] = {
     {0},
 };
 
+static const cli_opt pack_opts[] = {
+    FLAG("--copy", NULL, po.copy, 1),
+    FLAG("--verify", NULL, po.verify, 1),
+    {"--tag", "-t", CLI_STR, AT(po.tag), .err = "%s needs a tag", .err_names_opt = 1},
+    {"--name", NULL, CLI_STR, AT(po.name), .err = "%s needs a name", .err_names_opt = 1},
+    {"--revision", NULL, CLI_STR, AT(po.revision), .err = "%s needs a revision", .err_names_opt = 1},
+    {"--created", NULL, CLI_STR, AT(po.created), .err = "%s needs `now` or an RFC 3339 time", .err_names_opt = 1},
+    {0},
+};
+
 static const cli_opt extract_opts[] = {
     FLAG("--raw", NULL, raw, 1),
     {0},
@@ -294,6 +340,7 @@ static const cli_cmd convert_spec = {usage_convert, {convert_opts, progress_opts
 static const cli_cmd inspect_spec = {usage_inspect, {convert_opts, output_opts}, 1, "needs a path"};
 static const cli_cmd verify_spec = {usage_verify, {convert_opts, output_opts}, 1, "needs a path"};
 static const cli_cmd merge_spec = {usage_merge, {output_opts}, 1, "needs OUTDIR"};
+static const cli_cmd pack_spec = {usage_pack, {pack_opts, output_opts}, 2, "needs OUTDIR and OCIDIR"};
 static const cli_cmd compress_spec = {usage_compress, {zst_opts, compress_opts, output_opts}, 1, "needs a path"};
 static const cli_cmd decompress_spec = {usage_decompress, {zst_opts, output_opts}, 1, "needs a path"};
 static const cli_cmd extract_spec = {usage_extract, {zst_opts, extract_opts, output_opts}, 2,
@@ -305,6 +352,7 @@ static int parse_args(const cli_cmd *spec, int argc, char **argv, cli_args *a)
     memset(a, 0, sizeof *a);
     bfs_convert_opts_init(&a->co);
     bfs_compress_opts_init(&a->zo);
+    bfs_pack_opts_init(&a->po);
     return cli_parse(spec, argc, argv, a, a->pos);
 }
 
@@ -420,6 +468,38 @@ static int cmd_merge(cli_args *a)
         cli_json_end(o, rc, NULL);
     }
     return rc < 0 ? fail(rc, bfs_last_error()) : 0;
+}
+
+/* ---- OCI artifacts (ISSUE 24) ------------------------------------------------------ */
+static int cmd_pack(cli_args *a)
+{
+    if (!a->quiet)
+        a->po.log = stderr;
+    bfs_pack_result res;
+    bfs_pack_result_init(&res);
+    const int rc = bfs_pack(a->pos[0], a->pos[1], &a->po, &res);
+    if (a->json) {
+        json_t *o = cli_json_begin("pack");
+        cli_json_str(o, "outdir", a->pos[0]);
+        cli_json_str(o, "ocidir", a->pos[1]);
+        cli_json_str(o, "tag", a->po.tag ? a->po.tag : "latest");
+        cli_json_str(o, "manifest_digest", res.manifest_digest);
+        json_object_set_new(o, "layers", json_integer((json_int_t)res.layers));
+        json_object_set_new(o, "bytes", json_integer((json_int_t)res.bytes));
+        json_object_set_new(o, "blobs_linked", json_integer((json_int_t)res.linked));
+        json_object_set_new(o, "blobs_copied", json_integer((json_int_t)res.copied));
+        json_object_set_new(o, "blobs_kept", json_integer((json_int_t)res.kept));
+        json_object_set_new(o, "bytes_hashed", json_integer((json_int_t)res.bytes_hashed));
+        json_object_set_new(o, "seconds", json_real(res.seconds));
+        cli_json_end(o, rc, NULL);
+    }
+    if (rc < 0)
+        return fail(rc, bfs_last_error());
+    if (!a->quiet)
+        fprintf(stderr, "bfshard: packed %llu layers (%llu bytes) in %.2f s: %s:%s %s\n", (unsigned long long)res.layers,
+                (unsigned long long)res.bytes, res.seconds, a->pos[1], a->po.tag ? a->po.tag : "latest",
+                res.manifest_digest);
+    return 0;
 }
 
 /* ---- compressed artifacts (ISSUE 7) ---------------------------------------------- */
@@ -553,7 +633,7 @@ int main(int argc, char **argv)
     } commands[] = {
         {"convert", &convert_spec, cmd_convert},          {"inspect", &inspect_spec, cmd_inspect},
         {"verify", &verify_spec, cmd_verify},             {"compress", &compress_spec, cmd_compress},
-        {"merge", &merge_spec, cmd_merge},
+        {"merge", &merge_spec, cmd_merge},                {"pack", &pack_spec, cmd_pack},
         {"decompress", &decompress_spec, cmd_decompress}, {"extract", &extract_spec, cmd_extract},
     };
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {

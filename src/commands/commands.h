@@ -1,8 +1,8 @@
 /* src/commands/ -- the public entry points (include/bfshard.h): bfs_convert (convert.c,
  * its rank-file stage convert_ranks.c, its private header convert.h), bfs_verify
  * (verify.c), bfs_inspect (inspect.c, and of what bfshard wrote: inspect_out.c), the
- * compressed-file commands (zst_file.c), compress of an OUTDIR (zst_outdir.c) and
- * bfs_merge (merge.c). This header is what they share among themselves. Uses every
+ * compressed-file commands (zst_file.c), compress of an OUTDIR (zst_outdir.c),
+ * bfs_merge (merge.c) and bfs_pack (pack.c). This header is what they share among themselves. Uses every
  * folder below it (dev/layers/order); nothing below calls up into it. */
 #ifndef BFS_COMMANDS_H
 #define BFS_COMMANDS_H

@@ -74,6 +74,8 @@ static void bfs__fingerprint(bfs_run *r)
              (unsigned long long)r->o->max_shard_size);
     if (r->o->compress_level) /* ISSUE 7: only then, so other fingerprints stay as they were */
         snprintf(opt + strlen(opt), sizeof opt - strlen(opt), " zst=%d:%d", r->o->compress_level, r->o->compress_mode);
+    if (r->o->sha256) /* ISSUE 24: the manifest differs (files[].sha256); the rank files do not */
+        snprintf(opt + strlen(opt), sizeof opt - strlen(opt), " sha256");
     XXH3_128bits_update(st, opt, strlen(opt));
     for (int i = 0; i < r->in->nfiles; i++) {
         const bfs_infile *f = &r->in->files[i];
@@ -114,14 +116,18 @@ static void bfs__count_kinds(const bfs_input *in, const bfs_plan *p, bfs_convert
 /* Written durably; kind != NULL: recorded in the manifest's files[]. */
 static int bfs__write_small(bfs_run *r, const char *name, const void *data, size_t len, const char *kind)
 {
-    char hex[33];
+    char hex[33], sha[65];
     /* parts in one OUTDIR write the same small files, maybe at once */
-    const int rc = bfs__write_durable_shared(r->dirfd, r->outdir, name, data, len, r->mine != NULL);
+    int rc = bfs__write_durable_shared(r->dirfd, r->outdir, name, data, len, r->mine != NULL);
     if (rc < 0)
         return rc;
     if (kind && r->aux) {
         bfs__hash_hex(XXH3_128bits(data, len), hex);
-        json_array_append_new(r->aux, bfs__manifest_aux_entry(name, len, hex, kind));
+        if (r->o->sha256 && (rc = bfs__sha256_buf(data, len, sha)) < 0)
+            return rc;
+        json_t *e = bfs__manifest_aux_entry(name, len, hex, r->o->sha256 ? sha : NULL, kind);
+        if (!e || json_array_append_new(r->aux, e) != 0) /* never a manifest short of a file */
+            return bfs__err(BFS_ENOMEM, "out of memory");
     }
     return 0;
 }
@@ -203,6 +209,7 @@ static int bfs__write_manifest(bfs_run *r)
     json_t *m = NULL;
     const bfs_manifest_in mi = {.o = r->o, .in = r->in, .plan = r->plan, .fingerprint = r->fingerprint,
                                 .src_hex = (const char (*)[33])r->src_hex, .file_hex = (const char (*)[33])r->file_hex,
+                                .file_sha = (const char (*)[65])r->file_sha,
                                 .piece_hex = r->piece_hex, .zst = r->zst, .aux = r->aux,
                                 .mine = r->mine, .src_mine = r->src_mine, .part = r->mine ? r->part : NULL};
     int rc = bfs__manifest_build_head(&mi, &m);
@@ -345,6 +352,8 @@ static int bfs__run_setup(bfs_run *r, const char *input)
                  (unsigned long long)(2 * r->plan->max_row_bytes));
     const int nf = r->plan->nfiles;
     r->file_hex = calloc((size_t)nf, sizeof *r->file_hex);
+    if (o->sha256 && !(r->file_sha = calloc((size_t)nf, sizeof *r->file_sha)))
+        BFS_FAIL(BFS_ENOMEM, "out of memory");
     r->zst = calloc((size_t)nf, sizeof *r->zst);
     r->piece_hex = calloc((size_t)nf, sizeof *r->piece_hex);
     r->reused = calloc((size_t)nf, sizeof *r->reused);
@@ -386,7 +395,7 @@ static void bfs__outputs_free(char **names, size_t n)
 
 static int bfs__outputs(const bfs_run *r, char ***out, size_t *nout)
 {
-    const size_t cap = 2 * (size_t)r->plan->nfiles + bfs__naux + 4;
+    const size_t cap = 2 * (size_t)r->plan->nfiles + bfs__naux + 5;
     char **v = calloc(cap, sizeof *v);
     size_t n = 0;
     if (!v)
@@ -414,6 +423,8 @@ static int bfs__outputs(const bfs_run *r, char ***out, size_t *nout)
         v[n++] = bfs__strdup(r->pname);
     } else {
         v[n++] = bfs__strdup(BFS_SUMS_NAME);
+        if (r->o->sha256)
+            v[n++] = bfs__strdup(BFS_SHA256SUMS_NAME);
         v[n++] = bfs__strdup(BFS_MANIFEST_NAME);
     }
     for (size_t i = 0; i < n; i++)
@@ -487,6 +498,7 @@ static int bfs__run_start(bfs_run *r, const char *input)
                  (unsigned long long)r->be->device_bytes,
                  (unsigned long long)(o->gpu_mem ? o->gpu_mem : BFS_DEFAULT_GPU_MEM));
 
+    r->w.sha = o->sha256 != 0; /* SHA-256 in a thread beside the writer (writer.h) */
     BFS_TRY(bfs__writer_start(&r->w));
 cleanup:
     bfs__outputs_free(outputs, nout);
@@ -565,6 +577,7 @@ static void bfs__run_free(bfs_run *r, int rc)
             free(r->piece_hex[f]);
     free(r->piece_hex);
     free(r->file_hex);
+    free(r->file_sha);
     for (int f = 0; r->zst && r->plan && f < r->plan->nfiles; f++)
         json_decref(r->zst[f]);
     free(r->zst);
@@ -592,10 +605,10 @@ static void bfs__stages_print(const bfs_run *r, double total)
             "bfshard-stages {\"total_s\": %.4f, \"dequant_s\": %.4f, \"hash_s\": %.4f, \"wait_writer_s\": %.4f, "
             "\"write_s\": %.4f, \"zst_s\": %.4f, \"tail_s\": %.4f, \"commit_s\": %.4f, \"direct_bytes\": %llu, "
             "\"buffered_bytes\": %llu, \"input_s\": %.4f, \"plan_s\": %.4f, \"layout_s\": %.4f, \"setup_s\": %.4f, "
-            "\"files_s\": %.4f, \"manifest_s\": %.4f}\n",
+            "\"files_s\": %.4f, \"manifest_s\": %.4f, \"sha256_s\": %.4f}\n",
             total, r->t_dequant, s->hash, s->wait, s->write, s->zst, s->tail, r->t_commit,
             (unsigned long long)s->direct_bytes, (unsigned long long)s->buffered_bytes, r->t_input, r->t_plan,
-            r->t_layout, r->t_setup, r->t_files, r->t_manifest);
+            r->t_layout, r->t_setup, r->t_files, r->t_manifest, s->sha);
 }
 
 int bfs_convert(const char *input_arg, const char *outdir, const bfs_convert_opts *o_arg, bfs_convert_result *res_arg)

@@ -43,6 +43,7 @@ typedef struct bfs_run {
     uint64_t unit_bytes;       /* capacity of each buffer */
     bfs_writer w;
     char (*file_hex)[33];      /* per output file */
+    char (*file_sha)[65];      /* per output file: SHA-256 (--sha256), else NULL */
     json_t **zst;              /* per output file: its compressed copy's manifest entry (ISSUE 7) */
     char (**piece_hex)[33];    /* per output file, per piece */
     bool *reused;

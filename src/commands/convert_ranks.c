@@ -230,6 +230,8 @@ static int bfs__rank_finish(bfs_run *r, bfs_rank *k)
     const bfs_outfile *of = &r->plan->files[k->fidx];
     const double t0 = bfs__now();
     BFS_TRY(bfs__writer_wait_file(&r->w, k->wslot));
+    if (r->file_sha)
+        snprintf(r->file_sha[k->fidx], sizeof r->file_sha[k->fidx], "%s", bfs__writer_file_sha256(&r->w, k->wslot));
     if (k->zw)
         BFS_TRY(bfs__zcopy_commit(r, k->fidx, k->zw, false, &k->zt, k->zname));
     if (fdatasync(k->t.fd) != 0)
@@ -410,7 +412,8 @@ int bfs__hash_reused_sources(bfs_run *r, int fidx)
     return 0;
 }
 
-/* Re-hash a reused file's pieces (the manifest needs them). */
+/* Re-hash a reused file's pieces (the manifest needs them), and with --sha256 the whole
+ * file's SHA-256 (its XXH3 the journal recorded and resume checked). */
 int bfs__rehash_pieces(bfs_run *r, int fidx)
 {
     const bfs_outfile *of = &r->plan->files[fidx];
@@ -419,12 +422,20 @@ int bfs__rehash_pieces(bfs_run *r, int fidx)
     if (fd < 0)
         return bfs__errno(BFS_EIO, errno, "%s/%s: cannot open", r->outdir, of->name);
     XXH3_state_t *st = XXH3_createState();
+    bfs_sha256 *sha = r->file_sha ? bfs__sha256_new() : NULL;
+    if (!st || (r->file_sha && !sha))
+        rc = bfs__err(BFS_ENOMEM, "out of memory");
     for (size_t pi = 0; pi < of->npieces && rc == 0; pi++) {
         XXH3_128bits_reset(st);
         rc = bfs__hash_range(fd, of->pieces[pi].offset, of->pieces[pi].nbytes, r->buf[0], (size_t)r->unit_bytes,
                              of->name, st, NULL);
         bfs__hash_hex(XXH3_128bits_digest(st), r->piece_hex[fidx][pi]);
     }
+    if (rc == 0 && sha)
+        rc = bfs__hash_range2(fd, 0, of->size, r->buf[0], (size_t)r->unit_bytes, of->name, NULL, sha);
+    if (rc == 0 && sha)
+        rc = bfs__sha256_hex(sha, r->file_sha[fidx]);
+    bfs__sha256_free(sha);
     XXH3_freeState(st);
     close(fd);
     return rc;

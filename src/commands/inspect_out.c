@@ -96,7 +96,7 @@ int bfs__inspect_outdir(const char *dir, int as_json, FILE *out)
     for (size_t i = 0; i < json_array_size(srcfiles); i++)
         src_bytes += (uint64_t)json_integer_value(json_object_get(json_array_get(srcfiles, i), "size"));
     json_t *jfiles = json_array();
-    size_t nweights = 0, nzst = 0, file_hashes = 0, missing = 0;
+    size_t nweights = 0, nzst = 0, file_hashes = 0, file_shas = 0, missing = 0;
     uint64_t wbytes = 0, zbytes = 0, zin = 0;
     for (size_t i = 0; i < json_array_size(files); i++) {
         bfs_manifest_file mf;
@@ -107,6 +107,7 @@ int bfs__inspect_outdir(const char *dir, int as_json, FILE *out)
         json_t *je = json_pack("{s:s, s:s, s:I, s:b, s:b}", "name", mf.name, "kind", mf.kind ? mf.kind : "?", "size",
                                (json_int_t)mf.size, "hash", mf.hash != NULL, "present", present);
         file_hashes += mf.hash != NULL;
+        file_shas += mf.sha256 != NULL;
         if (json_object_get(e, "rank"))
             json_object_set(je, "rank", json_object_get(e, "rank"));
         if (weights) {
@@ -153,9 +154,10 @@ int bfs__inspect_outdir(const char *dir, int as_json, FILE *out)
     json_object_set_new(root, "tensors", json_integer((json_int_t)ntensors));
     json_object_set_new(root, "formats", formats);
     formats = NULL;
-    json_object_set_new(root, "hashes", json_pack("{s:I, s:I, s:I, s:b}", "files", (json_int_t)file_hashes, "shards",
+    json_object_set_new(root, "hashes", json_pack("{s:I, s:I, s:I, s:b, s:I}", "files", (json_int_t)file_hashes, "shards",
                                                   (json_int_t)shard_hashes, "shards_total", (json_int_t)nshards,
-                                                  "xxh128sums", bfs__exists(dir, BFS_SUMS_NAME)));
+                                                  "xxh128sums", bfs__exists(dir, BFS_SUMS_NAME), "sha256_files",
+                                                  (json_int_t)file_shas));
     json_object_set_new(root, "compressed", json_pack("{s:s, s:I, s:I, s:f}", "state", compressed, "files",
                                                       (json_int_t)nzst, "bytes", (json_int_t)zbytes, "ratio",
                                                       bfs__ratio(zin, zbytes)));
@@ -186,6 +188,9 @@ int bfs__inspect_outdir(const char *dir, int as_json, FILE *out)
     fprintf(out, "hashes: %zu file(s), %zu of %zu shard(s), xxh128sums.txt %s; manifest seal %s (`bfshard verify` re-hashes)\n",
             file_hashes, shard_hashes, nshards, bfs__exists(dir, BFS_SUMS_NAME) ? "present" : "MISSING",
             seal_ok ? "ok" : "BAD");
+    if (file_shas) /* convert --sha256 (ISSUE 24) */
+        fprintf(out, "sha256: %zu file(s), sha256sums.txt %s\n", file_shas,
+                bfs__exists(dir, BFS_SHA256SUMS_NAME) ? "present" : "MISSING");
     fprintf(out, "compressed: %s", compressed);
     if (nzst)
         fprintf(out, " (%zu file(s), %.3f MB, %.3fx)", nzst, (double)zbytes / 1e6, bfs__ratio(zin, zbytes));

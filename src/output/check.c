@@ -33,6 +33,7 @@ typedef struct {
     uint8_t *buf;
     size_t bs;
     XXH3_state_t *st;
+    bfs_sha256 *sha; /* the whole file's SHA-256, where the manifest records one (ISSUE 24) */
 } bfs_fd_hasher;
 
 static int bfs__hash_fd_range(void *user, uint64_t off, uint64_t nb, char hex[33])
@@ -210,7 +211,21 @@ static int bfs__verify_plain(const char *path, const bfs_manifest_file *mf, bfs_
         goto cleanup;
     }
     bfs__test_signal("hash");
-    BFS_TRY(bfs__hash_fd_range(h, 0, mf->size, got));
+    if (mf->sha256) { /* both hashes from one read */
+        char sgot[65];
+        XXH3_128bits_reset(h->st);
+        BFS_TRY(bfs__sha256_reset(h->sha));
+        BFS_TRY(bfs__hash_range2(h->fd, 0, mf->size, h->buf, h->bs, path, h->st, h->sha));
+        bfs__hash_hex(XXH3_128bits_digest(h->st), got);
+        BFS_TRY(bfs__sha256_hex(h->sha, sgot));
+        if (strcmp(got, mf->hash) == 0 && strcmp(sgot, mf->sha256) != 0) {
+            bfs__report(report, "%s: BAD sha256 %s, manifest %s (its XXH3-128 matches)", ep, sgot, mf->sha256);
+            rc = 1;
+            goto cleanup;
+        }
+    } else {
+        BFS_TRY(bfs__hash_fd_range(h, 0, mf->size, got));
+    }
     *checked += mf->size;
     if (strcmp(got, mf->hash) == 0)
         goto cleanup;
@@ -375,8 +390,8 @@ int bfs__check_part(const char *outdir, const char *pname, FILE *report, uint64_
 {
     int rc = 0, bad = 0;
     uint64_t checked = 0;
-    bfs_fd_hasher h = {.fd = -1, .bs = BFS_VERIFY_BUF, .st = XXH3_createState()};
-    if (!h.st || !(h.buf = malloc(h.bs)))
+    bfs_fd_hasher h = {.fd = -1, .bs = BFS_VERIFY_BUF, .st = XXH3_createState(), .sha = bfs__sha256_new()};
+    if (!h.st || !h.sha || !(h.buf = malloc(h.bs)))
         BFS_FAIL(BFS_ENOMEM, "out of memory");
     BFS_TRY(bfs__verify_manifest(outdir, pname, true, report, &h, &checked, &bad, NULL, 0));
     if (bad)
@@ -385,6 +400,7 @@ cleanup:
     if (bytes_checked)
         *bytes_checked = checked;
     XXH3_freeState(h.st);
+    bfs__sha256_free(h.sha);
     free(h.buf);
     return rc;
 }
@@ -393,11 +409,11 @@ int bfs__check_outdir(const char *outdir, FILE *report, uint64_t *bytes_checked)
 {
     int rc = 0, bad = 0, nparts = 0;
     char **parts = NULL;
-    bfs_fd_hasher h = {.fd = -1, .bs = BFS_VERIFY_BUF, .st = XXH3_createState()};
+    bfs_fd_hasher h = {.fd = -1, .bs = BFS_VERIFY_BUF, .st = XXH3_createState(), .sha = bfs__sha256_new()};
     uint64_t checked = 0;
     struct stat sb;
 
-    if (!h.st || !(h.buf = malloc(h.bs)))
+    if (!h.st || !h.sha || !(h.buf = malloc(h.bs)))
         BFS_FAIL(BFS_ENOMEM, "out of memory");
     char *mp = bfs__path_join(outdir, BFS_MANIFEST_NAME);
     const bool merged = mp && lstat(mp, &sb) == 0;
@@ -417,6 +433,7 @@ cleanup:
         free(parts[i]);
     free(parts);
     XXH3_freeState(h.st);
+    bfs__sha256_free(h.sha);
     free(h.buf);
     return rc;
 }

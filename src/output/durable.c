@@ -142,6 +142,41 @@ int bfs__write_durable_shared(int dirfd, const char *dirpath, const char *name, 
     return rc;
 }
 
+int bfs__link_durable(int srcdirfd, const char *srcname, dev_t dev, ino_t ino, int dirfd, const char *dirpath,
+                      const char *name)
+{
+    char tmp[NAME_MAX + 16];
+    struct stat sb;
+    if (strlen(name) > NAME_MAX - strlen(BFS_TMP_PREFIX BFS_TMP_SUFFIX) || strchr(name, '/'))
+        return bfs__err(BFS_EUSAGE, "%s/%s: not a file name", dirpath, name);
+    snprintf(tmp, sizeof tmp, BFS_TMP_PREFIX "%s" BFS_TMP_SUFFIX, name);
+    unlinkat(dirfd, tmp, 0); /* ours (see bfs__tmp_open_tag) */
+    if (linkat(srcdirfd, srcname, dirfd, tmp, 0) != 0) { /* 0: a symlink itself, never its target */
+        const int e = errno;
+        if (e == EXDEV || e == EPERM || e == EMLINK || e == ENOTSUP || e == EOPNOTSUPP || e == EACCES)
+            return 1;
+        return bfs__errno(BFS_EIO, e, "%s/%s: cannot hard-link %s", dirpath, tmp, srcname);
+    }
+    if (fstatat(dirfd, tmp, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(sb.st_mode) || sb.st_dev != dev ||
+        sb.st_ino != ino) { /* srcname was replaced since the caller checked it */
+        unlinkat(dirfd, tmp, 0);
+        return bfs__err(BFS_EVERIFY, "%s: changed while it was being packed (not the file that was checked)", srcname);
+    }
+    if (bfs__cancelled()) {
+        unlinkat(dirfd, tmp, 0);
+        return bfs__err(BFS_EINTR, "interrupted: %s/%s was not written", dirpath, name);
+    }
+    if (renameat(dirfd, tmp, dirfd, name) != 0) {
+        const int e = errno;
+        unlinkat(dirfd, tmp, 0);
+        return bfs__errno(BFS_EIO, e, "%s/%s: cannot rename to %s", dirpath, tmp, name);
+    }
+    /* rename() of two links to one inode does nothing and succeeds: the temporary stays */
+    if (fstatat(dirfd, tmp, &sb, AT_SYMLINK_NOFOLLOW) == 0)
+        unlinkat(dirfd, tmp, 0);
+    return bfs__dir_sync(dirfd, dirpath);
+}
+
 bool bfs__is_tmp_name(const char *name)
 {
     const size_t n = strlen(name), p = strlen(BFS_TMP_PREFIX), s = strlen(BFS_TMP_SUFFIX);

@@ -79,8 +79,14 @@ static json_t *bfs__manifest_files(const bfs_manifest_in *mi)
     const bfs_plan *p = mi->plan;
     json_t *files = json_array();
     for (int f = 0; f < p->nfiles; f++) {
-        json_t *e = json_pack("{s:s, s:I, s:o, s:s}", "name", p->files[f].name, "size", (json_int_t)p->files[f].size,
-                              BFS_MF_HASH, bfs__hash_val(mi->file_hex[f], !mi->mine || mi->mine[f]), "kind", "weights");
+        const bool known = !mi->mine || mi->mine[f];
+        json_t *e = mi->file_sha
+                        ? json_pack("{s:s, s:I, s:o, s:o, s:s}", "name", p->files[f].name, "size",
+                                    (json_int_t)p->files[f].size, BFS_MF_HASH, bfs__hash_val(mi->file_hex[f], known),
+                                    BFS_MF_SHA256, bfs__hash_val(mi->file_sha[f], known), "kind", "weights")
+                        : json_pack("{s:s, s:I, s:o, s:s}", "name", p->files[f].name, "size",
+                                    (json_int_t)p->files[f].size, BFS_MF_HASH, bfs__hash_val(mi->file_hex[f], known),
+                                    "kind", "weights");
         if (e && ((p->layout == BFS_LAYOUT_DCP && json_object_set_new(e, "rank", json_integer(f)) != 0) ||
                   (mi->zst && mi->zst[f] && json_object_set(e, "zst", mi->zst[f]) != 0))) {
             json_decref(e); /* one file short: the caller counts them */

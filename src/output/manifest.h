@@ -8,7 +8,9 @@
  *   manifest_read.c    the windowed reader: strict scanner, seal hash, per-element parse, the seal check
  *   manifest_check.c   xxh128sums.txt's check; the shard index and narrowing a bad file
  *   manifest_common.c  bfs__report, an entry's hash, aux/zst entries, reading a files[] entry
- * Calls go one way: manifest.c -> _write -> _read -> _common; _check -> _read -> _common. */
+ *   manifest_summary.c what it says about the model as a whole (bfshard pack, OCI verify)
+ * Calls go one way: manifest.c -> _write -> _read -> _common; _check -> _read -> _common;
+ * _summary -> _read -> _common. */
 #ifndef BFS_MANIFEST_H
 #define BFS_MANIFEST_H
 
@@ -30,6 +32,7 @@ typedef struct bfs_manifest_in {
     const char *fingerprint;       /* plan fingerprint, 32 hex */
     const char (*src_hex)[33];     /* per input file */
     const char (*file_hex)[33];    /* per output file */
+    const char (*file_sha)[65];    /* per output file: SHA-256 (convert --sha256), or NULL */
     char (*const *piece_hex)[33];  /* per output file, per piece */
     json_t *const *zst;            /* per output file: files[].zst entry or NULL (may be NULL) */
     const json_t *aux;             /* extra files written, bfs__manifest_aux_entry()s */
@@ -44,7 +47,9 @@ typedef struct bfs_manifest_in {
 typedef struct bfs_manifest_file {
     const char *name;   /* a plain file name: no '/', no leading '.' */
     const char *hash;   /* 32 hex expected (not checked for form) */
+    const char *sha256; /* 64 lowercase hex (checked), or NULL when not recorded (ISSUE 24) */
     const char *kind;   /* "weights", "config", ... or NULL */
+    int rank;           /* a dcp rank file's rank, else -1 */
     uint64_t size;
     json_t *zst;        /* the compressed copy's entry, or NULL */
 } bfs_manifest_file;
@@ -57,13 +62,18 @@ int bfs__manifest_build_head(const bfs_manifest_in *mi, json_t **out);
  * the bytes are those of bfs__manifest_write_as() of the whole tree. */
 int bfs__manifest_write_conv(int dirfd, const char *outdir, const char *name, const bfs_manifest_in *mi,
                              const json_t *head);
-/* files[] entry of a small file we wrote beside the weights (new reference, NULL when out of memory). */
-json_t *bfs__manifest_aux_entry(const char *name, uint64_t size, const char *hex, const char *kind);
+/* files[] entry of a small file we wrote beside the weights (new reference, NULL when out of
+ * memory); sha: its SHA-256 hex, or NULL (not recorded). */
+json_t *bfs__manifest_aux_entry(const char *name, uint64_t size, const char *hex, const char *sha, const char *kind);
 /* files[].zst entry of a compressed copy (new reference, NULL when out of memory). */
 json_t *bfs__manifest_zst_entry(const char *zname, uint64_t size, const char *hex, const char *format, int level,
                                 uint64_t frame_bytes, uint64_t frames);
 /* The "xxh3_128" (hash) of a files[] or zst entry, or NULL. */
 const char *bfs__manifest_hash(const json_t *entry);
+/* The "sha256" of a files[] entry, or NULL (not recorded, or another part's). */
+const char *bfs__manifest_sha256(const json_t *entry);
+/* Some files[] entry records a SHA-256: sha256sums.txt belongs with the manifest. */
+bool bfs__manifest_has_sha256(const json_t *files);
 /* A part's entry whose hash another part holds (null). */
 bool bfs__manifest_hash_elsewhere(const json_t *entry);
 
@@ -104,6 +114,21 @@ int bfs__mf_write_copy(int dirfd, const char *outdir, const char *name, const js
 /* files[i] checked: false when malformed (the caller names it). */
 bool bfs__manifest_file_get(const json_t *files, size_t i, bfs_manifest_file *out);
 
+/* What a finished conversion's manifest (not a part's: BFS_EINPUT) says about the model,
+ * from one windowed read of `name` in dir (opened at dirfd when >= 0, never through a
+ * symbolic link): for bfshard pack's ModelPack config and the OCI check (ISSUE 24). */
+typedef struct bfs_manifest_summary {
+    uint32_t dtypes;        /* a bit (1 << bfs_dtype) per dtype of tensors[] */
+    uint64_t params;        /* elements of every tensor (UINT64_MAX when that overflows) */
+    char formats[1088];     /* the dequantized tensors' formats, sorted, ',' between; "" when none */
+    char quant_method[64];  /* source.quantization_config.quant_method, or "" */
+    char version[64], layout[8], seal[33], fingerprint[33];
+    int world_size;
+    bool seal_ok;           /* the seal matches the bytes */
+    json_t *files;          /* files[] (new reference: json_decref) */
+} bfs_manifest_summary;
+int bfs__manifest_summary(int dirfd, const char *dir, const char *name, bfs_manifest_summary *s);
+
 /* A part's manifest head: its "part" entry's rank list and world size, its fingerprint; false when malformed. */
 bool bfs__manifest_part_info(const json_t *m, const char **ranks, int *world_size, const char **fingerprint);
 /* Write the manifest a single run writes (OUTDIR's bfshard.manifest.json) from the n parts
@@ -116,10 +141,13 @@ typedef int (*bfs_manifest_pre_commit_fn)(void *user, const json_t *head);
 int bfs__manifest_merge(int dirfd, bfs_mf *const *parts, const char *const *names, int n, const char *outdir,
                         bfs_manifest_pre_commit_fn pre_commit, void *pre_user);
 /* xxh128sums.txt: "HASH  NAME" of every files[] entry and its compressed copy that
- * exist in OUTDIR, in manifest order; written durably. */
+ * exist in OUTDIR, in manifest order; and when the entries record SHA-256,
+ * sha256sums.txt the same way (`sha256sum -c`; compressed copies carry XXH3 only).
+ * Each written durably, before the manifest that vouches for them. */
 int bfs__manifest_write_sums(int dirfd, const char *outdir, const json_t *files);
 
-/* Verify's check of xxh128sums.txt: the number of bad lines (1 when missing); each reported. */
+/* Verify's check of xxh128sums.txt (and of sha256sums.txt when the entries record SHA-256):
+ * the number of bad lines (1 when missing); each reported. */
 int bfs__manifest_check_sums(const char *outdir, const json_t *files, FILE *report);
 
 /* Narrow a file that does not match down to tensors: for every shard stored in the

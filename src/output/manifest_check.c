@@ -1,5 +1,6 @@
 /*
- * Verify's checks beyond the seal (see manifest.h): xxh128sums.txt against the manifest,
+ * Verify's checks beyond the seal (see manifest.h): xxh128sums.txt (and sha256sums.txt)
+ * against the manifest,
  * and narrowing a file that does not match down to its tensors through an index of the
  * shards by file, built from tensors[] read again one tensor at a time.
  */
@@ -8,12 +9,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- xxh128sums.txt against the manifest ------------------------------------------------------
+/* ---- xxh128sums.txt (and sha256sums.txt) against the manifest -----------------------------------
  * An index name -> [hash, ...] of files[] and their compressed copies, built once: each
  * line is then one lookup (a 3000-file manifest used to cost lines x files). */
-static int bfs__sums_index_add(json_t *ix, const json_t *e)
+static int bfs__sums_index_add(json_t *ix, const json_t *e, const char *key)
 {
-    const char *n = json_string_value(json_object_get(e, "name")), *h = bfs__manifest_hash(e);
+    const char *n = json_string_value(json_object_get(e, "name")), *h = json_string_value(json_object_get(e, key));
     if (!n || !h)
         return 0;
     json_t *a = json_object_get(ix, n);
@@ -22,9 +23,11 @@ static int bfs__sums_index_add(json_t *ix, const json_t *e)
     return json_array_append_new(a, json_string(h));
 }
 
-int bfs__manifest_check_sums(const char *outdir, const json_t *files, FILE *report)
+/* `name` in OUTDIR: lines "HEX  NAME" (hexlen digits) of the entries' `key` hashes */
+static int bfs__check_sums_file(const char *outdir, const json_t *files, FILE *report, const char *name,
+                                const char *key, size_t hexlen)
 {
-    char *path = bfs__path_join(outdir, BFS_SUMS_NAME), *text = NULL, ep[BFS_ESC_MAX];
+    char *path = bfs__path_join(outdir, name), *text = NULL, ep[BFS_ESC_MAX];
     size_t len = 0, pos = 0;
     int bad = 0, line = 0;
     json_t *ix = json_object();
@@ -35,7 +38,7 @@ int bfs__manifest_check_sums(const char *outdir, const json_t *files, FILE *repo
     }
     for (size_t i = 0; i < json_array_size(files); i++) {
         const json_t *f = json_array_get(files, i);
-        if (bfs__sums_index_add(ix, f) != 0 || bfs__sums_index_add(ix, json_object_get(f, "zst")) != 0) {
+        if (bfs__sums_index_add(ix, f, key) != 0 || bfs__sums_index_add(ix, json_object_get(f, "zst"), key) != 0) {
             bfs__report(report, "%s: cannot check: out of memory", bfs__esc(path, ep, sizeof ep));
             bad = 1;
             goto cleanup;
@@ -50,14 +53,14 @@ int bfs__manifest_check_sums(const char *outdir, const json_t *files, FILE *repo
     while (pos < len) {
         const char *l = text + pos, *nl = memchr(l, '\n', len - pos);
         const size_t ll = nl ? (size_t)(nl - l) : len - pos;
-        bool ok = nl && ll > 34 && l[32] == ' ' && l[33] == ' ';
-        for (int i = 0; ok && i < 32; i++)
+        bool ok = nl && ll > hexlen + 2 && l[hexlen] == ' ' && l[hexlen + 1] == ' ';
+        for (size_t i = 0; ok && i < hexlen; i++)
             ok = (l[i] >= '0' && l[i] <= '9') || (l[i] >= 'a' && l[i] <= 'f');
-        const json_t *hs = ok ? json_object_getn(ix, l + 34, ll - 34) : NULL;
+        const json_t *hs = ok ? json_object_getn(ix, l + hexlen + 2, ll - hexlen - 2) : NULL;
         bool found = false;
         for (size_t k = 0; k < json_array_size(hs) && !found; k++) {
             const char *h = json_string_value(json_array_get(hs, k));
-            found = h && strlen(h) == 32 && !strncmp(h, l, 32);
+            found = h && strlen(h) == hexlen && !strncmp(h, l, hexlen);
         }
         line++;
         if (!found) {
@@ -70,6 +73,14 @@ cleanup:
     json_decref(ix);
     free(text);
     free(path);
+    return bad;
+}
+
+int bfs__manifest_check_sums(const char *outdir, const json_t *files, FILE *report)
+{
+    int bad = bfs__check_sums_file(outdir, files, report, BFS_SUMS_NAME, BFS_MF_HASH, 32);
+    if (bfs__manifest_has_sha256(files)) /* ISSUE 24; a manifest without sha256 has no such file to check */
+        bad += bfs__check_sums_file(outdir, files, report, BFS_SHA256SUMS_NAME, BFS_MF_SHA256, 64);
     return bad;
 }
 

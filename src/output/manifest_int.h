@@ -11,6 +11,7 @@
 #include "base/bfs_io.h"
 
 #define BFS_MF_HASH "xxh3_128"
+#define BFS_MF_SHA256 "sha256" /* files[]: only when convert --sha256 (ISSUE 24); v1 readers ignore it */
 #define BFS_MF_SRC_HASH "content_xxh3_128" /* source.files[]: srchash.c */
 #define BFS_MF_SEAL "manifest_xxh3_128"
 #define BFS_MF_ZERO_SEAL "00000000000000000000000000000000"

@@ -188,20 +188,28 @@ static int bfs__sums_line(char **buf, size_t *len, size_t *cap, const char *hash
 int bfs__manifest_write_sums(int dirfd, const char *outdir, const json_t *files)
 {
     int rc = 0;
-    char *sums = NULL;
-    size_t k = 0, cap = 0;
+    char *sums = NULL, *shas = NULL;
+    size_t k = 0, cap = 0, ks = 0, caps = 0;
+    const bool sha = bfs__manifest_has_sha256(files);
     for (size_t i = 0; i < json_array_size(files); i++) {
         const json_t *f = json_array_get(files, i), *z = json_object_get(f, "zst");
         const char *name = json_string_value(json_object_get(f, "name")), *hx = bfs__manifest_hash(f);
         const char *zn = json_string_value(json_object_get(z, "name")), *zh = bfs__manifest_hash(z);
-        if (name && hx && bfs__exists_at(dirfd, name))
+        const char *sh = bfs__manifest_sha256(f);
+        const bool here = name && bfs__exists_at(dirfd, name);
+        if (here && hx)
             BFS_TRY(bfs__sums_line(&sums, &k, &cap, hx, name));
+        if (here && sh)
+            BFS_TRY(bfs__sums_line(&shas, &ks, &caps, sh, name));
         if (zn && zh && bfs__exists_at(dirfd, zn))
             BFS_TRY(bfs__sums_line(&sums, &k, &cap, zh, zn));
     }
     BFS_TRY(bfs__write_durable(dirfd, outdir, BFS_SUMS_NAME, sums ? sums : "", k));
+    if (sha) /* ISSUE 24: `sha256sum -c sha256sums.txt` */
+        BFS_TRY(bfs__write_durable(dirfd, outdir, BFS_SHA256SUMS_NAME, shas ? shas : "", ks));
 cleanup:
     free(sums);
+    free(shas);
     return rc;
 }
 

@@ -44,7 +44,8 @@ static bool bfs__ourish(const char *name)
     if (bfs__has_suffix(name, ".safetensors") || bfs__has_suffix(name, ".safetensors.zst") ||
         bfs__has_suffix(name, ".safetensors.bfz"))
         return true;
-    if (!strcmp(name, BFS_MANIFEST_NAME) || !strcmp(name, BFS_SUMS_NAME) || !strcmp(name, "config.json") ||
+    if (!strcmp(name, BFS_MANIFEST_NAME) || !strcmp(name, BFS_SUMS_NAME) || !strcmp(name, BFS_SHA256SUMS_NAME) ||
+        !strcmp(name, "config.json") ||
         !strcmp(name, "model.safetensors.index.json"))
         return true;
     for (size_t i = 0; i < bfs__naux; i++)
@@ -148,6 +149,9 @@ static int bfs__owned_manifest(bfs_owned *o, const char *outdir, const char *mna
         BFS_TRY(bfs__owned_add(o, mname, strlen(mname)));
         if (!strcmp(mname, BFS_MANIFEST_NAME))
             BFS_TRY(bfs__owned_add(o, BFS_SUMS_NAME, strlen(BFS_SUMS_NAME)));
+        /* sha256sums.txt only when this manifest wrote one: else a file of that name is the user's */
+        if (!strcmp(mname, BFS_MANIFEST_NAME) && bfs__manifest_has_sha256(files))
+            BFS_TRY(bfs__owned_add(o, BFS_SHA256SUMS_NAME, strlen(BFS_SHA256SUMS_NAME)));
         for (size_t i = 0; i < json_array_size(files); i++) {
             const json_t *f = json_array_get(files, i);
             const char *nm = json_string_value(json_object_get(f, "name"));

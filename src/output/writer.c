@@ -213,16 +213,33 @@ static int bfs__writer_do(bfs_writer *w, const bfs_wjob *j)
     return 0;
 }
 
+/* Under mu: retire the jobs at the head that every thread is done with (the writer wrote
+ * them; the sha thread hashed them, when on). A file's end job retired: the file ended. */
+static void bfs__writer_retire(bfs_writer *w)
+{
+    while (w->count > 0 && w->nwrite > 0 && (!w->sha || w->nsha > 0)) {
+        const bfs_wjob *j = &w->q[w->head];
+        if (j->end)
+            w->files[j->file].ended = true;
+        w->head = (w->head + 1) % 2;
+        w->count--;
+        w->nwrite--;
+        if (w->sha)
+            w->nsha--;
+    }
+    pthread_cond_broadcast(&w->cv);
+}
+
 static void *bfs__writer_main(void *p)
 {
     bfs_writer *w = p;
     pthread_mutex_lock(&w->mu);
     for (;;) {
-        while (w->count == 0 && !w->stop)
+        while (w->nwrite == w->count && !w->stop)
             pthread_cond_wait(&w->cv, &w->mu);
-        if (w->count == 0 && w->stop)
+        if (w->nwrite == w->count && w->stop)
             break;
-        const bfs_wjob j = w->q[w->head];
+        const bfs_wjob j = w->q[(w->head + w->nwrite) % 2];
         const bool failed = w->rc < 0;
         pthread_mutex_unlock(&w->mu);
         int rc = 0;
@@ -233,11 +250,42 @@ static void *bfs__writer_main(void *p)
         pthread_mutex_lock(&w->mu);
         if (rc < 0 && w->rc == 0)
             w->rc = rc;
-        if (j.end)
-            w->files[j.file].ended = true;
-        w->head = (w->head + 1) % 2;
-        w->count--;
-        pthread_cond_broadcast(&w->cv);
+        w->nwrite++;
+        bfs__writer_retire(w);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+/* The sha thread: the same jobs in the same order as the writer, each file's bytes into
+ * its SHA-256 (from the unit buffers, which stay untouched until both are done). */
+static void *bfs__sha_main(void *p)
+{
+    bfs_writer *w = p;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (w->nsha == w->count && !w->stop)
+            pthread_cond_wait(&w->cv, &w->mu);
+        if (w->nsha == w->count && w->stop)
+            break;
+        const bfs_wjob j = w->q[(w->head + w->nsha) % 2];
+        pthread_mutex_unlock(&w->mu);
+        const double t0 = bfs__wnow();
+        bfs_wfile *const f = &w->files[j.file];
+        int rc = 0;
+        if (j.end) {
+            bfs__err_clear();
+            rc = bfs__errslot_put(&w->err, bfs__sha256_hex(f->sha, f->sha_hex));
+        } else {
+            bfs__sha256_update(f->sha, j.buf, j.len);
+        }
+        const double dt = bfs__wnow() - t0;
+        pthread_mutex_lock(&w->mu);
+        w->st.sha += dt;
+        if (rc < 0 && w->rc == 0)
+            w->rc = rc;
+        w->nsha++;
+        bfs__writer_retire(w);
     }
     pthread_mutex_unlock(&w->mu);
     return NULL;
@@ -259,12 +307,19 @@ int bfs__writer_start(bfs_writer *w)
         if (posix_memalign(&c, BFS_DIO_ALIGN, BFS_CARRY_BYTES) == 0)
             w->files[i].carry = c;
         ok = ok && c;
+        if (w->sha)
+            ok = ok && (w->files[i].sha = bfs__sha256_new()) != NULL;
     }
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     if (!ok || pthread_create(&w->tid, NULL, bfs__writer_main, w) != 0)
         return bfs__err(BFS_ENOMEM, "cannot start the writer thread");
     w->started = true;
+    if (w->sha) {
+        if (pthread_create(&w->sha_tid, NULL, bfs__sha_main, w) != 0)
+            return bfs__err(BFS_ENOMEM, "cannot start the SHA-256 thread");
+        w->sha_started = true;
+    }
     return 0;
 }
 
@@ -276,9 +331,11 @@ void bfs__writer_stop(bfs_writer *w)
         pthread_cond_broadcast(&w->cv);
         pthread_mutex_unlock(&w->mu);
         pthread_join(w->tid, NULL);
+        if (w->sha_started)
+            pthread_join(w->sha_tid, NULL);
         pthread_mutex_destroy(&w->mu);
         pthread_cond_destroy(&w->cv);
-        w->started = false;
+        w->started = w->sha_started = false;
     }
     XXH3_freeState(w->file_st);
     XXH3_freeState(w->piece_st);
@@ -286,6 +343,8 @@ void bfs__writer_stop(bfs_writer *w)
     for (int i = 0; i < 2; i++) {
         free(w->files[i].carry);
         w->files[i].carry = NULL;
+        bfs__sha256_free(w->files[i].sha);
+        w->files[i].sha = NULL;
     }
 }
 
@@ -322,6 +381,11 @@ int bfs__writer_begin_file(bfs_writer *w, int fd, const char *what, char (*piece
     f->zof = of;
     f->zplan = plan;
     f->zpiece = -1;
+    if (w->sha) {
+        f->sha_hex[0] = '\0';
+        if (bfs__sha256_reset(f->sha) < 0)
+            return BFS_EINTERNAL;
+    }
     return k;
 }
 
@@ -342,6 +406,8 @@ int bfs__writer_wait_file(bfs_writer *w, int file)
     w->st.wait += bfs__wnow() - t0;
     return bfs__writer_status(w, rc);
 }
+
+const char *bfs__writer_file_sha256(const bfs_writer *w, int file) { return w->files[file].sha_hex; }
 
 /* both hashes, 256 KiB at a time: the second reads it from L2 */
 static void bfs__hash_both(bfs_writer *w, const uint8_t *p, size_t len, bool piece)

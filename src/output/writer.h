@@ -4,7 +4,9 @@
  * order, with O_DIRECT where the filesystem takes it (an aligned body from the unit
  * buffers themselves, a block-sized carry joining each job's partial head and tail;
  * the file's last partial block buffered), feeds the optional compressed copy, and
- * bounds the dirty page cache where it must write buffered. It holds two files (the
+ * bounds the dirty page cache where it must write buffered. With sha256 on (convert
+ * --sha256) a third thread hashes each job's bytes with SHA-256 while the writer writes
+ * them (a job's buffer is free again once both are done with it). It holds two files (the
  * last one may end while the next one's jobs queue; convert commits the last one
  * before it begins the next, after dequantizing the next one's first unit). Two buffers
  * are in flight; their size, batches and the memory model are units.h's. */
@@ -43,6 +45,7 @@ typedef struct bfs_wstages {
     double write;  /* pwrite, direct or buffered, and the dirty-page bound (writer thread) */
     double zst;    /* the compressed copy (writer thread) */
     double tail;   /* the last partial block of every file (writer thread) */
+    double sha;    /* SHA-256 of the files (the sha thread, beside the writer) */
     uint64_t direct_bytes, buffered_bytes;
 } bfs_wstages;
 
@@ -63,6 +66,8 @@ typedef struct bfs_wfile {
     const bfs_outfile *zof;
     const bfs_plan *zplan;
     int zpiece;        /* piece that zw is in, -1 for the header */
+    bfs_sha256 *sha;   /* the file's SHA-256 (the sha thread's), when on */
+    char sha_hex[65];  /* its digest, once the file's end job is done */
 } bfs_wfile;
 
 typedef struct bfs_writer {
@@ -71,7 +76,11 @@ typedef struct bfs_writer {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bfs_wjob q[2];
-    int head, count;   /* ring of at most 2 */
+    int head, count;   /* ring of at most 2 jobs not yet done with (written, and hashed when sha) */
+    int nwrite, nsha;  /* of those, from head: how many the writer wrote, the sha thread hashed */
+    bool sha;          /* set before bfs__writer_start: SHA-256 of every file (convert --sha256) */
+    pthread_t sha_tid;
+    bool sha_started;
     bool stop;
     int rc;            /* first failure, under mu; its message is in err */
     bfs_errslot err;
@@ -88,9 +97,9 @@ typedef struct bfs_writer {
 /* XXH3-128 update with the fastest code this CPU runs (the same digest everywhere). */
 void bfs__xxh128_update(XXH3_state_t *st, const void *p, size_t n);
 
-/* Start the thread (w zeroed first). */
+/* Start the thread (w zeroed first; w->sha set to hash every file with SHA-256 too). */
 int bfs__writer_start(bfs_writer *w);
-/* Stop and join it (when started) and free its state; safe on a zeroed writer. */
+/* Stop and join the threads (when started) and free their state; safe on a zeroed writer. */
 void bfs__writer_stop(bfs_writer *w);
 /* Begin a file: fd at offset 0, `what` names it in errors (both must outlive the
  * file's end), piece hashes go to piece_hex; zw (may be NULL) gets the same bytes, cut
@@ -105,6 +114,8 @@ int bfs__writer_begin_file(bfs_writer *w, int fd, const char *what, char (*piece
 int bfs__writer_end_file(bfs_writer *w, char hex[33]);
 /* Wait until the writer has run the end of the file in slot `file`; returns as push. */
 int bfs__writer_wait_file(bfs_writer *w, int file);
+/* After bfs__writer_wait_file: the SHA-256 of the file in slot `file` (w->sha on), hex. */
+const char *bfs__writer_file_sha256(const bfs_writer *w, int file);
 /* Hash the job, then queue it; blocks while 2 are pending. The buffer (and its
  * headroom) must stay untouched until bfs__writer_wait says it is free again. Returns
  * the writer's first failure (its message made the caller's), else 0. */
