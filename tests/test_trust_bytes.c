@@ -671,6 +671,34 @@ static void large_manifest_verify_linear(void **s)
     free(tmp);
 }
 
+/* A manifest that lists one file twice (issue 22's red-team case: 3,000 copies of one
+ * files[] entry, verified once each) is refused before anything is hashed: exit 3, one
+ * line naming the manifest and the file. */
+static void duplicate_files_refused(void **s)
+{
+    (void)s;
+    char *tmp = tu_tmpdir("dupfiles");
+    char p[4096];
+    static const char zero[] = "00000000000000000000000000000000";
+    snprintf(p, sizeof p, "%s/shard-00001.safetensors", tmp);
+    assert_int_equal(tu_write_file(p, "0123456789abcdef", 16), 0);
+    json_t *files = json_array();
+    for (int i = 0; i < 3000; i++)
+        json_array_append_new(files, json_pack("{s:s, s:i, s:s, s:s}", "name", "shard-00001.safetensors", "size", 16,
+                                               "xxh3_128", zero, "kind", "weights"));
+    json_t *m = json_pack("{s:o, s:[]}", "files", files, "tensors");
+    snprintf(p, sizeof p, "%s/bfshard.manifest.json", tmp);
+    assert_int_equal(json_dump_file(m, p, JSON_COMPACT), 0);
+    json_decref(m);
+    uint64_t checked = 0;
+    assert_int_equal(bfs_verify(tmp, NULL, &checked), BFS_EINPUT);
+    assert_int_equal(checked, 0);
+    assert_non_null(strstr(bfs_last_error(), "lists \"shard-00001.safetensors\" more than once"));
+    assert_null(strchr(bfs_last_error(), '\n'));
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1) /* one test by name (a glob), for a quick rerun */
@@ -690,6 +718,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(allocation_failure_is_exit_5),
         cmocka_unit_test(names_escaped),
         cmocka_unit_test(large_manifest_verify_linear),
+        cmocka_unit_test(duplicate_files_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -284,6 +284,34 @@ cleanup:
 /* One manifest-format file (the merged manifest, or a part's: partial) against OUTDIR:
  * the number of problems reported in *bad. A part's entries with a null hash belong to
  * other parts: skipped, their ranks left out of here[] (may be NULL). */
+static int bfs__cmp_str(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+/* files[] names each file once: a manifest that lists one twice is not one bfshard wrote
+ * (and would have it hashed once per entry). n log n, one pointer per entry. */
+static int bfs__files_unique(const json_t *files, const char *mpath)
+{
+    const size_t n = json_array_size(files);
+    const char **v = malloc((n ? n : 1) * sizeof *v);
+    if (!v)
+        return bfs__err(BFS_ENOMEM, "out of memory");
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *nm = json_string_value(json_object_get(json_array_get(files, i), "name"));
+        if (nm)
+            v[k++] = nm;
+    }
+    qsort(v, k, sizeof *v, bfs__cmp_str);
+    int rc = 0;
+    for (size_t i = 1; i < k && rc == 0; i++)
+        if (strcmp(v[i - 1], v[i]) == 0) {
+            char e[BFS_ESC_MAX];
+            rc = bfs__err(BFS_EINPUT, "%s: files[] lists \"%s\" more than once: not a manifest bfshard wrote", mpath,
+                          bfs__esc(v[i], e, sizeof e));
+        }
+    free(v);
+    return rc;
+}
+
 static int bfs__verify_manifest(const char *outdir, const char *name, bool partial, FILE *report, bfs_fd_hasher *h,
                                 uint64_t *checked, int *bad, bool *here, int W)
 {
@@ -296,6 +324,7 @@ static int bfs__verify_manifest(const char *outdir, const char *name, bool parti
     const json_t *m = bfs__mf_head(mr), *files = json_object_get(m, "files");
     if (!json_is_array(files) || !bfs__mf_has_tensors(mr))
         BFS_FAIL(BFS_EINPUT, "%s: not a bfshard manifest (missing files/tensors)", mpath);
+    BFS_TRY(bfs__files_unique(files, mpath));
     li.mr = mr;
     li.files = files;
     *bad += bfs__mf_check_seal(mr, report); /* bfshard compress re-seals what it rewrites */
