@@ -19,6 +19,8 @@
 static const char *const fixtures[] = {
     "fp8-block", "fp8-block-split", "ct-fp8-tensor", "ct-fp8-channel", "ct-fp8-block",
     "ct-int4-group", "ct-int4-asym", "ct-nvfp4", "modelopt-nvfp4", "ct-moe-mixed",
+    /* issue 23 (fixtures/gen_mx_fixtures.py) */
+    "fp8-tensor",
 };
 #define NFIX (sizeof fixtures / sizeof *fixtures)
 
@@ -270,12 +272,11 @@ static void st_rewrite(const char *src, const char *dst, const st_edit *e)
     free(b);
 }
 
-/* Copy fixture fx to dir with its model edited and quantization_config members set
+/* Copy fixture fx to tmp/in with its model edited and quantization_config members set
  * (qset: "key=json" pairs, NULL-terminated; "key=" deletes; "-" drops the whole
- * quantization_config), convert, and expect EINPUT with every needle in the message. */
-static void refuse(const char *fx, const st_edit *edits, const char *const *qset, const char *const *needles)
+ * quantization_config), convert to tmp/out (W = 2, dcp) and return the result. */
+static int convert_edited(const char *tmp, const char *fx, const st_edit *edits, const char *const *qset)
 {
-    char *tmp = tu_tmpdir("fmtneg");
     char path[4096], src[512];
     snprintf(src, sizeof src, "fixtures/%s/model.safetensors", fx);
     snprintf(path, sizeof path, "%s/in", tmp);
@@ -304,7 +305,14 @@ static void refuse(const char *fx, const st_edit *edits, const char *const *qset
     char in[4096], out[4096];
     snprintf(in, sizeof in, "%s/in", tmp);
     snprintf(out, sizeof out, "%s/out", tmp);
-    const int rc = convert(in, out, 2, BFS_LAYOUT_DCP, -1);
+    return convert(in, out, 2, BFS_LAYOUT_DCP, -1);
+}
+
+/* convert_edited, expecting EINPUT with every needle in the message and nothing written. */
+static void refuse(const char *fx, const st_edit *edits, const char *const *qset, const char *const *needles)
+{
+    char *tmp = tu_tmpdir("fmtneg");
+    const int rc = convert_edited(tmp, fx, edits, qset);
     const char *msg = bfs_last_error();
     if (rc != BFS_EINPUT)
         fail_msg("%s: expected BFS_EINPUT, got %d (%s)", fx, rc, msg);
@@ -313,11 +321,28 @@ static void refuse(const char *fx, const st_edit *edits, const char *const *qset
         if (!strstr(msg, *needles))
             fail_msg("%s: error \"%s\" does not name \"%s\"", fx, msg, *needles);
     assert_int_equal(tu_sh("test -e %s/out/config.json", tmp), 1);
+    assert_int_equal(tu_sh("ls %s/out/*.safetensors >/dev/null 2>&1", tmp), 2);
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
+/* convert_edited, expecting success and the bytes of fixtures/expected/<fx> (W = 2). */
+static void accept(const char *fx, const st_edit *edits, const char *const *qset)
+{
+    char *tmp = tu_tmpdir("fmtpos");
+    char out[4096], ex[512];
+    if (convert_edited(tmp, fx, edits, qset) != 0)
+        fail_msg("%s (edited): %s", fx, bfs_last_error());
+    snprintf(out, sizeof out, "%s/out", tmp);
+    snprintf(ex, sizeof ex, "fixtures/expected/%s.safetensors", fx);
+    check_out(out, ex, 2, false);
     tu_rmrf(tmp);
     free(tmp);
 }
 
 #define Q "model.layers.0.self_attn.q_proj."
+#define K "model.layers.0.self_attn.k_proj."
+#define V "model.layers.0.self_attn.v_proj."
 #define E(...) ((const st_edit[]){__VA_ARGS__, {0}})
 #define S(...) ((const char *const[]){__VA_ARGS__, NULL})
 
@@ -380,6 +405,61 @@ static void refuse_nvfp4(void **s)
     refuse("modelopt-nvfp4", NULL, S("quant_algo=\"W4A8_AWQ\""), S("quant_algo", "W4A8_AWQ"));
 }
 
+/* ---- issue 23 ------------------------------------------------------------------------------ */
+
+/* Per-tensor FP8 (transformers, quant_method "fp8", weight_block_size null): the fixture's
+ * scales are F32 [] (q_proj), BF16 [] (k_proj), F32 [1, 1] (v_proj), BF16 [1, 1] (o_proj). */
+static void fp8_tensor_rules(void **s)
+{
+    (void)s;
+    /* weight_block_size absent (transformers reads the scalar scale as one block all the same) */
+    accept("fp8-tensor", NULL, S("weight_block_size="));
+    /* a scale of one element shaped [1] is the same scale */
+    accept("fp8-tensor", E({Q "weight_scale_inv", NULL, NULL, 1, {1}}), NULL);
+    /* wrong dtype: F32 -> I32, BF16 -> F16 (the bytes stay) */
+    refuse("fp8-tensor", E({Q "weight_scale_inv", NULL, "I32", 0, {0}}), NULL,
+           S(Q "weight_scale_inv", "I32", Q "weight", "F32 or BF16"));
+    refuse("fp8-tensor", E({K "weight_scale_inv", NULL, "F16", 0, {0}}), NULL, S(K "weight_scale_inv", "F16"));
+    /* wrong shape: F32 [1, 1] -> BF16 [1, 2] (two values for one tensor) */
+    refuse("fp8-tensor", E({V "weight_scale_inv", NULL, "BF16", 2, {1, 2}}), NULL,
+           S(V "weight_scale_inv", "[1, 2]", "weight_block_size", V "weight"));
+    /* the config disagrees: block size given, the scales are scalars of 80 x 80 weights */
+    refuse("fp8-tensor", NULL, S("weight_block_size=[64, 64]"), S(".weight_scale_inv\"", "scale shape []", "weight_block_size [64, 64]"));
+    refuse("fp8-tensor", NULL, S("quant_method=\"compressed-tensors\""), S(".weight_scale_inv\"", "compressed-tensors", "\"fp8\""));
+    /* E8M0 block scales (DeepSeek-V4, MXFP8 under quant_method fp8) and FP4 experts: not this format */
+    refuse("fp8-tensor", NULL, S("scale_fmt=\"ue8m0\""), S("scale_fmt", "ue8m0"));
+    refuse("fp8-tensor", NULL, S("expert_dtype=\"fp4\""), S("expert_dtype", "fp4"));
+    refuse("fp8-tensor", NULL, S("weight_block_size=[128]"), S("weight_block_size"));
+    /* scale missing */
+    refuse("fp8-tensor", E({Q "weight_scale_inv", "zz.unrelated", NULL, 0, {0}}), NULL, S(Q "weight", "without its scale"));
+}
+
+/* activation_scale (static activations) is dropped under quant_method "fp8", and listed */
+static void fp8_tensor_dropped(void **s)
+{
+    (void)s;
+    char *tmp = tu_tmpdir("fp8tdrop");
+    char out[4096], man[4200];
+    snprintf(out, sizeof out, "%s/o", tmp);
+    convert_ok("fixtures/fp8-tensor", out, 3, BFS_LAYOUT_DCP, -1);
+    snprintf(man, sizeof man, "%s/bfshard.manifest.json", out);
+    json_t *m = json_load_file(man, 0, NULL);
+    assert_non_null(m);
+    const json_t *d = json_object_get(m, "dropped");
+    size_t act = 0;
+    for (size_t i = 0; i < json_array_size(d); i++) {
+        const char *n = json_string_value(json_array_get(d, i));
+        act += strlen(n) > 17 && strcmp(n + strlen(n) - 17, ".activation_scale") == 0;
+    }
+    assert_int_equal(act, 7);
+    json_decref(m);
+    assert_int_equal(tu_sh("%s inspect fixtures/fp8-tensor | grep -q 'q_proj.activation_scale .* dropped'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("%s inspect fixtures/fp8-tensor | grep -q 'q_proj.weight .*fp8-tensor .*dequantized'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("grep -q quantization_config %s/config.json", out), 1);
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -391,6 +471,8 @@ int main(void)
         cmocka_unit_test(refuse_ct_fp8),
         cmocka_unit_test(refuse_int4),
         cmocka_unit_test(refuse_nvfp4),
+        cmocka_unit_test(fp8_tensor_rules),
+        cmocka_unit_test(fp8_tensor_dropped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
