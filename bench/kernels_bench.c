@@ -18,10 +18,11 @@
  *   F="-std=c11 -O2 -ffp-contract=off -fno-fast-math -D_GNU_SOURCE -Iinclude -pthread"
  *   gcc $F -mavx2 -mf16c -mbmi2 -c kernels/cpu_avx2.c -o build/bench/cpu_avx2.o
  *   gcc $F -mavx2 -mf16c -mbmi2 -c kernels/cpu_avx2_mxfp4.c -o build/bench/cpu_avx2_mxfp4.o
+ *   gcc $F -mavx2 -mf16c -mbmi2 -c kernels/cpu_avx2_ctmx.c -o build/bench/cpu_avx2_ctmx.o
  *   gcc $F -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mf16c -mbmi2 \
  *       -c kernels/cpu_avx512.c -o build/bench/cpu_avx512.o
  *   gcc $F -o build/bench/kernels_bench bench/kernels_bench.c kernels/cpu_scalar.c \
- *       kernels/cpu_dispatch.c build/bench/cpu_avx2.o build/bench/cpu_avx2_mxfp4.o \
+ *       kernels/cpu_dispatch.c build/bench/cpu_avx2.o build/bench/cpu_avx2_mxfp4.o build/bench/cpu_avx2_ctmx.o \
  *       build/bench/cpu_avx512.o
  *   build/bench/kernels_bench [repetitions, default 5]
  * or `make -f Makefile -f bench/Makefile.inc kernels-bench` (bench/Makefile.inc).

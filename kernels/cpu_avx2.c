@@ -512,6 +512,7 @@ const bfs_kernel_ops bfs__cpu_avx2_ops = {
     .fp8 = bfs__fp8_avx2,
     .int4 = bfs__int4_avx2,
     .nvfp4 = bfs__nvfp4_avx2,
+    .ctmx = bfs__ctmx_avx2, /* cpu_avx2_ctmx.c */
 };
 
 /* ---- XXH3-128 streaming update, AVX2 ----------------------------------------------- */

@@ -20,7 +20,7 @@ static const char *const fixtures[] = {
     "fp8-block", "fp8-block-split", "ct-fp8-tensor", "ct-fp8-channel", "ct-fp8-block",
     "ct-int4-group", "ct-int4-asym", "ct-nvfp4", "modelopt-nvfp4", "ct-moe-mixed",
     /* issue 23 (fixtures/gen_mx_fixtures.py) */
-    "fp8-tensor",
+    "fp8-tensor", "ct-mxfp8", "ct-mxfp4",
 };
 #define NFIX (sizeof fixtures / sizeof *fixtures)
 
