@@ -460,6 +460,42 @@ static void fp8_tensor_dropped(void **s)
     free(tmp);
 }
 
+/* compressed-tensors MX: scales of the wrong dtype, shape or count, a config that disagrees
+ * with the tensors, variants that are not converted (MXFP6, asymmetric, other group sizes). */
+static void refuse_ctmx(void **s)
+{
+    (void)s;
+    static const char *const mx8_g16 = "config_groups={\"group_0\": {\"targets\": [\"Linear\"], \"weights\": "
+                                       "{\"type\": \"float\", \"num_bits\": 8, \"group_size\": 16, \"strategy\": \"group\", "
+                                       "\"symmetric\": true, \"scale_dtype\": \"torch.uint8\"}}}";
+    static const char *const mx4_f8e8 = "config_groups={\"group_0\": {\"targets\": [\"Linear\"], \"weights\": "
+                                        "{\"type\": \"float\", \"num_bits\": 4, \"group_size\": 32, \"strategy\": \"group\", "
+                                        "\"symmetric\": true, \"scale_dtype\": \"torch.float8_e8m0fnu\"}}}";
+    /* wrong scale dtype (the bytes stay): I8 is not E8M0 */
+    refuse("ct-mxfp8", E({Q "weight_scale", NULL, "I8", 0, {0}}), NULL, S(Q "weight_scale", "I8", "U8", Q "weight"));
+    refuse("ct-mxfp4", E({Q "weight_scale", NULL, "I8", 0, {0}}), NULL, S(Q "weight_scale", "I8", "U8"));
+    /* wrong shape or count: [128, 4] -> [64, 8]; a packed weight [128, 64] -> [256, 32] */
+    refuse("ct-mxfp8", E({Q "weight_scale", NULL, NULL, 2, {64, 8}}), NULL, S(Q "weight_scale", "[64, 8]", "[128, 4]"));
+    refuse("ct-mxfp4", E({Q "weight_packed", NULL, NULL, 2, {256, 32}}), NULL, S(Q "weight_scale", "[128, 4]", "[256, 2]"));
+    refuse("ct-mxfp8", E({Q "weight", NULL, NULL, 2, {1024, 16}}), NULL, S(Q "weight", "[1024, 16]", "% 32"));
+    /* the config disagrees: another format, another group size, E8M0 as a float8 dtype */
+    refuse("ct-mxfp8", NULL, S("format=\"float-quantized\""), S(".weight\"", "mxfp8-quantized"));
+    refuse("ct-mxfp4", NULL, S("format=\"nvfp4-pack-quantized\""), S(".weight_packed\"", "mxfp4-pack-quantized"));
+    refuse("ct-mxfp8", NULL, S("format=\"mxfp8-quantized\"", mx8_g16), S("group_size 32"));
+    refuse("ct-mxfp4", NULL, S(mx4_f8e8), S("scale_dtype", "float8_e8m0fnu"));
+    refuse("ct-mxfp8", NULL, S("quant_method=\"fp8\"", "weight_block_size=[128, 128]"), S(".weight\"", "\"fp8\"", "weight_scale_inv"));
+    refuse("ct-mxfp4", NULL, S("-"), S(".weight_packed\"", "compressed-tensors"));
+    /* not converted: MXFP6, asymmetric (a zero point) */
+    refuse("ct-mxfp4", NULL, S("format=\"mxfp6-pack-quantized\""), S("mxfp6-pack-quantized", "not supported"));
+    refuse("ct-mxfp4", E({"model.layers.0.input_layernorm.weight", Q "weight_zero_point", NULL, 0, {0}}), NULL,
+           S(Q "weight_packed", "zero point"));
+    /* mixed formats in one tensor: an MXFP4 weight with an NVFP4 global scale */
+    refuse("ct-mxfp4", E({"model.layers.0.input_layernorm.weight", Q "weight_global_scale", NULL, 0, {0}}), NULL,
+           S(Q "weight"));
+    /* the scale gone */
+    refuse("ct-mxfp8", E({Q "weight_scale", "zz.s", NULL, 0, {0}}), NULL, S(Q "weight"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -473,6 +509,7 @@ int main(void)
         cmocka_unit_test(refuse_nvfp4),
         cmocka_unit_test(fp8_tensor_rules),
         cmocka_unit_test(fp8_tensor_dropped),
+        cmocka_unit_test(refuse_ctmx),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

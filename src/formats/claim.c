@@ -97,7 +97,7 @@ void bfs__qclaim_free(bfs_qclaim *own)
 int bfs__quant_claim(bfs_fctx *c, bfs_qclaim *own)
 {
     int rc = 0;
-    char sup[512], m[300];
+    char sup[1024], m[300];
     const json_t *q = c->config ? json_object_get(c->config, "quantization_config") : NULL;
     const char *what = "quantization_config";
     own->file = NULL;
@@ -162,7 +162,7 @@ static bool bfs__lists(const bfs_format *f, const char *m)
 
 int bfs__quant_check_groups(const bfs_fctx *c, const bfs_ltensor *t, size_t nt)
 {
-    char sup[512], m[300];
+    char sup[1024], m[300];
     size_t took = 0;
     bfs__supported_list(sup, sizeof sup);
     bfs__esc64(c->method ? c->method : "", m, sizeof m);

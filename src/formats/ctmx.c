@@ -89,12 +89,17 @@ static int bfs__ctmx_claim(const bfs_fctx *c, bfs_raw *r, bfs_ltensor *t)
         goto cleanup;
     if ((zp = bfs__sibling(c->in, base, "_zero_point", &rc)) == NULL && rc < 0)
         goto cleanup;
-    /* not ours: no scale, a float scale (FP8, NVFP4 scales are E4M3), a global scale (NVFP4) */
-    if (!s || s->st->dtype != BFS_DT_U8 || gs) {
+    /* not ours: no scale, a float scale (FP8: F32/BF16/F16; NVFP4: E4M3), a global scale
+     * (NVFP4). Ours, to be checked: an integer scale (E8M0 exponents, U8; I8 is refused) */
+    const bfs_dtype sdt = s ? s->st->dtype : BFS_DT_F32;
+    if (!s || gs || (sdt != BFS_DT_U8 && sdt != BFS_DT_I8)) {
         rc = 0;
         goto cleanup;
     }
     const int fp4 = packed;
+    if (sdt != BFS_DT_U8)
+        BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): %s scale dtype %s, expected U8 (E8M0 exponents) for weight \"%s\"",
+                 AT(s), fp4 ? "MXFP4" : "MXFP8", bfs__dtype_name(sdt), st->name);
     if (!bfs__qc_is(c, "compressed-tensors"))
         BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): %s weight with a U8 (E8M0) scale \"%s\", but config.json quantization_config.quant_method is \"%s\" (expected \"compressed-tensors\")",
                  AT(r), fp4 ? "MXFP4" : "MXFP8", s->st->name, c->method ? c->method : "(none)");

@@ -31,7 +31,7 @@ typedef struct bfs_fctx {
     const char *qsource;            /* the file the claim is in, for messages; NULL when none */
     const char *method;             /* the claimed quant_method as written; NULL when none */
     const struct bfs_format *claim; /* the format whose .methods lists it; NULL when none */
-    char supported[512];            /* what bfshard converts, for refusals (bfs__supported_list) */
+    char supported[1024];           /* what bfshard converts, for refusals (bfs__supported_list) */
 } bfs_fctx;
 
 /* Input bytes one unit reads: bfs_srange (input/input.h). */
