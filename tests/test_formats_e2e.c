@@ -20,7 +20,7 @@ static const char *const fixtures[] = {
     "fp8-block", "fp8-block-split", "ct-fp8-tensor", "ct-fp8-channel", "ct-fp8-block",
     "ct-int4-group", "ct-int4-asym", "ct-nvfp4", "modelopt-nvfp4", "ct-moe-mixed",
     /* issue 23 (fixtures/gen_mx_fixtures.py) */
-    "fp8-tensor", "ct-mxfp8", "ct-mxfp4",
+    "fp8-tensor", "ct-mxfp8", "ct-mxfp4", "ct-mx-mixed",
 };
 #define NFIX (sizeof fixtures / sizeof *fixtures)
 
@@ -496,6 +496,67 @@ static void refuse_ctmx(void **s)
     refuse("ct-mxfp8", E({Q "weight_scale", "zz.s", NULL, 0, {0}}), NULL, S(Q "weight"));
 }
 
+/* mixed-precision: each module's config group as compressed-tensors matches it
+ * (src/formats/ctmatch.c; fixture ct-mx-mixed: MXFP4 experts by regex, MXFP8 attention by
+ * regex, FP8 channel layer-1 o_proj by exact name, ignore by name and regex). */
+#define G_MX4 "{\"format\": \"mxfp4-pack-quantized\", \"targets\": [%s], \"weights\": {\"type\": \"float\", \"num_bits\": 4, \"group_size\": 32, \"strategy\": \"group\", \"symmetric\": true}}"
+#define G_MX8 "{\"format\": \"mxfp8-quantized\", \"targets\": [%s], \"weights\": {\"type\": \"float\", \"num_bits\": 8, \"group_size\": 32, \"strategy\": \"group\", \"symmetric\": true}}"
+#define G_F8 "{\"format\": \"float-quantized\", \"targets\": [%s], \"weights\": {\"type\": \"float\", \"num_bits\": 8, \"strategy\": \"channel\", \"symmetric\": true}}"
+#define T_EXP "\"re:.*mlp\\\\.experts\\\\.\\\\d+\\\\.(gate|up|down)_proj$\""
+#define T_ATT "\"re:.*self_attn\\\\.(q|k|v|o)_proj$\""
+#define T_O1 "\"model.layers.1.self_attn.o_proj\""
+
+/* "config_groups={...}" of three groups, each "FORMAT" with its targets */
+static const char *groups3(char *buf, size_t cap, const char *t0, const char *t1, const char *t2)
+{
+    char g0[512], g1[512], g2[512];
+    snprintf(g0, sizeof g0, G_MX4, t0);
+    snprintf(g1, sizeof g1, G_MX8, t1);
+    snprintf(g2, sizeof g2, G_F8, t2);
+    snprintf(buf, cap, "config_groups={\"group_0\": %s, \"group_1\": %s, \"group_2\": %s}", g0, g1, g2);
+    return buf;
+}
+
+static void ct_mixed_matching(void **s)
+{
+    (void)s;
+    char b[2048];
+    /* the groups as written: converts (the fixture itself, compressed again from these strings) */
+    accept("ct-mx-mixed", NULL, S(groups3(b, sizeof b, T_EXP, T_ATT, T_O1)));
+    /* a regex that sorts after the attention regex changes nothing ("re:.*zz|..." > "re:.*se...") */
+    accept("ct-mx-mixed", NULL, S(groups3(b, sizeof b, T_EXP, T_ATT, T_O1 ", \"re:.*zz|.*q_proj$\"")));
+    /* ... one that sorts before it takes q_proj to the FP8 group: its MXFP8 tensors disagree */
+    refuse("ct-mx-mixed", NULL, S(groups3(b, sizeof b, T_EXP, T_ATT, T_O1 ", \"re:.*q_proj$\"")),
+           S(".q_proj.weight\"", "config group 2"));
+    /* the exact name gone: layer-1 o_proj falls to the MXFP8 regex, its FP8-channel tensors disagree */
+    refuse("ct-mx-mixed", NULL, S(groups3(b, sizeof b, T_EXP, T_ATT, "\"model.layers.9.o_proj\"")),
+           S("model.layers.1.self_attn.o_proj.weight_scale\"", "config group 1", "mxfp8-quantized"));
+    /* a target listed by two groups belongs to the later one: the experts' regex in group 2 too */
+    refuse("ct-mx-mixed", NULL, S(groups3(b, sizeof b, T_EXP, T_ATT, T_O1 ", " T_EXP)),
+           S(".mlp.experts.", "config group 2", "float-quantized"));
+    /* a group that matches no module (a fourth group; compressed-tensors itself only warns) */
+    groups3(b, sizeof b, T_EXP, T_ATT, T_O1);
+    char g3[512];
+    snprintf(g3, sizeof g3, ", \"group_3\": " G_F8 "}", "\"re:.*nonexistent_proj$\", \"model.layers.7.mlp\"");
+    strcpy(b + strlen(b) - 1, g3);
+    refuse("ct-mx-mixed", NULL, S(b), S("group_3", "nonexistent_proj", "matches no module"));
+    /* ignore names a quantized module */
+    refuse("ct-mx-mixed", NULL,
+           S("ignore=[\"lm_head\", \"re:.*mlp\\\\.gate$\", \"model.layers.0.self_attn.v_proj\", \"re:.*layers\\\\.1\\\\.self_attn\\\\.k_proj\"]"),
+           S("model.layers.1.self_attn.k_proj", "ignore", "k_proj"));
+    /* the ignore list emptied: the BF16 ignored modules are just unquantized weights (upstream
+     * would have quantized layer-0 v_proj, but the checkpoint is what it is): still converts */
+    accept("ct-mx-mixed", NULL, S("ignore=[]"));
+    /* class targets: "Linear" for the experts is the same answer; a second class target of
+     * another group makes the experts' group depend on their class: refused */
+    accept("ct-mx-mixed", NULL, S(groups3(b, sizeof b, "\"Linear\"", T_ATT, T_O1)));
+    refuse("ct-mx-mixed", NULL, S(groups3(b, sizeof b, "\"Linear\"", T_ATT ", \"Embedding\"", T_O1)),
+           S(".mlp.experts.", "class", "Embedding"));
+    /* a pattern without a POSIX equivalent */
+    refuse("ct-mx-mixed", NULL, S(groups3(b, sizeof b, "\"re:.*\\\\bexperts.*\"", T_ATT, T_O1)),
+           S("re:.*\\bexperts", "not supported"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -510,6 +571,7 @@ int main(void)
         cmocka_unit_test(fp8_tensor_rules),
         cmocka_unit_test(fp8_tensor_dropped),
         cmocka_unit_test(refuse_ctmx),
+        cmocka_unit_test(ct_mixed_matching),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

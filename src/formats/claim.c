@@ -90,8 +90,10 @@ void bfs__qclaim_free(bfs_qclaim *own)
 {
     json_decref(own->file);
     free(own->source);
+    bfs__ctmatch_free(own->ctm);
     own->file = NULL;
     own->source = NULL;
+    own->ctm = NULL;
 }
 
 int bfs__quant_claim(bfs_fctx *c, bfs_qclaim *own)
@@ -102,6 +104,8 @@ int bfs__quant_claim(bfs_fctx *c, bfs_qclaim *own)
     const char *what = "quantization_config";
     own->file = NULL;
     own->source = NULL;
+    own->ctm = NULL;
+    c->ctm = NULL;
     c->qconfig = NULL;
     c->qsource = NULL;
     c->method = NULL;
@@ -145,6 +149,10 @@ int bfs__quant_claim(bfs_fctx *c, bfs_qclaim *own)
         BFS_FAIL(BFS_EINPUT, "%s: %s \"%s\"%s is not supported (bfshard converts: %s)", c->qsource,
                  own->file ? "quant_method" : "quantization_config.quant_method", m,
                  !jm && own->file ? " (no quant_method: AutoGPTQ's quantize_config.json)" : "", sup);
+    if (strcasecmp(c->method, "compressed-tensors") == 0) { /* which group quantizes which module */
+        BFS_TRY(bfs__ctmatch_new(c, &own->ctm));
+        c->ctm = own->ctm;
+    }
 cleanup:
     return rc;
 }
@@ -193,5 +201,5 @@ int bfs__quant_check_groups(const bfs_fctx *c, const bfs_ltensor *t, size_t nt)
         return bfs__err(BFS_EINPUT, "%s: quant_method \"%s\", but no tensor is in its layout (%s); refusing to pass the tensors through as if unquantized",
                         c->qsource, m, lay);
     }
-    return 0;
+    return bfs__ct_groups_used(c); /* compressed-tensors: no config group without a module */
 }

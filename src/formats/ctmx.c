@@ -22,32 +22,33 @@
 
 #define AT(r) bfs__raw_path(c->in, (r)), (r)->st->name, (unsigned long long)(r)->file_offset
 
-/* The format of a compressed-tensors config group that matches the element type: fp4 = 1
- * "mxfp4-pack-quantized" with weights {float, 4 bits, group 32}, fp4 = 0 "mxfp8-quantized"
- * with {float, 8 bits, group 32}. Returns 1 when one exists, 0 when none, < 0 when a group
- * of that format is a variant bfshard does not convert (the message names it). */
-static int bfs__ctmx_group(const bfs_fctx *c, int fp4)
+/* The config group of r's module (as compressed-tensors matches it, ctmatch.c) must be
+ * fp4 = 1 "mxfp4-pack-quantized" with weights {float, 4 bits, group 32} or fp4 = 0
+ * "mxfp8-quantized" with {float, 8 bits, group 32}, symmetric, U8 scales: 0, or < 0 with
+ * a message naming the group and what differs. */
+static int bfs__ctmx_group(const bfs_fctx *c, const bfs_raw *r, int fp4)
 {
-    const char *want = fp4 ? "mxfp4-pack-quantized" : "mxfp8-quantized", *fmt;
-    const json_t *wt;
-    int found = 0;
-    for (size_t k = 0; (wt = bfs__ct_group_weights(c, k, &fmt)) != NULL; k++) {
-        if (strcmp(fmt, want) != 0)
-            continue;
-        const char *type = bfs__qc_str(wt, "type"), *strat = bfs__qc_str(wt, "strategy");
-        const char *sd = bfs__qc_str(wt, "scale_dtype");
-        if (!type || strcmp(type, "float") != 0 || bfs__qc_int(wt, "num_bits") != (fp4 ? 4 : 8) ||
-            bfs__qc_int(wt, "group_size") != 32 || (strat && strcmp(strat, "group") != 0))
-            return bfs__err(BFS_EINPUT, "config.json: quantization_config config group %zu: format \"%s\" with weights other than {type float, num_bits %d, strategy group, group_size 32} is not supported",
-                            k, want, fp4 ? 4 : 8);
-        if (json_is_false(json_object_get(wt, "symmetric")))
-            return bfs__err(BFS_EINPUT, "config.json: quantization_config config group %zu: asymmetric %s (symmetric: false) is not supported", k, want);
-        if (sd && strcmp(sd, "torch.uint8") != 0)
-            return bfs__err(BFS_EINPUT, "config.json: quantization_config config group %zu: %s with scale_dtype \"%s\" is not supported (E8M0 exponents stored as \"torch.uint8\" are)",
-                            k, want, sd);
-        found = 1;
-    }
-    return found;
+    const char *want = fp4 ? "mxfp4-pack-quantized" : "mxfp8-quantized", *fmt = "";
+    size_t k;
+    const int grc = bfs__ct_group_of(c, r, &k);
+    if (grc < 0)
+        return grc;
+    const json_t *wt = bfs__ct_group_weights(c, k, &fmt);
+    if (!wt || strcmp(fmt, want) != 0)
+        return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): %s weight with a U8 (E8M0) scale, but the config group of its module (config group %zu of %s quantization_config) is format \"%s\", not %s {type float, num_bits %d, group_size 32}",
+                        AT(r), fp4 ? "MXFP4" : "MXFP8", k, c->qsource, fmt, want, fp4 ? 4 : 8);
+    const char *type = bfs__qc_str(wt, "type"), *strat = bfs__qc_str(wt, "strategy");
+    const char *sd = bfs__qc_str(wt, "scale_dtype");
+    if (!type || strcmp(type, "float") != 0 || bfs__qc_int(wt, "num_bits") != (fp4 ? 4 : 8) ||
+        bfs__qc_int(wt, "group_size") != 32 || (strat && strcmp(strat, "group") != 0))
+        return bfs__err(BFS_EINPUT, "config.json: quantization_config config group %zu: format \"%s\" with weights other than {type float, num_bits %d, strategy group, group_size 32} is not supported",
+                        k, want, fp4 ? 4 : 8);
+    if (json_is_false(json_object_get(wt, "symmetric")))
+        return bfs__err(BFS_EINPUT, "config.json: quantization_config config group %zu: asymmetric %s (symmetric: false) is not supported", k, want);
+    if (sd && strcmp(sd, "torch.uint8") != 0)
+        return bfs__err(BFS_EINPUT, "config.json: quantization_config config group %zu: %s with scale_dtype \"%s\" is not supported (E8M0 exponents stored as \"torch.uint8\" are)",
+                        k, want, sd);
+    return 0;
 }
 
 /* r (a weight candidate) with its scale s: the checks both element types share. */
@@ -56,12 +57,9 @@ static int bfs__ctmx_check(const bfs_fctx *c, const bfs_raw *r, const bfs_raw *s
     char rs[160], ss[160];
     bfs__shape_str(r->st->shape, r->st->ndim, rs, sizeof rs);
     bfs__shape_str(s->st->shape, s->st->ndim, ss, sizeof ss);
-    const int g = bfs__ctmx_group(c, fp4);
+    const int g = bfs__ctmx_group(c, r, fp4);
     if (g < 0)
         return g;
-    if (g == 0)
-        return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): %s weight with a U8 (E8M0) scale, but no config group of %s quantization_config is %s {type float, num_bits %d, group_size 32}",
-                        AT(r), fp4 ? "MXFP4" : "MXFP8", c->qsource, fp4 ? "mxfp4-pack-quantized" : "mxfp8-quantized", fp4 ? 4 : 8);
     if (r->st->ndim != 2 || in % 32 != 0)
         return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): %s weight shape %s, expected [out, in%s] with in %% 32 == 0",
                         AT(r), fp4 ? "MXFP4 packed" : "MXFP8", rs, fp4 ? "/2" : "");

@@ -89,7 +89,11 @@ static int bfs__fp8_ct_block(const bfs_fctx *c, const bfs_raw *w, const bfs_raw 
     int found = 0;
     const char *fmt;
     const json_t *wt;
-    for (size_t k = 0; (wt = bfs__ct_group_weights(c, k, &fmt)) != NULL; k++) {
+    size_t kg; /* the module's config group, as compressed-tensors matches it (ctmatch.c) */
+    const int grc = bfs__ct_group_of(c, w, &kg);
+    if (grc < 0)
+        return grc;
+    for (size_t k = kg; k == kg && (wt = bfs__ct_group_weights(c, k, &fmt)) != NULL; k++) {
         const char *type = bfs__qc_str(wt, "type"), *strat = bfs__qc_str(wt, "strategy");
         if (strcmp(fmt, "float-quantized") != 0 || !type || strcmp(type, "float") != 0 ||
             bfs__qc_int(wt, "num_bits") != 8 || !strat)
@@ -127,8 +131,8 @@ static int bfs__fp8_ct_block(const bfs_fctx *c, const bfs_raw *w, const bfs_raw 
         found = 1;
     }
     if (!found)
-        return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): FP8 scale shape %s fits no float-quantized 8-bit config group of config.json quantization_config (tensor [%llu, 1] for channel, [1] for tensor, the block grid for block)",
-                        AT(s), ss, (unsigned long long)M);
+        return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): FP8 scale shape %s does not fit the config group of its module (config group %zu of config.json quantization_config, format \"%s\"; a float-quantized 8-bit group wants [%llu, 1] for channel, [1] for tensor, the block grid for block)",
+                        AT(s), ss, kg, bfs__ct_group_weights(c, kg, &fmt) ? fmt : "?", (unsigned long long)M);
     return 0;
 }
 
