@@ -17,7 +17,8 @@
  * The groups (bfs__quant_check_groups, after pass 1): the claimed format took at
  * least one tensor; no other quantized format took one; with no claim, only a
  * format whose tensors identify it alone (.claim_optional: MXFP4 pairs,
- * bitsandbytes quant_state blobs) may take any.
+ * bitsandbytes quant_state blobs) may take any; under compressed-tensors, every config group
+ * matches some module (ctmatch.c, which this file also sets up: bfs_fctx.ctm).
  */
 #include "format.h"
 
