@@ -1,7 +1,9 @@
 /*
  * End to end for the issue-12 formats (FP8 block / tensor / channel, INT4 pack-quantized,
- * NVFP4 compressed-tensors and ModelOpt, the mixed MoE checkpoint): every fixture of
- * fixtures/gen_quant_fixtures.py converts for W = 1, 2, 3, 8 (dcp) and W = 1 (hf) to the
+ * NVFP4 compressed-tensors and ModelOpt, the mixed MoE checkpoint) and the issue-23 ones
+ * (per-tensor FP8 as transformers loads it, compressed-tensors MXFP8 / MXFP4, mixed-precision
+ * groups matched as compressed-tensors does): every fixture of fixtures/gen_quant_fixtures.py
+ * and fixtures/gen_mx_fixtures.py converts for W = 1, 2, 3, 8 (dcp) and W = 1 (hf) to the
  * bytes of the upstream dequant (fixtures/expected; NaN payloads apart), at every CPU
  * level; activation / KV scales are dropped and listed; quantization_config and
  * hf_quant_config.json do not reach the output; and every refusal (missing, mis-shaped,
@@ -552,6 +554,12 @@ static void ct_mixed_matching(void **s)
     accept("ct-mx-mixed", NULL, S(groups3(b, sizeof b, "\"Linear\"", T_ATT, T_O1)));
     refuse("ct-mx-mixed", NULL, S(groups3(b, sizeof b, "\"Linear\"", T_ATT ", \"Embedding\"", T_O1)),
            S(".mlp.experts.", "class", "Embedding"));
+    /* inspect and the manifest name each tensor's format, as matched */
+    assert_int_equal(tu_sh("%s inspect fixtures/ct-mx-mixed | grep -q 'layers.1.self_attn.o_proj.weight .*ct-fp8-channel .*dequantized'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("%s inspect fixtures/ct-mx-mixed | grep -q 'layers.0.self_attn.o_proj.weight .*ct-mxfp8 .*dequantized'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("%s inspect fixtures/ct-mx-mixed | grep -q 'experts.3.down_proj.weight .*ct-mxfp4 .*dequantized'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("%s inspect fixtures/ct-mx-mixed | grep -q 'layers.0.self_attn.v_proj.weight .*passthrough .*copied'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("%s inspect fixtures/ct-mxfp4 --json | grep -q '\"ct-mxfp4\"'", tu_bfshard()), 0);
     /* a pattern without a POSIX equivalent */
     refuse("ct-mx-mixed", NULL, S(groups3(b, sizeof b, "\"re:.*\\\\bexperts.*\"", T_ATT, T_O1)),
            S("re:.*\\bexperts", "not supported"));

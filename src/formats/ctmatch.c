@@ -311,7 +311,7 @@ static int ct_compile(ct_pat *t, const char *qsource)
     if (!t->is_re)
         return 0;
     const char *py = t->text + 3, *why = NULL;
-    const size_t cap = 8 * strlen(py) + 64;
+    const size_t cap = 64 * strlen(py) + 64; /* a class can grow ~10x; too long is refused, never cut */
     char *ere = malloc(cap);
     if (!ere)
         return bfs__err(BFS_ENOMEM, "out of memory");
