@@ -18,10 +18,11 @@
  *   F="-std=c11 -O2 -ffp-contract=off -fno-fast-math -D_GNU_SOURCE -Iinclude -pthread"
  *   gcc $F -mavx2 -mf16c -mbmi2 -c kernels/cpu_avx2.c -o build/bench/cpu_avx2.o
  *   gcc $F -mavx2 -mf16c -mbmi2 -c kernels/cpu_avx2_mxfp4.c -o build/bench/cpu_avx2_mxfp4.o
+ *   gcc $F -mavx2 -mf16c -mbmi2 -c kernels/cpu_avx2_ctmx.c -o build/bench/cpu_avx2_ctmx.o
  *   gcc $F -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mf16c -mbmi2 \
  *       -c kernels/cpu_avx512.c -o build/bench/cpu_avx512.o
  *   gcc $F -o build/bench/kernels_bench bench/kernels_bench.c kernels/cpu_scalar.c \
- *       kernels/cpu_dispatch.c build/bench/cpu_avx2.o build/bench/cpu_avx2_mxfp4.o \
+ *       kernels/cpu_dispatch.c build/bench/cpu_avx2.o build/bench/cpu_avx2_mxfp4.o build/bench/cpu_avx2_ctmx.o \
  *       build/bench/cpu_avx512.o
  *   build/bench/kernels_bench [repetitions, default 5]
  * or `make -f Makefile -f bench/Makefile.inc kernels-bench` (bench/Makefile.inc).
@@ -120,7 +121,7 @@ static void run_cast(const bfs_kernel_ops *k, const void *ctx, uint16_t *out)
 }
 
 typedef struct q12_ctx {
-    int op; /* 0 fp8, 1 int4, 2 nvfp4 */
+    int op; /* 0 fp8, 1 int4, 2 nvfp4, 3 compressed-tensors MX (issue 23) */
     const void *d;
     size_t n;
 } q12_ctx;
@@ -132,8 +133,10 @@ static void run_q12(const bfs_kernel_ops *k, const void *ctx, uint16_t *out)
         k->fp8(c->d, 0, c->n, out);
     else if (c->op == 1)
         k->int4(c->d, 0, c->n, out);
-    else
+    else if (c->op == 2)
         k->nvfp4(c->d, 0, c->n, out);
+    else
+        k->ctmx(c->d, 0, c->n, out);
 }
 
 /* A positive scale in [lo, hi) (log-uniform), as float32 bytes or bf16 bytes. */
@@ -284,6 +287,15 @@ int main(int argc, char **argv)
     const bfs_nvfp4_desc nd_mo = {nv, nv_sc, 0.37f / 2688.0f, 1, IC};
     const q12_ctx q_nct = {2, &nd_ct, in_}, q_nmo = {2, &nd_mo, in_};
 
+    /* compressed-tensors MX 4096 x 14336 (issue 23): E8M0 scale bytes 107..127 (2^-20 .. 2^0,
+     * as quantizers make them); MXFP8 on its own E4M3 bytes, MXFP4 on nv's packed bytes */
+    uint8_t *mx8 = xmalloc(in_), *mx_sc = xmalloc(in_ / 32);
+    rnd_fill(mx8, in_);
+    for (size_t i = 0; i < in_ / 32; i++)
+        mx_sc[i] = (uint8_t)(107 + rnd32() % 21);
+    const bfs_ctmx_desc md8 = {mx8, mx_sc, 0, IC}, md4 = {nv, mx_sc, 1, IC};
+    const q12_ctx q_m8 = {3, &md8, in_}, q_m4 = {3, &md4, in_};
+
     const bench_op ops[] = {
         {"mxfp4 5760x2880 (gpt-oss layout)", R * G * 32, run_mx, &mx0, 0},
         {"mxfp4 5760x2880 transposed (HF)", R * G * 32, run_mx, &mx1, 0},
@@ -296,6 +308,8 @@ int main(int argc, char **argv)
         {"int4 4096x14336 g128 asym (zp)", in_, run_q12, &q_iasym, 0},
         {"nvfp4 4096x14336 compressed-t.", in_, run_q12, &q_nct, 0},
         {"nvfp4 4096x14336 modelopt", in_, run_q12, &q_nmo, 0},
+        {"ct-mxfp8 4096x14336 e8m0/32", in_, run_q12, &q_m8, 0},
+        {"ct-mxfp4 4096x14336 e8m0/32", in_, run_q12, &q_m4, 0},
         {"cast f32->bf16 32Mi", nc, run_cast, &c32, 0},
         {"cast f16->bf16 32Mi", nc, run_cast, &c16, 0},
         {"cast f64->bf16 32Mi", nc, run_cast, &c64, 0},
@@ -358,6 +372,6 @@ int main(int argc, char **argv)
     free(blocks), free(scales), free(codes), free(absmax_u8), free(nested_absmax);
     free(f32), free(f16), free(f64), free(ref), free(out), free(src);
     free(f8), free(f8_blk), free(f8_ch), free(f8_t), free(i4), free(i4_zp), free(i4_sc);
-    free(nv), free(nv_sc);
+    free(nv), free(nv_sc), free(mx8), free(mx_sc);
     return bad ? 1 : 0;
 }

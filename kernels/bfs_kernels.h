@@ -87,6 +87,21 @@ typedef struct bfs_nvfp4_desc {
 } bfs_nvfp4_desc;
 typedef void (*bfs_nvfp4_fn)(const bfs_nvfp4_desc *d, size_t i0, size_t i1, uint16_t *out);
 
+/* ---- issue-23 formats (docs/FORMATS.md section 7) -------------------------------------- */
+
+/* compressed-tensors MX, mxfp8-quantized (fp4 = 0) and mxfp4-pack-quantized (fp4 = 1): one
+ * E8M0 scale byte per 32 elements of a row (cols % 32 == 0), scale [rows][cols / 32];
+ * fp4 = 0: w is [rows][cols] E4M3; fp4 = 1: w is [rows][cols / 2] E2M1 pairs (low nibble =
+ * even element, code 8 = -0.0). Element i of the tensor is w byte i (i / 2 for fp4) and scale
+ * byte i / 32. Value: ref_formats.h bfs_ctmx_value (scale byte 255 is +inf, not NaN). */
+typedef struct bfs_ctmx_desc {
+    const uint8_t *w;
+    const uint8_t *scale;
+    int fp4;
+    size_t cols;
+} bfs_ctmx_desc;
+typedef void (*bfs_ctmx_fn)(const bfs_ctmx_desc *d, size_t i0, size_t i1, uint16_t *out);
+
 /* Casts to bf16 (round to nearest even, NaN -> 0x7FC0). F64 goes through float32
  * first, as torch's .to(torch.bfloat16) does. Inputs may be unaligned. */
 typedef void (*bfs_cast_fn)(const void *in, size_t n, uint16_t *out);
@@ -107,6 +122,7 @@ typedef struct bfs_kernel_ops {
     bfs_fp8_fn fp8;
     bfs_int4_fn int4;
     bfs_nvfp4_fn nvfp4;
+    bfs_ctmx_fn ctmx;
 } bfs_kernel_ops;
 
 /* The scalar reference (cpu_scalar.c): plain loops over ref.h, present in every build.
@@ -116,6 +132,7 @@ extern const bfs_kernel_ops bfs__cpu_scalar_ops;
 void bfs__fp8_scalar(const bfs_fp8_desc *d, size_t i0, size_t i1, uint16_t *out);
 void bfs__int4_scalar(const bfs_int4_desc *d, size_t i0, size_t i1, uint16_t *out);
 void bfs__nvfp4_scalar(const bfs_nvfp4_desc *d, size_t i0, size_t i1, uint16_t *out);
+void bfs__ctmx_scalar(const bfs_ctmx_desc *d, size_t i0, size_t i1, uint16_t *out);
 
 /* The cast of k from source type s. */
 static inline bfs_cast_fn bfs_kernels_cast(const bfs_kernel_ops *k, bfs_cast_src s)

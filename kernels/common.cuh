@@ -132,6 +132,19 @@ typedef struct bfs_cu_nvfp4_args {
 } bfs_cu_nvfp4_args;
 int bfs__cu_nvfp4(const bfs_cu_nvfp4_args *a, cudaStream_t stream);
 
+/* Issue-23 compressed-tensors MX (docs/FORMATS.md section 7): elements [e0, e0 + n) of one
+ * weight [rows][cols] (cols % 32 == 0), flat: element i is w byte i (fp4: i / 2) and E8M0
+ * scale byte i / 32. */
+typedef struct bfs_cu_ctmx_args {
+    const uint8_t *w;     /* [0] = byte b0 of the whole w array (b0 = e0, or e0 / 2 for fp4) */
+    const uint8_t *scale; /* [0] = scale byte s0 = e0 / 32 */
+    int fp4;
+    uint64_t e0, b0, s0;
+    size_t n, cols;
+    uint16_t *out;
+} bfs_cu_ctmx_args;
+int bfs__cu_ctmx(const bfs_cu_ctmx_args *a, cudaStream_t stream);
+
 /* n elements of F32, F16 or F64 -> BF16. */
 int bfs__cu_cast(const void *in, bfs_cast_src src, size_t n, uint16_t *out, cudaStream_t stream);
 
@@ -189,7 +202,7 @@ static inline unsigned bfs_cu_grid(size_t work_items, size_t per_thread)
 /* Two bf16 in one 32-bit word, the first at the lower address. */
 BFS_HD uint32_t bfs_cu_pack2(uint16_t lo, uint16_t hi) { return (uint32_t)lo | ((uint32_t)hi << 16); }
 
-/* Per-thread elements of the element-wise kernels (fp8.cu, int4.cu, nvfp4.cu) and bnb4.cu. */
+/* Per-thread elements of the element-wise kernels (fp8.cu, int4.cu, nvfp4.cu, ctmx.cu) and bnb4.cu. */
 #define BFS_CU_PER_THREAD 8
 
 /* v[0..cnt) to out[0..cnt): one 16-byte store when all 8 are there (out + k0 with k0 % 8 == 0
@@ -218,7 +231,7 @@ BFS_HD void bfs_cu_store8(uint16_t *o, const uint16_t v[BFS_CU_PER_THREAD], size
 /* Elements [k0, k0 + 8) (fewer at the end: n in all) of a chunk that starts at element e0
  * of a row-major tensor of `cols` columns: each value is f(r, c, k) (the element's row,
  * column, and index in the chunk), in order, then one bfs_cu_store8 to out + k0.
- * The walk of fp8.cu, int4.cu, nvfp4.cu. */
+ * The walk of fp8.cu, int4.cu, nvfp4.cu, ctmx.cu. */
 template <typename F>
 BFS_HD void bfs_cu_rows8(uint16_t *out, uint64_t e0, uint64_t cols, size_t n, size_t k0, F f)
 {

@@ -260,25 +260,7 @@ static void fp8_tab_build(float s, fp8_tab *t)
     t->ok = 1;
 }
 
-/* 32 codes -> 32 bf16 at o; tl, th, ul, uh: the tables in both lanes. The NaN codes take U
- * too (entry 15, unused by e = 0) and no ADJ (a vpshufb index with bit 7 set gives 0). */
-static inline void fp8_lut32(__m256i c, __m256i tl, __m256i th, __m256i ul, __m256i uh, uint16_t *o)
-{
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    const __m256i adj = _mm256_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, -128, -127, -126, -125, -124, -123, -122, -121,
-                                         0, 1, 2, 3, 4, 5, 6, 7, -128, -127, -126, -125, -124, -123, -122, -121);
-    c = _mm256_permute4x64_epi64(c, 0xD8); /* lanes: codes 0..7, 16..23 | 8..15, 24..31 */
-    const __m256i idx = _mm256_and_si256(c, m4);
-    const __m256i nan = _mm256_cmpeq_epi8(_mm256_add_epi8(c, c), _mm256_set1_epi8(-2)); /* |c| == 0x7F */
-    const __m256i hn = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), m4), nan);
-    const __m256i sub = _mm256_cmpeq_epi8(_mm256_and_si256(c, _mm256_set1_epi8(0x78)), _mm256_setzero_si256());
-    const __m256i spec = _mm256_or_si256(sub, nan);
-    const __m256i lo = _mm256_blendv_epi8(_mm256_shuffle_epi8(tl, idx), _mm256_shuffle_epi8(ul, idx), spec);
-    __m256i hi = _mm256_blendv_epi8(_mm256_shuffle_epi8(th, idx), _mm256_shuffle_epi8(uh, idx), spec);
-    hi = _mm256_add_epi8(hi, _mm256_shuffle_epi8(adj, hn));
-    _mm256_storeu_si256((__m256i *)o, _mm256_unpacklo_epi8(lo, hi));
-    _mm256_storeu_si256((__m256i *)(o + 16), _mm256_unpackhi_epi8(lo, hi));
-}
+/* The lookup itself, fp8_lut32, is in cpu_avx2.h (compressed-tensors MXFP8 uses it too). */
 
 /* n E4M3 bytes through the tables of t (t->ok) -> n bf16 at o */
 static inline void fp8_run_tab(const uint8_t *w, size_t n, const fp8_tab *t, uint16_t *o)
@@ -512,6 +494,7 @@ const bfs_kernel_ops bfs__cpu_avx2_ops = {
     .fp8 = bfs__fp8_avx2,
     .int4 = bfs__int4_avx2,
     .nvfp4 = bfs__nvfp4_avx2,
+    .ctmx = bfs__ctmx_avx2, /* cpu_avx2_ctmx.c */
 };
 
 /* ---- XXH3-128 streaming update, AVX2 ----------------------------------------------- */

@@ -1,8 +1,9 @@
 /*
- * What the AVX2 level's two files (cpu_avx2.c, cpu_avx2_mxfp4.c) share: the
- * vpshufb expansion of 4-bit codes through 16-entry bf16 tables, and the MXFP4
- * kernel's name. Both files are built with -mavx2 -mf16c -mbmi2 (the Makefile's
- * KAVX2_SRC); calls go one way, cpu_avx2.c -> cpu_avx2_mxfp4.c.
+ * What the AVX2 level's files (cpu_avx2.c, cpu_avx2_mxfp4.c, cpu_avx2_ctmx.c) share:
+ * the vpshufb expansion of 4-bit codes through 16-entry bf16 tables, the lookup of E4M3
+ * codes in per-scale tables (fp8_lut32), and the MXFP4 kernel's name. All are built with
+ * -mavx2 -mf16c -mbmi2 (the Makefile's KAVX2_SRC); calls go one way, cpu_avx2.c ->
+ * cpu_avx2_mxfp4.c (cpu_avx2_ctmx.c is reached through cpu_x86.h's declaration).
  */
 #ifndef BFS_KERNELS_CPU_AVX2_H
 #define BFS_KERNELS_CPU_AVX2_H
@@ -50,6 +51,28 @@ static inline void lut_expand32(__m128i c0, __m128i c1, __m128i tl, __m128i th, 
     _mm_storeu_si128((__m128i *)(o + 8), _mm_unpackhi_epi8(l0, h0));
     _mm_storeu_si128((__m128i *)(o + 16), _mm_unpacklo_epi8(l1, h1));
     _mm_storeu_si128((__m128i *)(o + 24), _mm_unpackhi_epi8(l1, h1));
+}
+
+/* ---- E4M3 through per-scale tables (cpu_avx2.c "FP8 by table"; cpu_avx2_ctmx.c) ------ */
+
+/* 32 codes -> 32 bf16 at o; tl, th, ul, uh: the tables in both lanes. The NaN codes take U
+ * too (entry 15, unused by e = 0) and no ADJ (a vpshufb index with bit 7 set gives 0). */
+static inline void fp8_lut32(__m256i c, __m256i tl, __m256i th, __m256i ul, __m256i uh, uint16_t *o)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i adj = _mm256_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, -128, -127, -126, -125, -124, -123, -122, -121,
+                                         0, 1, 2, 3, 4, 5, 6, 7, -128, -127, -126, -125, -124, -123, -122, -121);
+    c = _mm256_permute4x64_epi64(c, 0xD8); /* lanes: codes 0..7, 16..23 | 8..15, 24..31 */
+    const __m256i idx = _mm256_and_si256(c, m4);
+    const __m256i nan = _mm256_cmpeq_epi8(_mm256_add_epi8(c, c), _mm256_set1_epi8(-2)); /* |c| == 0x7F */
+    const __m256i hn = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), m4), nan);
+    const __m256i sub = _mm256_cmpeq_epi8(_mm256_and_si256(c, _mm256_set1_epi8(0x78)), _mm256_setzero_si256());
+    const __m256i spec = _mm256_or_si256(sub, nan);
+    const __m256i lo = _mm256_blendv_epi8(_mm256_shuffle_epi8(tl, idx), _mm256_shuffle_epi8(ul, idx), spec);
+    __m256i hi = _mm256_blendv_epi8(_mm256_shuffle_epi8(th, idx), _mm256_shuffle_epi8(uh, idx), spec);
+    hi = _mm256_add_epi8(hi, _mm256_shuffle_epi8(adj, hn));
+    _mm256_storeu_si256((__m256i *)o, _mm256_unpacklo_epi8(lo, hi));
+    _mm256_storeu_si256((__m256i *)(o + 16), _mm256_unpackhi_epi8(lo, hi));
 }
 
 /* MXFP4, both layouts (cpu_avx2_mxfp4.c): the level's bfs_mxfp4_fn. */

@@ -242,4 +242,5 @@ const bfs_kernel_ops BFS_AVX512_OPS = {
     .fp8 = bfs__fp8_avx2, /* the AVX2 kernels (cpu_x86.h): memory-bound, 512-bit gains nothing measurable */
     .int4 = bfs__int4_avx2,
     .nvfp4 = bfs__nvfp4_avx2,
+    .ctmx = bfs__ctmx_avx2, /* cpu_avx2_ctmx.c: memory-bound as well */
 };

@@ -114,6 +114,13 @@ void bfs__nvfp4_scalar(const bfs_nvfp4_desc *d, size_t i0, size_t i1, uint16_t *
         out[i - i0] = bfs_nvfp4_elem(d, i / d->cols, i % d->cols);
 }
 
+void bfs__ctmx_scalar(const bfs_ctmx_desc *d, size_t i0, size_t i1, uint16_t *out)
+{
+    assert(i0 <= i1 && d->cols > 0 && d->cols % 32 == 0);
+    for (size_t i = i0; i < i1; i++)
+        out[i - i0] = bfs_ctmx_elem(d, i);
+}
+
 const bfs_kernel_ops bfs__cpu_scalar_ops = {
     .name = "scalar",
     .level = BFS_CPU_SCALAR,
@@ -125,4 +132,5 @@ const bfs_kernel_ops bfs__cpu_scalar_ops = {
     .fp8 = bfs__fp8_scalar,
     .int4 = bfs__int4_scalar,
     .nvfp4 = bfs__nvfp4_scalar,
+    .ctmx = bfs__ctmx_scalar,
 };

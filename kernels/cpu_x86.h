@@ -102,6 +102,8 @@ static inline uint16_t *x86_bnb_lut_run(const uint16_t *lut, const uint8_t *code
 void bfs__fp8_avx2(const bfs_fp8_desc *d, size_t i0, size_t i1, uint16_t *out);
 void bfs__int4_avx2(const bfs_int4_desc *d, size_t i0, size_t i1, uint16_t *out);
 void bfs__nvfp4_avx2(const bfs_nvfp4_desc *d, size_t i0, size_t i1, uint16_t *out);
+/* ---- issue-23 compressed-tensors MX: the AVX2 kernel (cpu_avx2_ctmx.c), also AVX-512's ------ */
+void bfs__ctmx_avx2(const bfs_ctmx_desc *d, size_t i0, size_t i1, uint16_t *out);
 
 /* ---- MXFP4 --------------------------------------------------------------------------- */
 

@@ -15,6 +15,11 @@
  *    bf16(f32(e2m1 * f32(f32(scale_e4m3) / global_scale)))  (global scale: a divisor).
  *  - NVFP4 ModelOpt: low nibble = even element, e2m1 code 8 = +0.0;
  *    bf16(f32(e2m1 * f32(f32(scale_e4m3) * weight_scale_2)))  (scale_2: a multiplier).
+ *  - compressed-tensors MX (issue 23, docs/FORMATS.md 7.2, 7.3): E8M0 scale byte s per 32
+ *    elements decoded as decompress_mx_scale does (2^(s-127) exactly, s = 0 the subnormal
+ *    2^-127, s = 255 +inf: there is no NaN scale); bf16(f32(v * scale)) with v the E4M3 value
+ *    (mxfp8-quantized) or the E2M1 value, code 8 = -0.0 (mxfp4-pack-quantized). So 0 * inf is
+ *    NaN, unlike gpt-oss MXFP4 (ref.h bfs_mxfp4_value, an exact ldexp).
  * Every product and quotient is one float32 operation: build with -ffp-contract=off.
  */
 #ifndef BFS_KERNELS_REF_FORMATS_H
@@ -177,6 +182,25 @@ BFS_HD uint16_t bfs_nvfp4_elem(const bfs_nvfp4_desc *d, size_t r, size_t c)
     const unsigned code = (c & 1) ? (unsigned)(b >> 4) : (unsigned)(b & 0x0Fu);
     const float bs = bfs_nvfp4_block_scale(d->scale[r * (d->cols / 16) + c / 16], d->global_scale, d->modelopt);
     return bfs_nvfp4_value(code, bs, d->modelopt);
+}
+
+/* A compressed-tensors MX element: v (exact in float32) times the E8M0 scale byte s as
+ * compressed-tensors decodes it (2.0 ** (s - 127) in bfloat16: bfs_e8m0_to_f32, +inf for 255),
+ * in one float32 multiply (torch's bfloat16 multiply: the float32 product, rounded once). The
+ * product is exact but for overflow; 0 * inf (s = 255) is NaN. */
+BFS_HD uint16_t bfs_ctmx_value(float v, uint8_t s) { return bfs_scaled_value(v, bfs_e8m0_to_f32(s)); }
+
+/* Element i of a compressed-tensors MX weight (flat: rows are whole groups). */
+BFS_HD uint16_t bfs_ctmx_elem(const bfs_ctmx_desc *d, size_t i)
+{
+    float v;
+    if (d->fp4) {
+        const uint8_t b = d->w[i / 2];
+        v = bfs_e2m1_ct_to_f32((i & 1) ? (unsigned)(b >> 4) : (unsigned)(b & 0x0Fu));
+    } else {
+        v = bfs_e4m3_to_f32(d->w[i]);
+    }
+    return bfs_ctmx_value(v, d->scale[i / 32]);
 }
 
 #endif

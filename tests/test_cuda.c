@@ -625,6 +625,39 @@ static void test_nvfp4(void **state)
     nvfp4_case(3, 8000, 0x44C00000u, 1);
 }
 
+/* ---- issue-23 compressed-tensors MX: MXFP8 (fp4 = 0) and MXFP4 (fp4 = 1) ---------------------- */
+static void ctmx_case(size_t rows, size_t cols, int fp4)
+{
+    const size_t wb = fp4 ? rows * cols / 2 : rows * cols, ns = rows * cols / 32;
+    uint8_t *w = xmalloc(wb), *scale = xmalloc(ns);
+    fill_random(w, wb);
+    fill_random(scale, ns);
+    for (size_t i = 0; i < 256 && i < ns; i++) /* every E8M0 byte: 0 (2^-127), 254, 255 (+inf) */
+        scale[i] = (uint8_t)i;
+    for (size_t i = 0; i < 256 && i < wb; i++) /* every E4M3 code / every pair of E2M1 codes */
+        w[i] = (uint8_t)(i * 7);
+    char name[96];
+    snprintf(name, sizeof name, "ctmx.%s.%zux%zu.weight", fp4 ? "mxfp4" : "mxfp8", rows, cols);
+    bfs_ltensor t = mk_2d(name, BFS_K_CTMX, rows, cols);
+    t.ctmx = (bfs_ctmx_desc){.w = w, .scale = scale, .fp4 = fp4, .cols = cols};
+    const uint64_t budgets[] = {0, 16 * 1024, 40 * 1024 + 512};
+    check_all_units(&t, rows, budgets, 3);
+    free(w);
+    free(scale);
+}
+
+static void test_ctmx(void **state)
+{
+    (void)state;
+    if (g_ndev == 0)
+        skip();
+    for (int fp4 = 0; fp4 < 2; fp4++) {
+        ctmx_case(260, 288, fp4); /* 9 groups a row, every scale byte in rows 0..28 */
+        ctmx_case(33, 32, fp4);   /* one group a row */
+        ctmx_case(3, 8000, fp4);  /* rows wider than a chunk: chunks start mid-row, mid-group, mid-byte */
+    }
+}
+
 /* The two NVFP4 conventions differ on the same bytes: the CUDA path must not confuse them. */
 static void test_nvfp4_conventions_differ(void **state)
 {
@@ -1305,6 +1338,7 @@ int main(void)
         cmocka_unit_test(test_int4),
         cmocka_unit_test(test_nvfp4),
         cmocka_unit_test(test_nvfp4_conventions_differ),
+        cmocka_unit_test(test_ctmx),
         cmocka_unit_test(test_fp8_multi_gpu),
         cmocka_unit_test(test_passthrough),
         cmocka_unit_test(test_budget_errors),

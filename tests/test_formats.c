@@ -2,13 +2,16 @@
 #include "testutil.h"
 #include "formats/format.h"
 
+#include <jansson.h>
+#include <stdio.h>
 #include <string.h>
 #include <strings.h>
 
 static void table_invariants(void **s)
 {
     (void)s;
-    const bfs_kind kinds[] = {BFS_K_PASS, BFS_K_CAST, BFS_K_MXFP4, BFS_K_BNB4};
+    const bfs_kind kinds[] = {BFS_K_PASS, BFS_K_CAST, BFS_K_MXFP4, BFS_K_BNB4,
+                              BFS_K_FP8,  BFS_K_INT4, BFS_K_NVFP4, BFS_K_CTMX};
     size_t n = 0;
     while (bfs__formats[n])
         n++;
@@ -47,8 +50,9 @@ static void table_invariants(void **s)
     /* the refuse row sees every leftover before passthrough takes it */
     assert_true(n >= 2);
     assert_string_equal(bfs__formats[n - 2]->name, "refuse");
-    char sup[512];
+    char sup[1024];
     bfs__supported_list(sup, sizeof sup);
+    assert_true(strlen(sup) + 1 < sizeof sup); /* the whole list fits bfs_fctx.supported */
     assert_non_null(strstr(sup, "mxfp4"));
     assert_non_null(strstr(sup, "bitsandbytes 4-bit"));
     assert_non_null(strstr(sup, "unquantized"));
@@ -134,6 +138,53 @@ static void unit_sources(void **s)
     assert_int_equal(bfs__unit_sources(&u, r), 1);
     assert_int_equal(r[0].off, 8);
     assert_int_equal(r[0].len, 16);
+
+    t.kind = BFS_K_CTMX; /* rows of 64 elements: 64 E4M3 bytes or 32 packed bytes, 2 scale bytes */
+    t.row_elems = 64;
+    t.ctmx.cols = 64;
+    t.ctmx.fp4 = 0;
+    assert_int_equal(bfs__unit_sources(&u, r), 2);
+    assert_ptr_equal(r[0].r, &a);
+    assert_int_equal(r[0].off, 64);
+    assert_int_equal(r[0].len, 128);
+    assert_ptr_equal(r[1].r, &b);
+    assert_int_equal(r[1].off, 2);
+    assert_int_equal(r[1].len, 4);
+    t.ctmx.fp4 = 1;
+    assert_int_equal(bfs__unit_sources(&u, r), 2);
+    assert_int_equal(r[0].off, 32);
+    assert_int_equal(r[0].len, 64);
+    assert_int_equal(r[1].off, 2);
+}
+
+/* compressed-tensors' target matching (src/formats/ctmatch.c): Python re.match patterns run
+ * as POSIX regexes must give compressed-tensors' own answers (fixtures/ct-match-vectors.json,
+ * made by fixtures/gen_mx_fixtures.py with compressed_tensors.utils.match.match_name); and
+ * what cannot be translated is refused, not guessed. */
+static void ct_target_matching(void **s)
+{
+    (void)s;
+    json_error_t e;
+    json_t *v = json_load_file("fixtures/ct-match-vectors.json", 0, &e);
+    if (!v)
+        fail_msg("fixtures/ct-match-vectors.json: %s", e.text);
+    const json_t *vec = json_object_get(v, "vectors");
+    assert_true(json_array_size(vec) > 100);
+    for (size_t i = 0; i < json_array_size(vec); i++) {
+        const json_t *x = json_array_get(vec, i);
+        const char *t = json_string_value(json_object_get(x, "target")), *n = json_string_value(json_object_get(x, "name"));
+        const int want = json_is_true(json_object_get(x, "match")), got = bfs__ct_target_matches(t, n);
+        if (got != want)
+            fail_msg("target \"%s\", module \"%s\": %d, compressed-tensors says %d (%s)", t, n, got,
+                     want, got < 0 ? bfs_last_error() : "");
+    }
+    json_decref(v);
+    static const char *const refused[] = {"re:.*\\bproj", "re:(?=x).*", "re:(?i)LM_HEAD", "re:(a)\\1",
+                                          "re:.*\\Aproj", "re:.*x{1,99999}"};
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        assert_int_equal(bfs__ct_target_matches(refused[i], "model.x"), -1);
+        assert_non_null(strstr(bfs_last_error(), "not supported"));
+    }
 }
 
 int main(void)
@@ -142,6 +193,7 @@ int main(void)
         cmocka_unit_test(table_invariants),
         cmocka_unit_test(kind_names),
         cmocka_unit_test(unit_sources),
+        cmocka_unit_test(ct_target_matching),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,7 +1,9 @@
 /*
  * End to end for the issue-12 formats (FP8 block / tensor / channel, INT4 pack-quantized,
- * NVFP4 compressed-tensors and ModelOpt, the mixed MoE checkpoint): every fixture of
- * fixtures/gen_quant_fixtures.py converts for W = 1, 2, 3, 8 (dcp) and W = 1 (hf) to the
+ * NVFP4 compressed-tensors and ModelOpt, the mixed MoE checkpoint) and the issue-23 ones
+ * (per-tensor FP8 as transformers loads it, compressed-tensors MXFP8 / MXFP4, mixed-precision
+ * groups matched as compressed-tensors does): every fixture of fixtures/gen_quant_fixtures.py
+ * and fixtures/gen_mx_fixtures.py converts for W = 1, 2, 3, 8 (dcp) and W = 1 (hf) to the
  * bytes of the upstream dequant (fixtures/expected; NaN payloads apart), at every CPU
  * level; activation / KV scales are dropped and listed; quantization_config and
  * hf_quant_config.json do not reach the output; and every refusal (missing, mis-shaped,
@@ -19,6 +21,8 @@
 static const char *const fixtures[] = {
     "fp8-block", "fp8-block-split", "ct-fp8-tensor", "ct-fp8-channel", "ct-fp8-block",
     "ct-int4-group", "ct-int4-asym", "ct-nvfp4", "modelopt-nvfp4", "ct-moe-mixed",
+    /* issue 23 (fixtures/gen_mx_fixtures.py) */
+    "fp8-tensor", "ct-mxfp8", "ct-mxfp4", "ct-mx-mixed",
 };
 #define NFIX (sizeof fixtures / sizeof *fixtures)
 
@@ -270,12 +274,11 @@ static void st_rewrite(const char *src, const char *dst, const st_edit *e)
     free(b);
 }
 
-/* Copy fixture fx to dir with its model edited and quantization_config members set
+/* Copy fixture fx to tmp/in with its model edited and quantization_config members set
  * (qset: "key=json" pairs, NULL-terminated; "key=" deletes; "-" drops the whole
- * quantization_config), convert, and expect EINPUT with every needle in the message. */
-static void refuse(const char *fx, const st_edit *edits, const char *const *qset, const char *const *needles)
+ * quantization_config), convert to tmp/out (W = 2, dcp) and return the result. */
+static int convert_edited(const char *tmp, const char *fx, const st_edit *edits, const char *const *qset)
 {
-    char *tmp = tu_tmpdir("fmtneg");
     char path[4096], src[512];
     snprintf(src, sizeof src, "fixtures/%s/model.safetensors", fx);
     snprintf(path, sizeof path, "%s/in", tmp);
@@ -304,7 +307,14 @@ static void refuse(const char *fx, const st_edit *edits, const char *const *qset
     char in[4096], out[4096];
     snprintf(in, sizeof in, "%s/in", tmp);
     snprintf(out, sizeof out, "%s/out", tmp);
-    const int rc = convert(in, out, 2, BFS_LAYOUT_DCP, -1);
+    return convert(in, out, 2, BFS_LAYOUT_DCP, -1);
+}
+
+/* convert_edited, expecting EINPUT with every needle in the message and nothing written. */
+static void refuse(const char *fx, const st_edit *edits, const char *const *qset, const char *const *needles)
+{
+    char *tmp = tu_tmpdir("fmtneg");
+    const int rc = convert_edited(tmp, fx, edits, qset);
     const char *msg = bfs_last_error();
     if (rc != BFS_EINPUT)
         fail_msg("%s: expected BFS_EINPUT, got %d (%s)", fx, rc, msg);
@@ -313,11 +323,28 @@ static void refuse(const char *fx, const st_edit *edits, const char *const *qset
         if (!strstr(msg, *needles))
             fail_msg("%s: error \"%s\" does not name \"%s\"", fx, msg, *needles);
     assert_int_equal(tu_sh("test -e %s/out/config.json", tmp), 1);
+    assert_int_equal(tu_sh("ls %s/out/*.safetensors >/dev/null 2>&1", tmp), 2);
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
+/* convert_edited, expecting success and the bytes of fixtures/expected/<fx> (W = 2). */
+static void accept(const char *fx, const st_edit *edits, const char *const *qset)
+{
+    char *tmp = tu_tmpdir("fmtpos");
+    char out[4096], ex[512];
+    if (convert_edited(tmp, fx, edits, qset) != 0)
+        fail_msg("%s (edited): %s", fx, bfs_last_error());
+    snprintf(out, sizeof out, "%s/out", tmp);
+    snprintf(ex, sizeof ex, "fixtures/expected/%s.safetensors", fx);
+    check_out(out, ex, 2, false);
     tu_rmrf(tmp);
     free(tmp);
 }
 
 #define Q "model.layers.0.self_attn.q_proj."
+#define K "model.layers.0.self_attn.k_proj."
+#define V "model.layers.0.self_attn.v_proj."
 #define E(...) ((const st_edit[]){__VA_ARGS__, {0}})
 #define S(...) ((const char *const[]){__VA_ARGS__, NULL})
 
@@ -380,6 +407,164 @@ static void refuse_nvfp4(void **s)
     refuse("modelopt-nvfp4", NULL, S("quant_algo=\"W4A8_AWQ\""), S("quant_algo", "W4A8_AWQ"));
 }
 
+/* ---- issue 23 ------------------------------------------------------------------------------ */
+
+/* Per-tensor FP8 (transformers, quant_method "fp8", weight_block_size null): the fixture's
+ * scales are F32 [] (q_proj), BF16 [] (k_proj), F32 [1, 1] (v_proj), BF16 [1, 1] (o_proj). */
+static void fp8_tensor_rules(void **s)
+{
+    (void)s;
+    /* weight_block_size absent (transformers reads the scalar scale as one block all the same) */
+    accept("fp8-tensor", NULL, S("weight_block_size="));
+    /* a scale of one element shaped [1] is the same scale */
+    accept("fp8-tensor", E({Q "weight_scale_inv", NULL, NULL, 1, {1}}), NULL);
+    /* wrong dtype: F32 -> I32, BF16 -> F16 (the bytes stay) */
+    refuse("fp8-tensor", E({Q "weight_scale_inv", NULL, "I32", 0, {0}}), NULL,
+           S(Q "weight_scale_inv", "I32", Q "weight", "F32 or BF16"));
+    refuse("fp8-tensor", E({K "weight_scale_inv", NULL, "F16", 0, {0}}), NULL, S(K "weight_scale_inv", "F16"));
+    /* wrong shape: F32 [1, 1] -> BF16 [1, 2] (two values for one tensor) */
+    refuse("fp8-tensor", E({V "weight_scale_inv", NULL, "BF16", 2, {1, 2}}), NULL,
+           S(V "weight_scale_inv", "[1, 2]", "weight_block_size", V "weight"));
+    /* the config disagrees: block size given, the scales are scalars of 80 x 80 weights */
+    refuse("fp8-tensor", NULL, S("weight_block_size=[64, 64]"), S(".weight_scale_inv\"", "scale shape []", "weight_block_size [64, 64]"));
+    refuse("fp8-tensor", NULL, S("quant_method=\"compressed-tensors\""), S(".weight_scale_inv\"", "compressed-tensors", "\"fp8\""));
+    /* E8M0 block scales (DeepSeek-V4, MXFP8 under quant_method fp8) and FP4 experts: not this format */
+    refuse("fp8-tensor", NULL, S("scale_fmt=\"ue8m0\""), S("scale_fmt", "ue8m0"));
+    refuse("fp8-tensor", NULL, S("expert_dtype=\"fp4\""), S("expert_dtype", "fp4"));
+    refuse("fp8-tensor", NULL, S("weight_block_size=[128]"), S("weight_block_size"));
+    /* scale missing */
+    refuse("fp8-tensor", E({Q "weight_scale_inv", "zz.unrelated", NULL, 0, {0}}), NULL, S(Q "weight", "without its scale"));
+}
+
+/* activation_scale (static activations) is dropped under quant_method "fp8", and listed */
+static void fp8_tensor_dropped(void **s)
+{
+    (void)s;
+    char *tmp = tu_tmpdir("fp8tdrop");
+    char out[4096], man[4200];
+    snprintf(out, sizeof out, "%s/o", tmp);
+    convert_ok("fixtures/fp8-tensor", out, 3, BFS_LAYOUT_DCP, -1);
+    snprintf(man, sizeof man, "%s/bfshard.manifest.json", out);
+    json_t *m = json_load_file(man, 0, NULL);
+    assert_non_null(m);
+    const json_t *d = json_object_get(m, "dropped");
+    size_t act = 0;
+    for (size_t i = 0; i < json_array_size(d); i++) {
+        const char *n = json_string_value(json_array_get(d, i));
+        act += strlen(n) > 17 && strcmp(n + strlen(n) - 17, ".activation_scale") == 0;
+    }
+    assert_int_equal(act, 7);
+    json_decref(m);
+    assert_int_equal(tu_sh("%s inspect fixtures/fp8-tensor | grep -q 'q_proj.activation_scale .* dropped'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("%s inspect fixtures/fp8-tensor | grep -q 'q_proj.weight .*fp8-tensor .*dequantized'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("grep -q quantization_config %s/config.json", out), 1);
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
+/* compressed-tensors MX: scales of the wrong dtype, shape or count, a config that disagrees
+ * with the tensors, variants that are not converted (MXFP6, asymmetric, other group sizes). */
+static void refuse_ctmx(void **s)
+{
+    (void)s;
+    static const char *const mx8_g16 = "config_groups={\"group_0\": {\"targets\": [\"Linear\"], \"weights\": "
+                                       "{\"type\": \"float\", \"num_bits\": 8, \"group_size\": 16, \"strategy\": \"group\", "
+                                       "\"symmetric\": true, \"scale_dtype\": \"torch.uint8\"}}}";
+    static const char *const mx4_f8e8 = "config_groups={\"group_0\": {\"targets\": [\"Linear\"], \"weights\": "
+                                        "{\"type\": \"float\", \"num_bits\": 4, \"group_size\": 32, \"strategy\": \"group\", "
+                                        "\"symmetric\": true, \"scale_dtype\": \"torch.float8_e8m0fnu\"}}}";
+    /* wrong scale dtype (the bytes stay): I8 is not E8M0 */
+    refuse("ct-mxfp8", E({Q "weight_scale", NULL, "I8", 0, {0}}), NULL, S(Q "weight_scale", "I8", "U8", Q "weight"));
+    refuse("ct-mxfp4", E({Q "weight_scale", NULL, "I8", 0, {0}}), NULL, S(Q "weight_scale", "I8", "U8"));
+    /* wrong shape or count: [128, 4] -> [64, 8]; a packed weight [128, 64] -> [256, 32] */
+    refuse("ct-mxfp8", E({Q "weight_scale", NULL, NULL, 2, {64, 8}}), NULL, S(Q "weight_scale", "[64, 8]", "[128, 4]"));
+    refuse("ct-mxfp4", E({Q "weight_packed", NULL, NULL, 2, {256, 32}}), NULL, S(Q "weight_scale", "[128, 4]", "[256, 2]"));
+    refuse("ct-mxfp8", E({Q "weight", NULL, NULL, 2, {1024, 16}}), NULL, S(Q "weight", "[1024, 16]", "% 32"));
+    /* the config disagrees: another format, another group size, E8M0 as a float8 dtype */
+    refuse("ct-mxfp8", NULL, S("format=\"float-quantized\""), S(".weight\"", "mxfp8-quantized"));
+    refuse("ct-mxfp4", NULL, S("format=\"nvfp4-pack-quantized\""), S(".weight_packed\"", "mxfp4-pack-quantized"));
+    refuse("ct-mxfp8", NULL, S("format=\"mxfp8-quantized\"", mx8_g16), S("group_size 32"));
+    refuse("ct-mxfp4", NULL, S(mx4_f8e8), S("scale_dtype", "float8_e8m0fnu"));
+    refuse("ct-mxfp8", NULL, S("quant_method=\"fp8\"", "weight_block_size=[128, 128]"), S(".weight\"", "\"fp8\"", "weight_scale_inv"));
+    refuse("ct-mxfp4", NULL, S("-"), S(".weight_packed\"", "compressed-tensors"));
+    /* not converted: MXFP6, asymmetric (a zero point) */
+    refuse("ct-mxfp4", NULL, S("format=\"mxfp6-pack-quantized\""), S("mxfp6-pack-quantized", "not supported"));
+    refuse("ct-mxfp4", E({"model.layers.0.input_layernorm.weight", Q "weight_zero_point", NULL, 0, {0}}), NULL,
+           S(Q "weight_packed", "zero point"));
+    /* mixed formats in one tensor: an MXFP4 weight with an NVFP4 global scale */
+    refuse("ct-mxfp4", E({"model.layers.0.input_layernorm.weight", Q "weight_global_scale", NULL, 0, {0}}), NULL,
+           S(Q "weight"));
+    /* the scale gone */
+    refuse("ct-mxfp8", E({Q "weight_scale", "zz.s", NULL, 0, {0}}), NULL, S(Q "weight"));
+}
+
+/* mixed-precision: each module's config group as compressed-tensors matches it
+ * (src/formats/ctmatch.c; fixture ct-mx-mixed: MXFP4 experts by regex, MXFP8 attention by
+ * regex, FP8 channel layer-1 o_proj by exact name, ignore by name and regex). */
+#define G_MX4 "{\"format\": \"mxfp4-pack-quantized\", \"targets\": [%s], \"weights\": {\"type\": \"float\", \"num_bits\": 4, \"group_size\": 32, \"strategy\": \"group\", \"symmetric\": true}}"
+#define G_MX8 "{\"format\": \"mxfp8-quantized\", \"targets\": [%s], \"weights\": {\"type\": \"float\", \"num_bits\": 8, \"group_size\": 32, \"strategy\": \"group\", \"symmetric\": true}}"
+#define G_F8 "{\"format\": \"float-quantized\", \"targets\": [%s], \"weights\": {\"type\": \"float\", \"num_bits\": 8, \"strategy\": \"channel\", \"symmetric\": true}}"
+#define T_EXP "\"re:.*mlp\\\\.experts\\\\.\\\\d+\\\\.(gate|up|down)_proj$\""
+#define T_ATT "\"re:.*self_attn\\\\.(q|k|v|o)_proj$\""
+#define T_O1 "\"model.layers.1.self_attn.o_proj\""
+
+/* "config_groups={...}" of three groups, each "FORMAT" with its targets */
+static const char *groups3(char *buf, size_t cap, const char *t0, const char *t1, const char *t2)
+{
+    char g0[512], g1[512], g2[512];
+    snprintf(g0, sizeof g0, G_MX4, t0);
+    snprintf(g1, sizeof g1, G_MX8, t1);
+    snprintf(g2, sizeof g2, G_F8, t2);
+    snprintf(buf, cap, "config_groups={\"group_0\": %s, \"group_1\": %s, \"group_2\": %s}", g0, g1, g2);
+    return buf;
+}
+
+static void ct_mixed_matching(void **s)
+{
+    (void)s;
+    char b[2048];
+    /* the groups as written: converts (the fixture itself, compressed again from these strings) */
+    accept("ct-mx-mixed", NULL, S(groups3(b, sizeof b, T_EXP, T_ATT, T_O1)));
+    /* a regex that sorts after the attention regex changes nothing ("re:.*zz|..." > "re:.*se...") */
+    accept("ct-mx-mixed", NULL, S(groups3(b, sizeof b, T_EXP, T_ATT, T_O1 ", \"re:.*zz|.*q_proj$\"")));
+    /* ... one that sorts before it takes q_proj to the FP8 group: its MXFP8 tensors disagree */
+    refuse("ct-mx-mixed", NULL, S(groups3(b, sizeof b, T_EXP, T_ATT, T_O1 ", \"re:.*q_proj$\"")),
+           S(".q_proj.weight\"", "config group 2"));
+    /* the exact name gone: layer-1 o_proj falls to the MXFP8 regex, its FP8-channel tensors disagree */
+    refuse("ct-mx-mixed", NULL, S(groups3(b, sizeof b, T_EXP, T_ATT, "\"model.layers.9.o_proj\"")),
+           S("model.layers.1.self_attn.o_proj.weight_scale\"", "config group 1", "mxfp8-quantized"));
+    /* a target listed by two groups belongs to the later one: the experts' regex in group 2 too */
+    refuse("ct-mx-mixed", NULL, S(groups3(b, sizeof b, T_EXP, T_ATT, T_O1 ", " T_EXP)),
+           S(".mlp.experts.", "config group 2", "float-quantized"));
+    /* a group that matches no module (a fourth group; compressed-tensors itself only warns) */
+    groups3(b, sizeof b, T_EXP, T_ATT, T_O1);
+    char g3[512];
+    snprintf(g3, sizeof g3, ", \"group_3\": " G_F8 "}", "\"re:.*nonexistent_proj$\", \"model.layers.7.mlp\"");
+    strcpy(b + strlen(b) - 1, g3);
+    refuse("ct-mx-mixed", NULL, S(b), S("group_3", "nonexistent_proj", "matches no module"));
+    /* ignore names a quantized module */
+    refuse("ct-mx-mixed", NULL,
+           S("ignore=[\"lm_head\", \"re:.*mlp\\\\.gate$\", \"model.layers.0.self_attn.v_proj\", \"re:.*layers\\\\.1\\\\.self_attn\\\\.k_proj\"]"),
+           S("model.layers.1.self_attn.k_proj", "ignore", "k_proj"));
+    /* the ignore list emptied: the BF16 ignored modules are just unquantized weights (upstream
+     * would have quantized layer-0 v_proj, but the checkpoint is what it is): still converts */
+    accept("ct-mx-mixed", NULL, S("ignore=[]"));
+    /* class targets: "Linear" for the experts is the same answer; a second class target of
+     * another group makes the experts' group depend on their class: refused */
+    accept("ct-mx-mixed", NULL, S(groups3(b, sizeof b, "\"Linear\"", T_ATT, T_O1)));
+    refuse("ct-mx-mixed", NULL, S(groups3(b, sizeof b, "\"Linear\"", T_ATT ", \"Embedding\"", T_O1)),
+           S(".mlp.experts.", "class", "Embedding"));
+    /* inspect and the manifest name each tensor's format, as matched */
+    assert_int_equal(tu_sh("%s inspect fixtures/ct-mx-mixed | grep -q 'layers.1.self_attn.o_proj.weight .*ct-fp8-channel .*dequantized'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("%s inspect fixtures/ct-mx-mixed | grep -q 'layers.0.self_attn.o_proj.weight .*ct-mxfp8 .*dequantized'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("%s inspect fixtures/ct-mx-mixed | grep -q 'experts.3.down_proj.weight .*ct-mxfp4 .*dequantized'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("%s inspect fixtures/ct-mx-mixed | grep -q 'layers.0.self_attn.v_proj.weight .*passthrough .*copied'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("%s inspect fixtures/ct-mxfp4 --json | grep -q '\"ct-mxfp4\"'", tu_bfshard()), 0);
+    /* a pattern without a POSIX equivalent */
+    refuse("ct-mx-mixed", NULL, S(groups3(b, sizeof b, "\"re:.*\\\\bexperts.*\"", T_ATT, T_O1)),
+           S("re:.*\\bexperts", "not supported"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -391,6 +576,10 @@ int main(void)
         cmocka_unit_test(refuse_ct_fp8),
         cmocka_unit_test(refuse_int4),
         cmocka_unit_test(refuse_nvfp4),
+        cmocka_unit_test(fp8_tensor_rules),
+        cmocka_unit_test(fp8_tensor_dropped),
+        cmocka_unit_test(refuse_ctmx),
+        cmocka_unit_test(ct_mixed_matching),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

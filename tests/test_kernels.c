@@ -20,6 +20,7 @@
 
 #include "bfs_internal.h"
 #include "../kernels/ref.h"
+#include "../kernels/ref_formats.h"
 
 #include <float.h>
 #include <math.h>
@@ -770,7 +771,7 @@ static uint8_t *q12_scales(size_t n, int bf16)
 }
 
 typedef struct {
-    int op; /* 0 fp8, 1 int4, 2 nvfp4 */
+    int op; /* 0 fp8, 1 int4, 2 nvfp4, 3 compressed-tensors MX (issue 23) */
     const void *d;
     size_t n;
 } q12_case;
@@ -781,8 +782,10 @@ static void q12_run(const bfs_kernel_ops *k, const q12_case *c, size_t i0, size_
         k->fp8(c->d, i0, i1, out);
     else if (c->op == 1)
         k->int4(c->d, i0, i1, out);
-    else
+    else if (c->op == 2)
         k->nvfp4(c->d, i0, i1, out);
+    else
+        k->ctmx(c->d, i0, i1, out);
 }
 
 static void q12_compare(const bfs_kernel_ops *k, const q12_case *c, size_t i0, size_t i1, size_t shift, const char *tag)
@@ -1122,6 +1125,11 @@ static void test_backend_ops(void **state)
             tn.nv = (bfs_nvfp4_desc){w, e4, 0.37f, mo, QC};
             unit_sweep(level, &tn, 2);
         }
+        for (int fp4 = 0; fp4 < 2; fp4++) { /* issue 23: compressed-tensors MX, E8M0 scales e4 */
+            bfs_ltensor tm = unit_tensor(BFS_K_CTMX, fp4 ? "ctmx mxfp4" : "ctmx mxfp8", QR, 256);
+            tm.ctmx = (bfs_ctmx_desc){w, e4, fp4, 256};
+            unit_sweep(level, &tm, 2);
+        }
         free(w);
         free(sc);
         free(bsc);
@@ -1251,6 +1259,50 @@ static void test_q12_fp8_table(void **state)
     free(sb);
 }
 
+/* ---- issue 23: compressed-tensors MX (kernels/cpu_avx2_ctmx.c) ---------------------------------
+ * Every E8M0 scale byte (0: the subnormal 2^-127; 1..9 and 247..254: subnormal or overflowing
+ * products, the reference's path; 10..246: the exponent add; 255: +inf, 0 * inf = NaN) with
+ * every E4M3 code and every pair of E2M1 codes; ranges starting and ending inside groups and
+ * bytes, unaligned output, whole groups in ones and twos (the MXFP4 pair step), shapes of
+ * one group a row and many. */
+static void test_ctmx_ops(void **state)
+{
+    const bfs_kernel_ops *k = level_ops(state);
+    static const size_t shapes[][2] = {{256, 256}, {9, 32}, {3, 1000 / 32 * 32}, {40, 96}};
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        const size_t rows = shapes[si][0], cols = shapes[si][1], n = rows * cols, ng = n / 32;
+        uint8_t *w = xmalloc(n), *sc = xmalloc(ng);
+        for (size_t i = 0; i < n; i++) /* every code in every group (rotated by group) */
+            w[i] = (uint8_t)(i % 32 * 8 + i / 32 * 7 + (i / 256));
+        for (size_t g = 0; g < ng; g++)
+            sc[g] = (uint8_t)(g * (si == 0 ? 1 : 37) + si);
+        for (int fp4 = 0; fp4 < 2; fp4++) {
+            const bfs_ctmx_desc d = {w, sc, fp4, cols};
+            const q12_case c = {3, &d, n};
+            const char *tag = fp4 ? "ctmx mxfp4" : "ctmx mxfp8";
+            q12_sweep(k, &c, cols, tag);
+            q12_starts(k, &c, 70, 131, tag);
+            q12_compare(k, &c, 33, n - 31, 1, tag);
+        }
+        free(w);
+        free(sc);
+    }
+    /* the rule itself, every scale byte x every E4M3 code: the exact product 2^(s-127) * v
+     * rounded once to bf16 (in double, then float32: both exact here), +inf scale for 255 */
+    for (unsigned s = 0; s < 256; s++)
+        for (unsigned b = 0; b < 256; b++) {
+            const float v = bfs_e4m3_to_f32((uint8_t)b);
+            uint16_t want;
+            if (s == 255)
+                want = bfs_bf16_from_f32(v == 0.0f || v != v ? NAN : v > 0 ? INFINITY : -INFINITY);
+            else
+                want = bfs_bf16_from_f32((float)ldexp((double)v, (int)s - 127));
+            const uint16_t got = bfs_ctmx_value(v, (uint8_t)s);
+            if (got != want && !((got & 0x7FFF) > 0x7F80 && (want & 0x7FFF) > 0x7F80))
+                fail_msg("bfs_ctmx_value(e4m3 0x%02x, scale %u) = 0x%04x, want 0x%04x", b, s, got, want);
+        }
+}
+
 #define LEVEL_TESTS(tag, lv)                                                      \
     {"mxfp4_exhaustive/" tag, test_mxfp4_exhaustive, NULL, NULL, &(lv)},          \
         {"mxfp4_shapes/" tag, test_mxfp4_shapes, NULL, NULL, &(lv)},              \
@@ -1261,7 +1313,8 @@ static void test_q12_fp8_table(void **state)
         {"cast_f64/" tag, test_cast_f64, NULL, NULL, &(lv)},                      \
         {"q12_ops/" tag, test_q12_ops, NULL, NULL, &(lv)},                        \
         {"q12_edges/" tag, test_q12_edges, NULL, NULL, &(lv)},                    \
-        {"q12_fp8_table/" tag, test_q12_fp8_table, NULL, NULL, &(lv)}
+        {"q12_fp8_table/" tag, test_q12_fp8_table, NULL, NULL, &(lv)},            \
+        {"ctmx_ops/" tag, test_ctmx_ops, NULL, NULL, &(lv)}
 
 int main(void)
 {

@@ -27,7 +27,7 @@ lib_support() {
 SUPPORT="$O/error.o $O/util.o -ljansson"
 # the CUDA backend's files (src/backend/backend_cuda.h) and the kernels
 BACKEND="backend_cuda backend_cuda_selftest backend_cuda_pipe backend_cuda_q backend_cuda_dev"
-KERNELS="mxfp4 bnb4 cast fp8 int4 nvfp4"
+KERNELS="mxfp4 bnb4 cast fp8 int4 nvfp4 ctmx"
 objs() { for x in $1; do printf '%s ' "$O/$x$2"; done; }
 
 case $what in
@@ -53,12 +53,13 @@ emu)
     gcc $CFLAGS -c kernels/cpu_dispatch.c -o $O/cpu_dispatch.o
     gcc $CFLAGS -mavx2 -mf16c -mbmi2 -c kernels/cpu_avx2.c -o $O/cpu_avx2.o
     gcc $CFLAGS -mavx2 -mf16c -mbmi2 -c kernels/cpu_avx2_mxfp4.c -o $O/cpu_avx2_mxfp4.o
+    gcc $CFLAGS -mavx2 -mf16c -mbmi2 -c kernels/cpu_avx2_ctmx.c -o $O/cpu_avx2_ctmx.o
     gcc $CFLAGS -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mf16c -mbmi2 -c kernels/cpu_avx512.c -o $O/cpu_avx512.o
     gcc $CFLAGS $E -Isrc -I"$CUDA_HOME/include" -c tests/test_cuda.c -o $O/test_cuda.emu.o
     gcc -pthread -o $O/test_cuda_emu $O/test_cuda.emu.o $O/testutil.o $(objs "$BACKEND" .emu.o) \
         $(objs "$KERNELS" .emu.o) $O/fake_cudart.o $SUPPORT \
         $O/backend_cpu.o $O/cpu_scalar.o $O/cpu_dispatch.o $O/cpu_avx2.o $O/cpu_avx2_mxfp4.o \
-        $O/cpu_avx512.o -lcmocka -lstdc++
+        $O/cpu_avx2_ctmx.o $O/cpu_avx512.o -lcmocka -lstdc++
     BFS_TEST_GPTOSS_ITEMS=${BFS_TEST_GPTOSS_ITEMS:-2} $O/test_cuda_emu
     ;;
 dev)

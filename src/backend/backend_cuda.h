@@ -69,7 +69,7 @@ typedef struct cu_backend {
 } cu_backend;
 
 /* ---- the work of one unit ------------------------------------------------------------ */
-enum { J_MX_FLAT, J_MX_ITEMS, J_MX_GROUPS, J_BNB, J_CAST, J_FP8, J_INT4, J_NVFP4 };
+enum { J_MX_FLAT, J_MX_ITEMS, J_MX_GROUPS, J_BNB, J_CAST, J_FP8, J_INT4, J_NVFP4, J_CTMX };
 
 typedef struct cu_job {
     int mode;

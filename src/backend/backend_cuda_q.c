@@ -1,6 +1,6 @@
 /*
  * CUDA backend, the work of one unit per format (MXFP4, bnb 4-bit, casts, FP8, INT4,
- * NVFP4): checking a unit's descriptor into a cu_job (cu_job_init), laying out the
+ * NVFP4, compressed-tensors MX): checking a unit's descriptor into a cu_job (cu_job_init), laying out the
  * input arrays and output of one chunk in a slot (cu_layout), choosing chunk sizes,
  * and the kernel launch of a chunk (cu_launch). The pipeline is backend_cuda.c's.
  */
@@ -104,6 +104,16 @@ uint64_t bfs__cu_layout(const cu_job *j, uint64_t pos, uint64_t n, cu_chunk *ch)
         ch->dst = j->out + (pos - j->first) * 2;
         break;
     }
+    case J_CTMX: { /* the element bytes and E8M0 scales of elements [pos, pos + n) */
+        const bfs_ctmx_desc *d = &t->ctmx;
+        const uint64_t last = pos + n - 1;
+        const uint64_t b0 = d->fp4 ? pos / 2 : pos, b1 = d->fp4 ? last / 2 : last;
+        cu_add(ch, d->w + b0, b1 - b0 + 1, 1, 0);
+        cu_add(ch, d->scale + pos / 32, last / 32 - pos / 32 + 1, 1, 0);
+        ch->out_bytes = n * 2;
+        ch->dst = j->out + (pos - j->first) * 2;
+        break;
+    }
     }
     ch->out_off = cu_al(ch->in_bytes);
     return ch->out_off + cu_al(ch->out_bytes);
@@ -136,6 +146,7 @@ const char *bfs__cu_what(const cu_job *j)
     case J_FP8: return "FP8 element";
     case J_INT4: return "INT4 element";
     case J_NVFP4: return "NVFP4 element";
+    case J_CTMX: return "MX element";
     default: return "element";
     }
 }
@@ -275,10 +286,18 @@ int bfs__cu_job_init(const cu_backend *b, const bfs_unit *u, cu_job *j)
             return bfs__err(BFS_EINTERNAL, "tensor %s: bad NVFP4 descriptor", t->name);
         break;
     }
+    case BFS_K_CTMX: {
+        const bfs_ctmx_desc *d = &t->ctmx;
+        j->mode = J_CTMX;
+        if (!d->w || !d->scale || d->cols == 0 || d->cols % 32 != 0 || (d->fp4 != 0 && d->fp4 != 1) ||
+            t->row_elems != d->cols)
+            return bfs__err(BFS_EINTERNAL, "tensor %s: bad MX descriptor", t->name);
+        break;
+    }
     default:
         return bfs__err(BFS_EINTERNAL, "tensor %s: kind %d on the CUDA backend", t->name, (int)t->kind);
     }
-    /* FP8 / INT4 / NVFP4: element ranges; chunks end on row ends when they can (no packed
+    /* FP8 / INT4 / NVFP4 / MX: element ranges; chunks end on row ends when they can (no packed
      * word, scale or zero-point row sent twice but the block grid's) */
     j->pos = j->first = e0;
     j->end = e1;
@@ -372,6 +391,21 @@ int bfs__cu_launch(const cu_job *j, const cu_chunk *ch, const cu_dev *d, uint8_t
         a.cols = q->cols;
         a.out = out;
         return bfs__cu_nvfp4(&a, d->s_comp);
+    }
+    case J_CTMX: {
+        const bfs_ctmx_desc *q = &t->ctmx;
+        bfs_cu_ctmx_args a;
+        memset(&a, 0, sizeof a);
+        a.w = ds + ch->g[0].off;
+        a.scale = ds + ch->g[1].off;
+        a.fp4 = q->fp4;
+        a.e0 = ch->pos;
+        a.b0 = q->fp4 ? ch->pos / 2 : ch->pos;
+        a.s0 = ch->pos / 32;
+        a.n = ch->n;
+        a.cols = q->cols;
+        a.out = out;
+        return bfs__cu_ctmx(&a, d->s_comp);
     }
     default:
         return bfs__cu_cast(ds + ch->g[0].off, j->cast, ch->n, out, d->s_comp);

@@ -17,7 +17,8 @@
  * The groups (bfs__quant_check_groups, after pass 1): the claimed format took at
  * least one tensor; no other quantized format took one; with no claim, only a
  * format whose tensors identify it alone (.claim_optional: MXFP4 pairs,
- * bitsandbytes quant_state blobs) may take any.
+ * bitsandbytes quant_state blobs) may take any; under compressed-tensors, every config group
+ * matches some module (ctmatch.c, which this file also sets up: bfs_fctx.ctm).
  */
 #include "format.h"
 
@@ -90,18 +91,22 @@ void bfs__qclaim_free(bfs_qclaim *own)
 {
     json_decref(own->file);
     free(own->source);
+    bfs__ctmatch_free(own->ctm);
     own->file = NULL;
     own->source = NULL;
+    own->ctm = NULL;
 }
 
 int bfs__quant_claim(bfs_fctx *c, bfs_qclaim *own)
 {
     int rc = 0;
-    char sup[512], m[300];
+    char sup[1024], m[300];
     const json_t *q = c->config ? json_object_get(c->config, "quantization_config") : NULL;
     const char *what = "quantization_config";
     own->file = NULL;
     own->source = NULL;
+    own->ctm = NULL;
+    c->ctm = NULL;
     c->qconfig = NULL;
     c->qsource = NULL;
     c->method = NULL;
@@ -145,6 +150,10 @@ int bfs__quant_claim(bfs_fctx *c, bfs_qclaim *own)
         BFS_FAIL(BFS_EINPUT, "%s: %s \"%s\"%s is not supported (bfshard converts: %s)", c->qsource,
                  own->file ? "quant_method" : "quantization_config.quant_method", m,
                  !jm && own->file ? " (no quant_method: AutoGPTQ's quantize_config.json)" : "", sup);
+    if (strcasecmp(c->method, "compressed-tensors") == 0) { /* which group quantizes which module */
+        BFS_TRY(bfs__ctmatch_new(c, &own->ctm));
+        c->ctm = own->ctm;
+    }
 cleanup:
     return rc;
 }
@@ -162,7 +171,7 @@ static bool bfs__lists(const bfs_format *f, const char *m)
 
 int bfs__quant_check_groups(const bfs_fctx *c, const bfs_ltensor *t, size_t nt)
 {
-    char sup[512], m[300];
+    char sup[1024], m[300];
     size_t took = 0;
     bfs__supported_list(sup, sizeof sup);
     bfs__esc64(c->method ? c->method : "", m, sizeof m);
@@ -193,5 +202,5 @@ int bfs__quant_check_groups(const bfs_fctx *c, const bfs_ltensor *t, size_t nt)
         return bfs__err(BFS_EINPUT, "%s: quant_method \"%s\", but no tensor is in its layout (%s); refusing to pass the tensors through as if unquantized",
                         c->qsource, m, lay);
     }
-    return 0;
+    return bfs__ct_groups_used(c); /* compressed-tensors: no config group without a module */
 }

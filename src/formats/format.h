@@ -17,6 +17,8 @@
 struct json_t;
 
 struct bfs_format;
+/* compressed-tensors' module -> config group matching (src/formats/ctmatch.c) */
+typedef struct bfs_ctmatch bfs_ctmatch;
 
 /* What a format may look at while it plans: the input, the options, the input's
  * config.json parsed (NULL when the input has none) and the input's quantization
@@ -31,7 +33,8 @@ typedef struct bfs_fctx {
     const char *qsource;            /* the file the claim is in, for messages; NULL when none */
     const char *method;             /* the claimed quant_method as written; NULL when none */
     const struct bfs_format *claim; /* the format whose .methods lists it; NULL when none */
-    char supported[512];            /* what bfshard converts, for refusals (bfs__supported_list) */
+    char supported[1024];           /* what bfshard converts, for refusals (bfs__supported_list) */
+    const bfs_ctmatch *ctm;         /* quant_method "compressed-tensors": its targets and ignore, compiled */
 } bfs_fctx;
 
 /* Input bytes one unit reads: bfs_srange (input/input.h). */
@@ -96,6 +99,7 @@ extern const bfs_format *const bfs__formats[];
 typedef struct bfs_qclaim {
     struct json_t *file; /* quantize_config.json parsed, or NULL */
     char *source;        /* c->qsource */
+    bfs_ctmatch *ctm;    /* c->ctm */
 } bfs_qclaim;
 /* Resolves c->qconfig / c->qsource / c->method / c->claim from c->config and
  * quantize_config.json; < 0 (BFS_EINPUT) refuses a claim no format of the table
@@ -114,6 +118,24 @@ const bfs_format *bfs__format_of(bfs_kind k);
 
 /* The input ranges unit u reads, for prefetch and release; returns their number. */
 int bfs__unit_sources(const bfs_unit *u, bfs_srange out[BFS_UNIT_MAX_SRC]);
+
+/* ---- compressed-tensors config groups (src/formats/ctmatch.c) -------------------------- */
+/* The claim's config_groups targets and ignore list, compiled (claim.c makes and frees it). */
+int bfs__ctmatch_new(const bfs_fctx *c, bfs_ctmatch **out);
+void bfs__ctmatch_free(bfs_ctmatch *m);
+/* The config group (index in config_groups, file order) that compressed-tensors gives module
+ * `module`, whose quantized weight is r; < 0 (BFS_EINPUT, naming r and the module) when the
+ * ignore list names it, no group targets it, or the answer depends on a module class. */
+int bfs__ct_module_group(const bfs_fctx *c, const bfs_raw *r, const char *module, size_t *k);
+/* The same for the module of weight tensor r (its name up to the last dot: "P" of
+ * "P.weight", "P.weight_packed"). */
+int bfs__ct_group_of(const bfs_fctx *c, const bfs_raw *r, size_t *k);
+/* compressed-tensors' match_name(name, target): 1 or 0; -1 (message set) for a "re:"
+ * pattern bfshard cannot translate. For tests (fixtures/ct-match-vectors.json). */
+int bfs__ct_target_matches(const char *target, const char *name);
+/* Every config group's targets match some module of the input; < 0 naming the first that
+ * matches none. */
+int bfs__ct_groups_used(const bfs_fctx *c);
 
 /* ---- helpers for format files (src/formats/common.c) ---------------------------- */
 bool bfs__str_ends(const char *s, const char *suffix);

@@ -1,7 +1,10 @@
 /*
- * FP8 E4M3 weights with a scale grid (docs/FORMATS.md 6.1, 6.2), one kind, BFS_K_FP8:
+ * FP8 E4M3 weights with a scale grid (docs/FORMATS.md 6.1, 6.2, 7.1), one kind, BFS_K_FP8:
  *   DeepSeek-V3 block (quant_method "fp8"): P.weight F8_E4M3 [M, N] +
  *     P.weight_scale_inv F32 [ceil(M/bh), ceil(N/bw)], (bh, bw) = weight_block_size;
+ *   per-tensor, as transformers loads it (quant_method "fp8", weight_block_size null or
+ *     absent): P.weight + one F32 or BF16 P.weight_scale_inv ([], [1] or [1, 1]); the
+ *     static P.activation_scale is dropped (qextra.c);
  *   compressed-tensors float-quantized (quant_method "compressed-tensors", a config group
  *     with weights {type float, num_bits 8}): P.weight + P.weight_scale F32/BF16, strategy
  *     tensor [1], channel [M, 1] or block [ceil(M/bh), ceil(N/bw)] (block_structure);
@@ -20,14 +23,19 @@
 
 #define AT(r) bfs__raw_path(c->in, (r)), (r)->st->name, (unsigned long long)(r)->file_offset
 
-/* DeepSeek's weight_block_size: [bh, bw], both > 0. */
+/* DeepSeek's weight_block_size: [bh, bw], both > 0; absent or null: per-tensor scales,
+ * *bh = *bw = 0 (transformers' FineGrainedFP8Config(weight_block_size=None); its
+ * Fp8Dequantize takes a scalar scale as one block whatever the config says). */
 static int bfs__fp8_block_size(const bfs_fctx *c, uint64_t *bh, uint64_t *bw)
 {
     const json_t *b = json_object_get(c->qconfig, "weight_block_size");
+    *bh = *bw = 0;
+    if (!b || json_is_null(b))
+        return 0;
     if (!json_is_array(b) || json_array_size(b) != 2 || !json_is_integer(json_array_get(b, 0)) ||
         !json_is_integer(json_array_get(b, 1)) || json_integer_value(json_array_get(b, 0)) < 1 ||
         json_integer_value(json_array_get(b, 1)) < 1)
-        return bfs__err(BFS_EINPUT, "%s: quant_method \"fp8\" without a weight_block_size [rows, cols] (positive integers) is not supported",
+        return bfs__err(BFS_EINPUT, "%s: quant_method \"fp8\" with a weight_block_size that is not [rows, cols] (positive integers) or null is not supported",
                         c->qsource ? c->qsource : "config.json");
     *bh = (uint64_t)json_integer_value(json_array_get(b, 0));
     *bw = (uint64_t)json_integer_value(json_array_get(b, 1));
@@ -39,9 +47,16 @@ static int bfs__fp8_detect(const bfs_fctx *c)
     uint64_t bh, bw;
     if (!bfs__qc_is(c, "fp8"))
         return 0;
-    const char *fmt = bfs__qc_str(c->qconfig, "fmt");
+    const char *fmt = bfs__qc_str(c->qconfig, "fmt"), *sf = bfs__qc_str(c->qconfig, "scale_fmt");
+    const char *ed = bfs__qc_str(c->qconfig, "expert_dtype");
     if (fmt && strcmp(fmt, "e4m3") != 0)
         return bfs__err(BFS_EINPUT, "config.json: quantization_config.fmt \"%s\" is not supported (FP8 \"e4m3\" is)", fmt);
+    if (sf && strcmp(sf, "float") != 0)
+        return bfs__err(BFS_EINPUT, "config.json: quantization_config.scale_fmt \"%s\" (E8M0 block scales) of quant_method \"fp8\" is not supported (float32 scales, \"float\", are)",
+                        sf);
+    if (ed && strcmp(ed, "fp8") != 0)
+        return bfs__err(BFS_EINPUT, "config.json: quantization_config.expert_dtype \"%s\" of quant_method \"fp8\" is not supported (FP8 experts, \"fp8\", are)",
+                        ed);
     return bfs__fp8_block_size(c, &bh, &bw);
 }
 
@@ -74,7 +89,11 @@ static int bfs__fp8_ct_block(const bfs_fctx *c, const bfs_raw *w, const bfs_raw 
     int found = 0;
     const char *fmt;
     const json_t *wt;
-    for (size_t k = 0; (wt = bfs__ct_group_weights(c, k, &fmt)) != NULL; k++) {
+    size_t kg; /* the module's config group, as compressed-tensors matches it (ctmatch.c) */
+    const int grc = bfs__ct_group_of(c, w, &kg);
+    if (grc < 0)
+        return grc;
+    for (size_t k = kg; k == kg && (wt = bfs__ct_group_weights(c, k, &fmt)) != NULL; k++) {
         const char *type = bfs__qc_str(wt, "type"), *strat = bfs__qc_str(wt, "strategy");
         if (strcmp(fmt, "float-quantized") != 0 || !type || strcmp(type, "float") != 0 ||
             bfs__qc_int(wt, "num_bits") != 8 || !strat)
@@ -112,8 +131,24 @@ static int bfs__fp8_ct_block(const bfs_fctx *c, const bfs_raw *w, const bfs_raw 
         found = 1;
     }
     if (!found)
-        return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): FP8 scale shape %s fits no float-quantized 8-bit config group of config.json quantization_config (tensor [%llu, 1] for channel, [1] for tensor, the block grid for block)",
-                        AT(s), ss, (unsigned long long)M);
+        return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): FP8 scale shape %s does not fit the config group of its module (config group %zu of config.json quantization_config, format \"%s\"; a float-quantized 8-bit group wants [%llu, 1] for channel, [1] for tensor, the block grid for block)",
+                        AT(s), ss, kg, bfs__ct_group_weights(c, kg, &fmt) ? fmt : "?", (unsigned long long)M);
+    return 0;
+}
+
+/* Per-tensor FP8 (weight_block_size null or absent): weight_scale_inv is one F32 or BF16
+ * value, 0-d, [1] or [1, 1] (transformers' Fp8Quantize writes [1, 1], its FP8Linear
+ * parameter is 0-d; Fp8Dequantize reads any of them as one block). */
+static int bfs__fp8_tensor_scale(const bfs_fctx *c, const bfs_raw *w, const bfs_raw *s)
+{
+    char ss[160];
+    bfs__shape_str(s->st->shape, s->st->ndim, ss, sizeof ss);
+    if (s->st->dtype != BFS_DT_F32 && s->st->dtype != BFS_DT_BF16)
+        return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): per-tensor FP8 scale dtype %s, expected F32 or BF16 (weight \"%s\", config.json weight_block_size null)",
+                        AT(s), bfs__dtype_name(s->st->dtype), w->st->name);
+    if (bfs__raw_nelem(s) != 1 || s->st->ndim > 2)
+        return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): scale shape %s, expected one value ([] or [1, 1]) for weight \"%s\": config.json quantization_config has no weight_block_size (per-tensor FP8)",
+                        AT(s), ss, w->st->name);
     return 0;
 }
 
@@ -155,14 +190,21 @@ static int bfs__fp8_claim(const bfs_fctx *c, bfs_raw *w, bfs_ltensor *t)
             return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): DeepSeek-style FP8 scale, but config.json quantization_config.quant_method is \"%s\" (expected \"fp8\")",
                             AT(sinv), m);
         BFS_TRY(bfs__fp8_block_size(c, &bh, &bw));
-        if (s->st->dtype != BFS_DT_F32)
-            return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): FP8 block scale dtype %s, expected F32 (weight \"%s\")",
-                            AT(s), bfs__dtype_name(s->st->dtype), st->name);
-        if (!bfs__raw_shape_is(s, 2, (M + bh - 1) / bh, (N + bw - 1) / bw))
-            return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): scale shape %s, expected [%llu, %llu] for weight \"%s\" %s with config.json weight_block_size [%llu, %llu]",
-                            AT(s), ss, (unsigned long long)((M + bh - 1) / bh), (unsigned long long)((N + bw - 1) / bw),
-                            st->name, ws, (unsigned long long)bh, (unsigned long long)bw);
-        t->qname = "fp8-block";
+        if (bh == 0) {
+            BFS_TRY(bfs__fp8_tensor_scale(c, w, s));
+            bh = bfs__clamp_block(M, M);
+            bw = bfs__clamp_block(N, N);
+            t->qname = "fp8-tensor";
+        } else {
+            if (s->st->dtype != BFS_DT_F32)
+                return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): FP8 block scale dtype %s, expected F32 (weight \"%s\")",
+                                AT(s), bfs__dtype_name(s->st->dtype), st->name);
+            if (!bfs__raw_shape_is(s, 2, (M + bh - 1) / bh, (N + bw - 1) / bw))
+                return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): scale shape %s, expected [%llu, %llu] for weight \"%s\" %s with config.json weight_block_size [%llu, %llu]",
+                                AT(s), ss, (unsigned long long)((M + bh - 1) / bh), (unsigned long long)((N + bw - 1) / bw),
+                                st->name, ws, (unsigned long long)bh, (unsigned long long)bw);
+            t->qname = "fp8-block";
+        }
     } else {
         if (bfs__qc_is(c, "fp8"))
             return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): config.json quantization_config.quant_method \"fp8\" names the scale \"%s_scale_inv\", not \"%s\"",
@@ -217,7 +259,7 @@ const bfs_format bfs__format_fp8 = {
     .name = "fp8",
     .kinds = BFS_KIND_BIT(BFS_K_FP8),
     .methods = bfs__fp8_methods,
-    .supports = "FP8 E4M3 with block, tensor or channel scales (DeepSeek fp8, compressed-tensors float-quantized, ModelOpt FP8)",
+    .supports = "FP8 E4M3 with block, tensor or channel scales (DeepSeek fp8, transformers per-tensor fp8, compressed-tensors float-quantized, ModelOpt FP8)",
     .layout = "P.weight F8_E4M3 + P.weight_scale_inv or P.weight_scale",
     .claim_optional = false,
     .detect = bfs__fp8_detect,

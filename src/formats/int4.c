@@ -27,7 +27,11 @@ static int bfs__int4_group(const bfs_fctx *c, const bfs_raw *p, const bfs_raw *s
     const json_t *wt;
     char ss[160];
     bfs__shape_str(s->st->shape, s->st->ndim, ss, sizeof ss);
-    for (size_t k = 0; (wt = bfs__ct_group_weights(c, k, &fmt)) != NULL; k++) {
+    size_t kg; /* the module's config group, as compressed-tensors matches it (ctmatch.c) */
+    const int grc = bfs__ct_group_of(c, p, &kg);
+    if (grc < 0)
+        return grc;
+    for (size_t k = kg; k == kg && (wt = bfs__ct_group_weights(c, k, &fmt)) != NULL; k++) {
         const char *type = bfs__qc_str(wt, "type"), *strat = bfs__qc_str(wt, "strategy");
         if (strcmp(fmt, "pack-quantized") != 0 || !type || strcmp(type, "int") != 0 ||
             bfs__qc_int(wt, "num_bits") != 4 || !strat)
@@ -57,8 +61,8 @@ static int bfs__int4_group(const bfs_fctx *c, const bfs_raw *p, const bfs_raw *s
         found = 1;
     }
     if (!found)
-        return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): INT4 scale shape %s for weight [%llu, %llu] fits no pack-quantized 4-bit int config group of config.json quantization_config (group size G: [out, in/G], in %% G == 0; channel: [out, 1])",
-                        AT(s), ss, (unsigned long long)out, (unsigned long long)in);
+        return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): INT4 scale shape %s for weight [%llu, %llu] does not fit the config group of its module (config group %zu of config.json quantization_config, format \"%s\"; a pack-quantized 4-bit int group of size G wants [out, in/G], in %% G == 0; channel: [out, 1])",
+                        AT(s), ss, (unsigned long long)out, (unsigned long long)in, kg, bfs__ct_group_weights(c, kg, &fmt) ? fmt : "?");
     return 0;
 }
 

@@ -46,19 +46,23 @@ static int bfs__nvfp4_detect(const bfs_fctx *c)
     return 0;
 }
 
-/* compressed-tensors: a config group describing NVFP4 weights must exist. */
+/* compressed-tensors: the config group of p's module (ctmatch.c) must describe NVFP4 weights. */
 static int bfs__nvfp4_ct_group(const bfs_fctx *c, const bfs_raw *p)
 {
     const char *fmt;
     const json_t *wt;
-    for (size_t k = 0; (wt = bfs__ct_group_weights(c, k, &fmt)) != NULL; k++) {
+    size_t kg;
+    const int grc = bfs__ct_group_of(c, p, &kg);
+    if (grc < 0)
+        return grc;
+    for (size_t k = kg; k == kg && (wt = bfs__ct_group_weights(c, k, &fmt)) != NULL; k++) {
         const char *type = bfs__qc_str(wt, "type");
         if (strcmp(fmt, "nvfp4-pack-quantized") == 0 && type && strcmp(type, "float") == 0 &&
             bfs__qc_int(wt, "num_bits") == 4 && bfs__qc_int(wt, "group_size") == 16)
             return 0;
     }
-    return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): NVFP4 weight (with weight_global_scale), but no config group of config.json quantization_config is nvfp4-pack-quantized {type float, num_bits 4, group_size 16}",
-                    AT(p));
+    return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): NVFP4 weight (with weight_global_scale), but the config group of its module (config group %zu of config.json quantization_config, format \"%s\") is not nvfp4-pack-quantized {type float, num_bits 4, group_size 16}",
+                    AT(p), kg, bfs__ct_group_weights(c, kg, &fmt) ? fmt : "?");
 }
 
 static int bfs__nvfp4_claim(const bfs_fctx *c, bfs_raw *p, bfs_ltensor *t)

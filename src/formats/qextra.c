@@ -5,7 +5,9 @@
  *     P.input_zero_point, P.output_scale, P.k_scale, P.v_scale) of a checkpoint whose
  *     quant_method is "fp8", "compressed-tensors" or "modelopt": no meaning in a BF16
  *     model, dropped
- *     (the plan lists them; the manifest and inspect show them as dropped);
+ *     (the plan lists them; the manifest and inspect show them as dropped); and under
+ *     quant_method "fp8" also P.activation_scale (transformers' static per-tensor FP8:
+ *     FP8Linear.activation_scale, consumed by Fp8Dequantize, docs/FORMATS.md 7.1);
  *   - under such a claim, a P.weight_scale that no weight used: an error naming it
  *     (the other stray pieces -- weight_scale_inv, weight_packed, weight_scale_2, ... --
  *     are refused by the next row, refuse.c).
@@ -32,6 +34,10 @@ static int bfs__qextra_leftover(const bfs_fctx *c, bfs_raw *r, bfs_ltensor *t)
             r->used = 1;
             return 2;
         }
+    if (bfs__qc_is(c, "fp8") && bfs__str_ends(nm, ".activation_scale")) {
+        r->used = 1;
+        return 2;
+    }
     return 0;
 }
 

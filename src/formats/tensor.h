@@ -14,6 +14,7 @@ typedef enum bfs_kind {
     BFS_K_FP8,   /* FP8 E4M3 + scale grid (src/formats/fp8.c) */
     BFS_K_INT4,  /* compressed-tensors pack-quantized INT4 (src/formats/int4.c) */
     BFS_K_NVFP4, /* NVFP4, compressed-tensors or ModelOpt (src/formats/nvfp4.c) */
+    BFS_K_CTMX,  /* compressed-tensors MXFP8 / MXFP4, E8M0 scales (src/formats/ctmx.c) */
 } bfs_kind;
 
 typedef struct bfs_ltensor {
@@ -28,7 +29,7 @@ typedef struct bfs_ltensor {
     const bfs_raw *src[6]; /* source tensors; see nsrc */
     const char *transform; /* "mxfp4->bf16 transpose(1,2)", "nf4->bf16", "cast f32->bf16", "copy" */
     bfs_dtype src_dtype;  /* PASS/CAST: input dtype; BNB4: the blob's dtype */
-    const char *qname;    /* FP8/INT4/NVFP4: the name inspect and the manifest give it (static) */
+    const char *qname;    /* FP8/INT4/NVFP4/CTMX: the name inspect and the manifest give it (static) */
     /* kind-specific: one kind's members only (a plan holds one of these per tensor; the
      * plan zeroes the entry before each format's claim) */
     union {
@@ -44,6 +45,7 @@ typedef struct bfs_ltensor {
         bfs_fp8_desc fp8;     /* FP8 */
         bfs_int4_desc int4;   /* INT4 */
         bfs_nvfp4_desc nv;    /* NVFP4 */
+        bfs_ctmx_desc ctmx;   /* CTMX */
     };
 } bfs_ltensor;
 

@@ -67,7 +67,7 @@ int bfs__plan_tensors(const bfs_input *in, const bfs_convert_opts *o, bfs_plan *
 {
     int rc = 0;
     bfs_fctx c;
-    bfs_qclaim own = {NULL, NULL};
+    bfs_qclaim own = {NULL, NULL, NULL};
     json_t *cfg = NULL;
     bfs_plan *p = calloc(1, sizeof *p);
     *out = NULL;

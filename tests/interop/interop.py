@@ -180,17 +180,20 @@ def deepseek_weight_dequant(x, s, bh, bw):
 
 
 def ct_scheme_for(qcfg, prefix):
-    """The compressed-tensors config group whose targets match module `prefix` (a "re:"
-    target first, then the "Linear" catch-all) and its compression format."""
-    hit = None
+    """The compressed-tensors config group of module `prefix`, chosen by compressed-tensors' own
+    code as apply_quantization_config does (quantization/lifecycle/apply.py: target_to_scheme,
+    utils/match.py match_targets, _scheme_from_targets; the module an nn.Linear stand-in), and
+    its compression format."""
+    from collections import OrderedDict
+    from compressed_tensors.utils.match import is_match, match_targets
+    target_to_scheme = OrderedDict()
     for g in qcfg.config_groups.values():
         for tgt in g.targets:
-            if tgt.startswith("re:") and re.match(tgt[3:], prefix):
-                hit = hit or g
-    if hit is None:
-        hit = next((g for g in qcfg.config_groups.values() if "Linear" in g.targets), None)
-    if hit is None:
-        raise RuntimeError(f"{prefix}: no compressed-tensors config group targets it")
+            target_to_scheme[tgt] = g
+    module = torch.nn.Linear(1, 1, bias=False, device="meta")
+    if not is_match(prefix, module, list(target_to_scheme), qcfg.ignore or []):
+        raise RuntimeError(f"{prefix}: no compressed-tensors config group targets it (or ignore names it)")
+    hit = target_to_scheme[match_targets(prefix, module, target_to_scheme)[0]]
     fmt = getattr(hit, "format", None) or qcfg.format
     return hit, str(getattr(fmt, "value", fmt))
 
@@ -204,7 +207,16 @@ def upstream_quant(d, sd, ref, consumed):
     for k in sd:
         if k.endswith(DROPPED_SUFFIXES):
             consumed.add(k)
-    if qm == "fp8":  # DeepSeek-V3 / Qwen3-FP8 block
+    if qm == "fp8" and qc.get("weight_block_size") is None:  # per-tensor, as transformers loads it
+        from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+        for k in [k for k in sd if k.endswith(".activation_scale")]:
+            consumed.add(k)
+        for k in [k for k in sd if k.endswith(".weight_scale_inv")]:
+            w = k[: -len("_scale_inv")]
+            x = Fp8Dequantize(None)._dequantize_one(sd[w], sd[k], output_dtype=torch.bfloat16)
+            ref[w] = (x.contiguous(), "fp8-tensor", None)
+            consumed |= {w, k}
+    elif qm == "fp8":  # DeepSeek-V3 / Qwen3-FP8 block
         bh, bw = qc["weight_block_size"]
         for k in [k for k in sd if k.endswith(".weight_scale_inv")]:
             w = k[: -len("_scale_inv")]
@@ -215,8 +227,11 @@ def upstream_quant(d, sd, ref, consumed):
         from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
         from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
         from compressed_tensors.quantization import QuantizationConfig
+        from compressed_tensors.compressors.mxfp4.base import MXFP4PackedCompressor
+        from compressed_tensors.compressors.mxfp8.base import MXFP8QuantizationCompressor
         classes = {"float-quantized": FloatQuantizationCompressor, "pack-quantized": PackedQuantizationCompressor,
-                   "nvfp4-pack-quantized": NVFP4PackedCompressor}
+                   "nvfp4-pack-quantized": NVFP4PackedCompressor, "mxfp8-quantized": MXFP8QuantizationCompressor,
+                   "mxfp4-pack-quantized": MXFP4PackedCompressor}
         qcfg = QuantizationConfig.model_validate(qc)
         parts = ("weight", "weight_packed", "weight_scale", "weight_zero_point", "weight_shape",
                  "weight_global_scale")
@@ -973,7 +988,8 @@ def main():
                   if quant_config(os.path.dirname(c)).get("quant_method") in QUANT_METHODS)
     fixtures += qfix
     # FSDP2 / DCP loads: one fixture per format (Llama-shaped: a transformers model is built from the output config)
-    q_dcp = [f for f in ("fp8-block", "ct-fp8-channel", "ct-int4-asym", "ct-nvfp4", "modelopt-nvfp4") if f in qfix]
+    q_dcp = [f for f in ("fp8-block", "ct-fp8-channel", "ct-int4-asym", "ct-nvfp4", "modelopt-nvfp4",
+                         "fp8-tensor", "ct-mxfp8", "ct-mxfp4") if f in qfix]
     inputs = {f: os.path.join(args.fixtures, f) for f in fixtures}
     scalar_in = os.path.join(work, "scalar0d-input")
     os.makedirs(scalar_in, exist_ok=True)

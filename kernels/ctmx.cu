@@ -1,0 +1,48 @@
+/*
+ * compressed-tensors MX -> BF16 on the GPU (docs/FORMATS.md 7.2, 7.3): mxfp8-quantized
+ * (E4M3 elements, fp4 = 0) and mxfp4-pack-quantized (E2M1 pairs, low nibble = even element,
+ * fp4 = 1), one E8M0 scale byte per 32 elements.
+ *
+ * Values as the CPU reference bfs_ctmx_elem (ref_formats.h), through its primitives
+ * bfs_e4m3_to_f32 / bfs_e2m1_ct_to_f32 and bfs_ctmx_value (the E8M0 byte as float32, +inf
+ * for 255; one float32 multiply, mul.rn with --fmad=false, no FTZ: the 2^-127 scale and
+ * subnormal products stay exact).
+ *
+ * One thread makes 8 consecutive elements (one 16-byte store); the chunk may start on an
+ * odd element (the high nibble of its first byte) and inside a 32-element group.
+ * One phase, no shared memory.
+ */
+#include "common.cuh"
+#include "ref_formats.h"
+
+BFS_HD void ctmx_eight(const bfs_cu_ctmx_args &a, size_t k0)
+{
+    bfs_cu_rows8(a.out, a.e0, a.cols, a.n, k0, [&](uint64_t r, uint64_t c, size_t) {
+        const uint64_t i = r * a.cols + c; /* element of the whole tensor */
+        float v;
+        if (a.fp4) {
+            const uint8_t b = a.w[i / 2 - a.b0];
+            v = bfs_e2m1_ct_to_f32((i & 1) ? (unsigned)(b >> 4) : (unsigned)(b & 0x0Fu));
+        } else {
+            v = bfs_e4m3_to_f32(a.w[i - a.b0]);
+        }
+        return bfs_ctmx_value(v, a.scale[i / 32 - a.s0]);
+    });
+}
+
+BFS_CU_ELEMWISE(bfs_cu_ctmx_args, ctmx_eight, ctmx_phase, bfs_ctmx_kernel, ctmx_emu)
+
+extern "C" int bfs__cu_ctmx(const bfs_cu_ctmx_args *a, cudaStream_t stream)
+{
+    if (((uintptr_t)a->w | (uintptr_t)a->scale | (uintptr_t)a->out) % BFS_CU_PTR_ALIGN != 0)
+        return bfs__err(BFS_EINTERNAL, "bfs__cu_ctmx: unaligned device pointer");
+    if (a->cols == 0 || a->cols % 32 != 0 || (a->fp4 != 0 && a->fp4 != 1) ||
+        a->b0 != (a->fp4 ? a->e0 / 2 : a->e0) || a->s0 != a->e0 / 32)
+        return bfs__err(BFS_EINTERNAL, "bfs__cu_ctmx: inconsistent arguments");
+    if (a->n == 0)
+        return 0;
+    BFS_CU_PRELAUNCH();
+    BFS_CU_LAUNCH(bfs_ctmx_kernel, ctmx_emu, 1, bfs_cu_nosmem, bfs_cu_grid(a->n, BFS_CU_PER_THREAD), 1, 1, stream, *a);
+    BFS_CU_LAUNCHED("bfs_ctmx_kernel");
+    return 0;
+}
