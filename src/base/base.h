@@ -20,6 +20,8 @@
  * The first error recorded wins until bfs__err_clear(): deeper layers name
  * the precise place, outer layers must not overwrite it. */
 int bfs__err(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* bfs__err with ": strerror(errnum)" appended; returns code, or BFS_ENOMEM when errnum is
+ * ENOMEM (a failed allocation inside a system call is out of memory, exit 5, like ours). */
 int bfs__errno(int code, int errnum, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void bfs__err_clear(void);
 bool bfs__err_is_set(void);

@@ -1,6 +1,7 @@
 /* Error codes, names and the per-thread last-error message. */
 #include "base/base.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -86,7 +87,7 @@ int bfs__errno(int code, int errnum, const char *fmt, ...)
     va_start(ap, fmt);
     bfs__vset(fmt, ap, strerror(errnum));
     va_end(ap);
-    return code;
+    return errnum == ENOMEM ? BFS_ENOMEM : code; /* out of memory is exit 5, whichever call saw it */
 }
 
 void bfs__errslot_init(bfs_errslot *s)

@@ -411,9 +411,14 @@ static int bfs__part_recheck(int dirfd, const char *outdir, const char *fingerpr
 {
     int rc = 0;
     char list[NAME_MAX + 1];
-    DIR *d = fdopendir(dup(dirfd));
-    if (!d)
-        return bfs__err(BFS_EIO, "%s: cannot list output directory", outdir);
+    const int dfd = dup(dirfd);
+    DIR *d = dfd < 0 ? NULL : fdopendir(dfd);
+    if (!d) {
+        const int en = errno;
+        if (dfd >= 0)
+            close(dfd);
+        return bfs__errno(BFS_EIO, en, "%s: cannot list output directory", outdir);
+    }
     rewinddir(d);
     struct dirent *e;
     while (rc == 0 && (e = readdir(d)) != NULL)
@@ -472,9 +477,15 @@ static int bfs__prepare(const char *outdir, const char *fingerprint, bool force,
         if (!ours)
             BFS_TRY(bfs__outdir_check_foreign(*dirfd, outdir, &own, outputs[i]));
     }
-    d = fdopendir(dup(*dirfd));
-    if (!d)
-        BFS_FAIL(BFS_EIO, "%s: cannot list output directory", outdir);
+    const int dfd = dup(*dirfd);
+    d = dfd < 0 ? NULL : fdopendir(dfd);
+    if (!d) {
+        const int en = errno;
+        if (dfd >= 0)
+            close(dfd);
+        rc = bfs__errno(BFS_EIO, en, "%s: cannot list output directory", outdir);
+        goto cleanup;
+    }
     rewinddir(d); /* the dup shares *dirfd's read position */
     if (pname) {
         BFS_TRY(bfs__part_scan(d, *dirfd, outdir, fingerprint, force, plan, mine, jname, pname, &own));

@@ -191,9 +191,11 @@ int bfs__owned_load(int dirfd, const char *outdir, bfs_owned *o)
     /* a descriptor of its own: a dup() would share (and move) dirfd's read position */
     const int dfd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0 || !(d = fdopendir(dfd))) {
+        const int en = errno;
         if (dfd >= 0)
             close(dfd);
-        BFS_FAIL(BFS_EIO, "%s: cannot list output directory: %s", outdir, strerror(errno));
+        rc = bfs__errno(BFS_EIO, en, "%s: cannot list output directory", outdir);
+        goto cleanup;
     }
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
