@@ -127,6 +127,9 @@ $(BUILD)/tests/%: tests/%.c $(TEST_COMMON) $(BUILD)/libbfshard.a tests/testutil.
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -Isrc -o $@ $< $(TEST_COMMON) $(BUILD)/libbfshard.a $(LIBS) -lcmocka $(LDFLAGS)
 
+# the tests that replay the fuzz targets include their sources
+$(BUILD)/tests/test_reliability $(BUILD)/tests/test_fuzz_readers: $(wildcard fuzz/*.c fuzz/*.h)
+
 # The README's test command: the test suite, then the layering check.
 test: all $(TEST_BIN)
 	@scripts/run-tests.sh $(BUILD) $(TEST_BIN); rc=$$?; \
@@ -190,7 +193,10 @@ $(FUZZ_BUILD)/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz_common.c fuzz/fuzz_common.h $(FUZZ
 	$(FUZZ_CC) $(CFLAGS_BASE) -O1 -Wno-unknown-warning-option -Isrc -Itests $(FUZZ_SAN) -fsanitize=fuzzer \
 	    -o $@ $< fuzz/fuzz_common.c $(FUZZ_BUILD)/lib/libbfshard.a -ljansson -lxxhash -lzstd -lm
 
-fuzz-build: deps fuzz-lib $(FUZZ_BINS)
+# the targets after the library, in a make that sees its new date (else a changed library
+# may not relink them)
+fuzz-build: deps fuzz-lib
+	@$(MAKE) --no-print-directory $(FUZZ_BINS)
 
 # $(call fuzz_run,SECONDS): every target of FUZZ_ONLY in turn; the final stats (executions,
 # cov, ft) are printed from each log

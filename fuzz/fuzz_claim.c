@@ -45,7 +45,7 @@ static const char *const fz_claim_fixtures[16] = {
     "modelopt-nvfp4",  "mxfp4-tiny",     "refuse/gptq-noconfig",       "refuse/ok-int-tensors",
 };
 static char fz_cdir[16][512];
-static FILE *fz_devnull;
+static FILE *fzc_devnull;
 
 /* a scratch directory per checkpoint: links to its weights and index, nothing else */
 int LLVMFuzzerInitialize(int *argc, char ***argv)
@@ -74,7 +74,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         }
         closedir(d);
     }
-    if (!(fz_devnull = fopen("/dev/null", "w")))
+    if (!(fzc_devnull = fopen("/dev/null", "w")))
         abort();
     return 0;
 }
@@ -157,7 +157,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1)
         return 0;
-    if (!fz_devnull) {
+    if (!fzc_devnull) {
         int argc = 0;
         char **argv = NULL;
         LLVMFuzzerInitialize(&argc, &argv);
@@ -212,7 +212,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     bfs__input_free(in);
     if (sel & 64) {
         bfs__err_clear();
-        rc = bfs_inspect(dir, &co, 0, fz_devnull);
+        rc = bfs_inspect(dir, &co, 0, fzc_devnull);
         if (rc != 0)
             fz_check_error(rc, "bfs_inspect");
     }
