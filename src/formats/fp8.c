@@ -74,7 +74,8 @@ static int bfs__fp8_ct_block(const bfs_fctx *c, const bfs_raw *w, const bfs_raw 
     int found = 0;
     const char *fmt;
     const json_t *wt;
-    for (size_t k = 0; (wt = bfs__ct_group_weights(c, k, &fmt)) != NULL; k++) {
+    void *it = NULL;
+    for (size_t k = 0; (wt = bfs__ct_group_next(c, &it, &fmt)) != NULL; k++) {
         const char *type = bfs__qc_str(wt, "type"), *strat = bfs__qc_str(wt, "strategy");
         if (strcmp(fmt, "float-quantized") != 0 || !type || strcmp(type, "float") != 0 ||
             bfs__qc_int(wt, "num_bits") != 8 || !strat)

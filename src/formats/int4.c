@@ -27,7 +27,8 @@ static int bfs__int4_group(const bfs_fctx *c, const bfs_raw *p, const bfs_raw *s
     const json_t *wt;
     char ss[160];
     bfs__shape_str(s->st->shape, s->st->ndim, ss, sizeof ss);
-    for (size_t k = 0; (wt = bfs__ct_group_weights(c, k, &fmt)) != NULL; k++) {
+    void *it = NULL;
+    for (size_t k = 0; (wt = bfs__ct_group_next(c, &it, &fmt)) != NULL; k++) {
         const char *type = bfs__qc_str(wt, "type"), *strat = bfs__qc_str(wt, "strategy");
         if (strcmp(fmt, "pack-quantized") != 0 || !type || strcmp(type, "int") != 0 ||
             bfs__qc_int(wt, "num_bits") != 4 || !strat)
