@@ -3,11 +3,26 @@
  * (issue 26: fuzz/fuzz_manifest.c, fuzz_sums.c, fuzz_claim.c), replayed as plain
  * functions over their seed corpora (fuzz/corpus/<target>) and regression inputs
  * (fuzz/regress/<target>): every input in a child process, which must exit 0 (a broken
- * property aborts, a crash is a signal). Built without sanitizers here; `make asan` runs
- * the same with ASan + UBSan, and with the 1 MiB manifest window where `make fuzz` uses a
- * tiny one. The targets' OUTDIRs are made once, before the children fork.
+ * property aborts, a crash is a signal, a leak under ASan exit 3). Built without
+ * sanitizers here; `make asan` runs the same with ASan + UBSan, and with the 1 MiB
+ * manifest window where `make fuzz` uses a tiny one. The targets' OUTDIRs are made once, before the children fork.
  */
 #include "testutil.h"
+
+/* under ASan, each child checks for leaks before it leaves (_exit runs no leak check) */
+#if defined(__SANITIZE_ADDRESS__)
+#define TU_LSAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TU_LSAN 1
+#endif
+#endif
+#ifdef TU_LSAN
+#include <sanitizer/lsan_interface.h>
+#define TU_LEAKED() __lsan_do_recoverable_leak_check()
+#else
+#define TU_LEAKED() 0
+#endif
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,7 +64,7 @@ static int replay_dir(const char *dir, fz_fn fn)
         const pid_t pid = fork();
         if (pid == 0) {
             fn(b, len);
-            _exit(0);
+            _exit(TU_LEAKED() ? 3 : 0);
         }
         const int rc = tu_wait(pid);
         if (rc != 0)
