@@ -186,11 +186,9 @@ static int fz_hash(void *user, uint64_t off, uint64_t nb, char hex[33])
     fz_hasher *h = user;
     (void)off;
     (void)nb;
-    snprintf(hex, 33, "%032x", h->calls);
-    if (h->fail_odd && (h->calls++ & 1))
-        return bfs__err(BFS_EIO, "fuzz: shard bytes unreadable");
-    h->calls++;
-    return 0;
+    const unsigned n = h->calls++;
+    snprintf(hex, 33, "%032x", n);
+    return h->fail_odd && (n & 1) ? bfs__err(BFS_EIO, "fuzz: shard bytes unreadable") : 0;
 }
 
 static void fz_narrow_all(bfs_mf *r, const json_t *files, const fz_tally *y, uint8_t sel)
