@@ -127,6 +127,9 @@ $(BUILD)/tests/%: tests/%.c $(TEST_COMMON) $(BUILD)/libbfshard.a tests/testutil.
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -Isrc -o $@ $< $(TEST_COMMON) $(BUILD)/libbfshard.a $(LIBS) -lcmocka $(LDFLAGS)
 
+# the tests that replay the fuzz targets include their sources
+$(BUILD)/tests/test_reliability $(BUILD)/tests/test_fuzz_readers: $(wildcard fuzz/*.c fuzz/*.h)
+
 # The README's test command: the test suite, then the layering check.
 test: all $(TEST_BIN)
 	@scripts/run-tests.sh $(BUILD) $(TEST_BIN); rc=$$?; \
@@ -166,41 +169,61 @@ clean:
 # ---- fuzzing: `make fuzz` builds every fuzz/fuzz_*.c target with clang's libFuzzer ----
 # into build/fuzz/ and runs each for FUZZ_SECONDS (default 60) from its seed corpus
 # fuzz/corpus/<target>/ (new inputs go to build/fuzz/corpus/<target>/, crashes to
-# build/fuzz/artifacts/). A crash fails the rule.
+# build/fuzz/artifacts/). A crash fails the rule. `make fuzz-long` runs each for
+# FUZZ_LONG_SECONDS (default 3600), the corpora in build/fuzz/corpus/ kept between runs.
+# FUZZ_ONLY="manifest sums" runs only those targets. fuzz/<target>.dict is its dictionary,
+# fuzz/<target>.options its own libFuzzer flags (after FUZZ_FLAGS: they win). The fuzz
+# build reads manifests through a window of FUZZ_MF_WIN bytes (1 MiB elsewhere), so that
+# small inputs cross the window's border everywhere.
 FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 60
+FUZZ_LONG_SECONDS ?= 3600
 FUZZ_BUILD   := build/fuzz
 FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_TARGETS := $(patsubst fuzz/fuzz_%.c,%,$(filter-out fuzz/fuzz_common.c,$(wildcard fuzz/fuzz_*.c)))
+FUZZ_ONLY    ?= $(FUZZ_TARGETS)
 FUZZ_BINS    := $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz_%)
 FUZZ_FLAGS   ?= -timeout=20 -rss_limit_mb=2048 -print_final_stats=1
+FUZZ_MF_WIN  ?= 61
 
-.PHONY: fuzz-build fuzz-lib valgrind
+.PHONY: fuzz-build fuzz-lib fuzz-long valgrind
 ifneq ($(BUILD),$(FUZZ_BUILD)/lib)
 $(FUZZ_BUILD)/lib/libbfshard.a: fuzz-lib
 endif
 fuzz-lib:
 	@$(MAKE) --no-print-directory BUILD=$(FUZZ_BUILD)/lib CC=$(FUZZ_CC) NO_CUDA=1 OPT="-O1" \
-	    EXTRA_CFLAGS="$(FUZZ_SAN) -fsanitize=fuzzer-no-link -Wno-unknown-warning-option" $(FUZZ_BUILD)/lib/libbfshard.a
+	    EXTRA_CFLAGS="$(FUZZ_SAN) -fsanitize=fuzzer-no-link -Wno-unknown-warning-option -DBFS_MF_WIN=$(FUZZ_MF_WIN)" \
+	    $(FUZZ_BUILD)/lib/libbfshard.a
 
 $(FUZZ_BUILD)/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz_common.c fuzz/fuzz_common.h $(FUZZ_BUILD)/lib/libbfshard.a
 	@mkdir -p $(@D)
 	$(FUZZ_CC) $(CFLAGS_BASE) -O1 -Wno-unknown-warning-option -Isrc -Itests $(FUZZ_SAN) -fsanitize=fuzzer \
 	    -o $@ $< fuzz/fuzz_common.c $(FUZZ_BUILD)/lib/libbfshard.a -ljansson -lxxhash -lzstd -lcrypto -lm
 
-fuzz-build: deps fuzz-lib $(FUZZ_BINS)
+# the targets after the library, in a make that sees its new date (else a changed library
+# may not relink them)
+fuzz-build: deps fuzz-lib
+	@$(MAKE) --no-print-directory $(FUZZ_BINS)
 
-fuzz: fuzz-build
-	@set -e; for t in $(FUZZ_TARGETS); do \
+# $(call fuzz_run,SECONDS): every target of FUZZ_ONLY in turn; the final stats (executions,
+# cov, ft) are printed from each log
+fuzz_run = @set -e; for t in $(FUZZ_ONLY); do \
 	    mkdir -p $(FUZZ_BUILD)/corpus/$$t $(FUZZ_BUILD)/artifacts; \
 	    dict=""; [ -f fuzz/$$t.dict ] && dict="-dict=fuzz/$$t.dict"; \
-	    echo "== fuzz_$$t for $(FUZZ_SECONDS) s"; \
-	    $(FUZZ_BUILD)/fuzz_$$t $(FUZZ_FLAGS) $$dict -max_total_time=$(FUZZ_SECONDS) \
+	    opts=""; [ -f fuzz/$$t.options ] && opts="$$(grep -v '^\#' fuzz/$$t.options)"; \
+	    echo "== fuzz_$$t for $(1) s"; \
+	    $(FUZZ_BUILD)/fuzz_$$t $(FUZZ_FLAGS) $$opts $$dict -max_total_time=$(1) \
 	        -artifact_prefix=$(FUZZ_BUILD)/artifacts/$$t- \
 	        $(FUZZ_BUILD)/corpus/$$t fuzz/corpus/$$t 2>$(FUZZ_BUILD)/fuzz_$$t.log \
 	        || { tail -60 $(FUZZ_BUILD)/fuzz_$$t.log; echo "fuzz_$$t FAILED (log: $(FUZZ_BUILD)/fuzz_$$t.log)"; exit 1; }; \
-	    grep -E '^(#[0-9]+[[:space:]]+DONE|Done)' $(FUZZ_BUILD)/fuzz_$$t.log || true; \
+	    grep -E '^(\#[0-9]+[[:space:]]+DONE|Done|stat::number_of_executed_units)' $(FUZZ_BUILD)/fuzz_$$t.log || true; \
 	done
+
+fuzz: fuzz-build
+	$(call fuzz_run,$(FUZZ_SECONDS))
+
+fuzz-long: fuzz-build
+	$(call fuzz_run,$(FUZZ_LONG_SECONDS))
 
 # ---- sanitizers: `make asan` builds library, CLI and tests with ASan + UBSan into
 # build-asan/ and runs the whole test suite; any report fails it. CC=clang or gcc.

@@ -1,7 +1,11 @@
 /* Shared helpers of the libFuzzer targets: see fuzz_common.h. */
 #include "fuzz_common.h"
+#include "base/bfs_io.h"
+#include "output/parts.h"
 
 #include <dirent.h>
+#include <ftw.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,11 +16,7 @@
 
 static char fz__dir[256];
 
-static void fz__rmdir(void)
-{
-    fz_clean();
-    rmdir(fz__dir);
-}
+static void fz__rmdir(void) { fz_rmrf(fz__dir); }
 
 const char *fz_dir(void)
 {
@@ -230,4 +230,115 @@ void fz_open_and_exercise(const char *path, const fz_opts *o)
     fz_exercise(in, o);
     fz_release(in);
     bfs__input_free(in);
+}
+
+/* ---- the readers of what bfshard writes ----------------------------------------------------- */
+void fz_fixture(const char *name, char *out, size_t cap)
+{
+    const char *env = getenv("BFS_FUZZ_FIXTURES");
+    const char *roots[] = {env ? env : "fixtures", "fixtures", "../../fixtures"};
+    char p[PATH_MAX], abs[PATH_MAX];
+    for (size_t r = 0; r < 3; r++) {
+        snprintf(p, sizeof p, "%s/%s", roots[r], name);
+        if (realpath(p, abs) && strlen(abs) < cap) {
+            snprintf(out, cap, "%s", abs);
+            return;
+        }
+    }
+    fprintf(stderr, "fuzz: fixture %s not found (run from the repository root or set BFS_FUZZ_FIXTURES)\n", name);
+    abort();
+}
+
+void fz_check_error(int rc, const char *what)
+{
+    const char *e = bfs_last_error();
+    if (rc < BFS_EINCOMPLETE || rc > BFS_EINTERNAL || !bfs__err_is_set() || !e[0]) {
+        fprintf(stderr, "fuzz: %s failed with %d (%s) and the message \"%s\"\n", what, rc, bfs_err_name(rc), e);
+        abort();
+    }
+    for (const char *c = e; *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7f) {
+            fprintf(stderr, "fuzz: %s: control character 0x%02x in the error message: %s\n", what, (unsigned char)*c, e);
+            abort();
+        }
+}
+
+size_t fz_check_report(const char *text, size_t len, const char *what)
+{
+    size_t lines = 0;
+    for (size_t i = 0; i < len; i++) {
+        const unsigned char c = (unsigned char)text[i];
+        if (c == '\n')
+            lines++;
+        else if (c < 0x20 || c == 0x7f) {
+            fprintf(stderr, "fuzz: %s: control character 0x%02x in the report:\n%.*s\n", what, c, (int)len, text);
+            abort();
+        }
+    }
+    if (len && text[len - 1] != '\n') {
+        fprintf(stderr, "fuzz: %s: the report does not end with a line end:\n%.*s\n", what, (int)len, text);
+        abort();
+    }
+    return lines;
+}
+
+static int fz__rm1(const char *p, const struct stat *sb, int type, struct FTW *f)
+{
+    (void)sb;
+    (void)f;
+    if (type == FTW_DP)
+        rmdir(p);
+    else
+        unlink(p);
+    return 0;
+}
+
+void fz_rmrf(const char *path) { nftw(path, fz__rm1, 16, FTW_DEPTH | FTW_PHYS); }
+
+/* every kind of manifest bfshard writes, over the fixtures (the seeds of fuzz_manifest
+ * and fuzz_sums name the OUTDIR they were made with: gen_corpus.py keeps the same table) */
+const fz_outdir fz_outdirs[FZ_NOUTDIRS] = {
+    {"ct-fp8-block", 1, BFS_LAYOUT_DCP, 0, 0, 0, {NULL, NULL}},
+    {"ct-moe-mixed", 3, BFS_LAYOUT_DCP, 0, 0, 0, {NULL, NULL}},
+    {"fp8-block-split", 8, BFS_LAYOUT_DCP, 0, 0, 0, {NULL, NULL}},
+    {"mxfp4-tiny", 1, BFS_LAYOUT_HF, 0, 0, 0, {NULL, NULL}},
+    {"bnb-nf4", 3, BFS_LAYOUT_DCP, 3, BFS_ZST_PLAIN, 0, {NULL, NULL}},
+    {"ct-int4-asym", 3, BFS_LAYOUT_DCP, 0, 0, 0, {"0", "1-2"}},
+    {"modelopt-nvfp4", 8, BFS_LAYOUT_DCP, 1, BFS_ZST_BYTEGROUP, 0, {NULL, NULL}},
+    {"bnb-fp4-dq", 1, BFS_LAYOUT_HF, 0, 0, 40000, {NULL, NULL}},
+};
+
+static bool fz__od_ready[FZ_NOUTDIRS];
+
+const char *fz_outdir_get(int k, const char **manifest)
+{
+    static char path[FZ_NOUTDIRS][512];
+    const fz_outdir *d = &fz_outdirs[k];
+    *manifest = d->ranks[0] ? BFS_PART_PREFIX "0" BFS_PART_SUFFIX : BFS_MANIFEST_NAME;
+    snprintf(path[k], sizeof path[k], "%s/od%d", fz_dir(), k);
+    if (fz__od_ready[k])
+        return path[k];
+    char in[PATH_MAX];
+    fz_fixture(d->fixture, in, sizeof in);
+    fz_rmrf(path[k]);
+    for (int part = 0; part < (d->ranks[0] ? 2 : 1); part++) {
+        bfs_convert_opts o;
+        bfs_convert_opts_init(&o);
+        o.world_size = d->world_size;
+        o.layout = d->layout;
+        o.device = "cpu";
+        o.threads = 1;
+        o.compress_level = d->compress_level;
+        o.compress_mode = d->compress_mode;
+        o.max_shard_size = d->max_shard_size;
+        o.ranks = d->ranks[part];
+        bfs__err_clear();
+        const int rc = bfs_convert(in, path[k], &o, NULL);
+        if (rc != 0) {
+            fprintf(stderr, "fuzz: cannot make OUTDIR %d from %s: %s\n", k, in, bfs_last_error());
+            abort();
+        }
+    }
+    fz__od_ready[k] = true;
+    return path[k];
 }

@@ -49,4 +49,31 @@ void fz_exercise(bfs_input *in, const fz_opts *o);
 /* Open the input at path, isolate it and exercise it. */
 void fz_open_and_exercise(const char *path, const fz_opts *o);
 
+/* ---- the readers of what bfshard writes (fuzz_manifest.c, fuzz_sums.c, fuzz_claim.c) ---- */
+/* The absolute path of fixtures/NAME ($BFS_FUZZ_FIXTURES, ./fixtures, ../../fixtures), or
+ * abort: the harness needs it. */
+void fz_fixture(const char *name, char *out, size_t cap);
+/* A failure of the library: rc a BFS_E* code and bfs_last_error() one non-empty line with
+ * no control character; else abort naming what failed. */
+void fz_check_error(int rc, const char *what);
+/* A report (verify's, a check's) printed into memory: every line ends with '\n' and holds
+ * no other control character (names read from files are escaped); the number of lines. */
+size_t fz_check_report(const char *text, size_t len, const char *what);
+/* Remove a directory tree (never following a symbolic link). */
+void fz_rmrf(const char *path);
+
+/* OUTDIRs made once per process from the fixtures by bfs_convert, under fz_dir(): a
+ * fixture at W = 1, 3 or 8, dcp or hf, compressed (zstd, bytegroup), in parts. */
+#define FZ_NOUTDIRS 8
+typedef struct fz_outdir {
+    const char *fixture;
+    int world_size, layout, compress_level, compress_mode;
+    uint64_t max_shard_size;
+    const char *ranks[2]; /* a conversion in two parts, not merged: ranks[0]'s manifest is the fuzzed one */
+} fz_outdir;
+extern const fz_outdir fz_outdirs[FZ_NOUTDIRS];
+/* OUTDIR k (made on the first call); *manifest: the name of the manifest the target
+ * replaces (bfshard.manifest.json, or the first part's). */
+const char *fz_outdir_get(int k, const char **manifest);
+
 #endif

@@ -11,10 +11,19 @@ checkpoints of every kind bfshard plans (MXFP4 3-d/4-d, bnb NF4/FP4 with and
 without double quant, casts, passthrough, scalars, empty tensors), plus hand-made
 edge cases. Code tables are copied from the fixtures (bitsandbytes' own bytes).
 Input formats: see the comment at the top of each fuzz/fuzz_<target>.c.
+
+The seeds of manifest, sums and claim are real outputs: build/bfshard (make) converts
+the fixtures into the OUTDIRs of fuzz_common.c's fz_outdirs[] (and a few more: W = 1,
+3, 8, both layouts, parts, compressed); each manifest's "revision" is set to "seed" and
+the manifest sealed again (xxh128sum), so they do not change with the commit.
 """
 import json
 import os
+import re
+import shutil
 import struct
+import subprocess
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "fuzz", "corpus")
@@ -287,11 +296,163 @@ def gen_bnb_blob():
         write("bnb_blob", "edge_" + k, blob(0x02, 0, v))
 
 
+# ---- the readers of what bfshard writes: real outputs -----------------------------------
+BFSHARD = os.path.join(ROOT, "build", "bfshard")
+SEAL_KEY = b'"manifest_xxh3_128": "'
+# fuzz_common.c's fz_outdirs[], in order: fixture, W, layout, compress, max shard size, ranks
+OUTDIRS = [("ct-fp8-block", 1, "dcp", None, None, None),
+           ("ct-moe-mixed", 3, "dcp", None, None, None),
+           ("fp8-block-split", 8, "dcp", None, None, None),
+           ("mxfp4-tiny", 1, "hf", None, None, None),
+           ("bnb-nf4", 3, "dcp", "zstd:3", None, None),
+           ("ct-int4-asym", 3, "dcp", None, None, ("0", "1-2")),
+           ("modelopt-nvfp4", 8, "dcp", "zstd-bytegroup:1", None, None),
+           ("bnb-fp4-dq", 1, "hf", None, 40000, None)]
+# fuzz_claim.c's fz_claim_fixtures[], in order
+CLAIM_FIXTURES = ["bnb-nf4", "bnb-nf4-dq", "bnb-fp4", "ct-fp8-block", "ct-fp8-channel", "ct-fp8-tensor",
+                  "ct-int4-asym", "ct-int4-group", "ct-moe-mixed", "ct-nvfp4", "fp8-block", "fp8-block-split",
+                  "modelopt-nvfp4", "mxfp4-tiny", "refuse/gptq-noconfig", "refuse/ok-int-tensors"]
+
+
+def reseal(m):
+    """m with its seal recomputed, as bfshard writes it (xxh128sum of the bytes, seal zeroed)."""
+    i = m.rfind(SEAL_KEY)
+    if i < 0 or m[i + len(SEAL_KEY) + 32:i + len(SEAL_KEY) + 33] != b'"':
+        return m
+    i += len(SEAL_KEY)
+    z = m[:i] + b"0" * 32 + m[i + 32:]
+    with tempfile.NamedTemporaryFile() as f:
+        f.write(z)
+        f.flush()
+        h = subprocess.run(["xxh128sum", f.name], check=True, capture_output=True).stdout.split()[0]
+    return z[:i] + h + z[i + 32:]
+
+
+def normalize(m):
+    """the commit's revision out of a manifest bfshard wrote, sealed again"""
+    return reseal(re.sub(rb'"revision": "[^"]*"', b'"revision": "seed"', m, count=1))
+
+
+def convert(tmp, fixture, w, layout="dcp", compress=None, max_shard=None, ranks=None):
+    """OUTDIR of one conversion (in parts when ranks)"""
+    out = os.path.join(tmp, "%s-w%d-%s-%s-%s" % (fixture.replace("/", "_"), w, layout, compress, ranks and "parts"))
+    for r in (ranks or [None]):
+        cmd = [BFSHARD, "convert", os.path.join(ROOT, "fixtures", fixture), out, "--world-size", str(w),
+               "--layout", layout, "--device", "cpu", "-T", "1"]
+        cmd += ["--compress", compress] if compress else []
+        cmd += ["--max-shard-size", str(max_shard)] if max_shard else []
+        cmd += ["--ranks", r] if r else []
+        subprocess.run(cmd, check=True, capture_output=True)
+    return out
+
+
+def manifest_of(out, ranks=None):
+    name = "bfshard.part-%s.json" % ranks[0] if ranks else "bfshard.manifest.json"
+    return normalize(open(os.path.join(out, name), "rb").read())
+
+
+def gen_manifest_sums(tmp):
+    """fuzz_manifest: selector (bits 0-2 OUTDIR, bit 3 re-seal) + manifest;
+    fuzz_sums: selector (bits 0-2 OUTDIR) + xxh128sums.txt [+ SEP + files[]]"""
+    for k, (fx, w, layout, comp, ms, ranks) in enumerate(OUTDIRS):
+        out = convert(tmp, fx, w, layout, comp, ms, ranks)
+        m = manifest_of(out, ranks)
+        write("manifest", "od%d" % k, bytes([k]) + m)
+        write("manifest", "od%d_reseal" % k, bytes([k | 8]) + m)
+        sums = open(os.path.join(out, "xxh128sums.txt"), "rb").read() if not ranks else b""
+        write("sums", "od%d" % k, bytes([k]) + sums)
+        if k == 4:
+            lines = sums.splitlines(keepends=True)
+            write("sums", "od4_crlf", bytes([k]) + b"".join(l.replace(b"\n", b"\r\n") for l in lines))
+            write("sums", "od4_upper", bytes([k]) + sums.upper())
+            write("sums", "od4_no_last_newline", bytes([k]) + sums.rstrip(b"\n"))
+            write("sums", "od4_one_space", bytes([k]) + sums.replace(b"  ", b" ", 1))
+            write("sums", "od4_dup_and_blank", bytes([k]) + lines[0] + b"\n" + lines[0] + b"".join(lines[1:]))
+            files = json.loads(m)["files"]
+            write("sums", "od4_own_files", bytes([k]) + sums + SEP + json.dumps(files).encode())
+    # other real outputs: every kind of manifest over more fixtures (their OUTDIR is not the
+    # harness's: verify reports every file, the reader and the rewrite go all the way)
+    more = [("bnb-nf4-dq", 8, "dcp", None, None, None), ("ct-nvfp4", 1, "hf", None, None, None),
+            ("fp8-block", 3, "dcp", "zstd:3", None, None), ("mxfp4-tiny", 8, "dcp", None, None, ("0-3", "4-7")),
+            ("ct-int4-group", 1, "dcp", None, None, None)]
+    for fx, w, layout, comp, ms, ranks in more:
+        m = manifest_of(convert(tmp, fx, w, layout, comp, ms, ranks), ranks)
+        write("manifest", "%s_w%d_%s%s%s" % (fx, w, layout, "_" + comp.split(":")[0] if comp else "",
+                                             "_part" if ranks else ""), bytes([8]) + m)
+    z = b'"manifest_xxh3_128": "00000000000000000000000000000000"'
+    edge = {
+        "minimal": b'{"files": [], "tensors": [], ' + z + b"}",
+        "one_tensor": b'{"files": [{"name": "a.safetensors", "size": 72, "xxh3_128": "00000000000000000000000000000000"}], '
+                      b'"tensors": [{"name": "t", "shards": [{"file": "a.safetensors", "offset": 8, "nbytes": 64, '
+                      b'"xxh3_128": "zz"}]}], ' + z + b"}",
+        "seal_first": b"{" + z + b', "files": [], "tensors": [{"name": "t\\u0001\\n\\"x"}]}',
+        "seal_escaped_quote": b'{"files": [], "tensors": [], "manifest_xxh3_128": "0000000000000000000000000000000\\""}',
+        "no_seal": b'{"files": [], "tensors": [{"name": "t", "shards": []}]}',
+        "nested_seal_after": b'{"files": [], "tensors": [], ' + z + b', "source": {' + z + b"}}",
+        "part_minimal": b'{"part": {"ranks": "0", "world_size": 3}, "plan_fingerprint": "x", "source": {"files": []}, '
+                        b'"files": [{"name": "r0", "size": 1, "xxh3_128": null, "rank": 0}], "tensors": [], ' + z + b"}",
+        "deep": b'{"files": [], "tensors": [{"x": ' + b"[" * 70 + b"]" * 70 + b"}], " + z + b"}",
+        "scalars": b'{"files": [1, -2.5e3, true, false, null, "s"], "tensors": [{"a": 1E+2, "b": -0.0}], ' + z + b"}",
+    }
+    for k, v in edge.items():
+        # the seal as written (bit 3 clear) where the harness's re-seal would change what is tested
+        write("manifest", "edge_" + k, bytes([5 if k.startswith("part") else 0 if k.startswith("seal") else 8]) + v)
+
+
+def gen_claim():
+    """fuzz_claim: selector (bits 0-3 checkpoint, bit 4 no config.json, bit 5 W = 3, bit 6 inspect,
+    bit 7 best kernels) + config.json [+ SEP + quantize_config.json]"""
+    for k, fx in enumerate(CLAIM_FIXTURES):
+        d = os.path.join(ROOT, "fixtures", fx)
+        cfg = open(os.path.join(d, "config.json"), "rb").read() if os.path.exists(os.path.join(d, "config.json")) else b""
+        q = os.path.join(d, "quantize_config.json")
+        sel = k | (16 if not cfg else 0) | (32 if k % 3 == 0 else 0) | (64 if k % 5 == 0 else 0)
+        write("claim", fx.replace("/", "_"), bytes([sel]) + cfg + (SEP + open(q, "rb").read() if os.path.exists(q) else b""))
+    qc = lambda k: json.loads(open(os.path.join(ROOT, "fixtures", CLAIM_FIXTURES[k], "config.json")).read())
+    edits = []
+    c = qc(10)  # fp8 weight_block_size
+    for bs in ([1, 1], [0, 128], [1000000000, 1], [128], "x", [3, 5]):
+        c["quantization_config"]["weight_block_size"] = bs
+        edits.append((10, "fp8_block_%s" % re.sub(r"\W", "_", json.dumps(bs)), dict(c)))
+    c = qc(10)
+    c["quantization_config"]["quant_method"] = "FP8"
+    edits.append((10, "fp8_upper", c))
+    c = qc(0)
+    del c["quantization_config"]["quant_method"]
+    edits.append((0, "bnb_no_method_load_in_4bit", c))
+    c = qc(3)
+    c["quantization_config"]["config_groups"]["group_0"]["weights"]["block_structure"] = [1, 7]
+    edits.append((3, "ct_block_1x7", c))
+    c = qc(7)
+    c["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = 3
+    edits.append((7, "ct_int4_group_3", c))
+    c = qc(6)
+    c["quantization_config"]["config_groups"]["group_0"]["weights"]["symmetric"] = True
+    edits.append((6, "ct_int4_asym_says_symmetric", c))
+    c = qc(12)
+    c["quantization_config"]["quant_algo"] = "FP8"
+    edits.append((12, "modelopt_says_fp8", c))
+    c = qc(13)
+    c["quantization_config"] = None
+    edits.append((13, "mxfp4_null_claim", c))
+    c = qc(8)
+    c["quantization_config"]["config_groups"] = {"g%d" % i: {"format": "pack-quantized", "weights": {}}
+                                                 for i in range(64)}
+    edits.append((8, "ct_many_groups", c))
+    for k, name, c in edits:
+        write("claim", "edge_" + name, bytes([k]) + json.dumps(c, indent=1).encode())
+    write("claim", "edge_gptq_no_method", bytes([14 | 16]) + b"" + SEP + b'{"bits": 4, "group_size": 32}')
+    write("claim", "edge_method_nul", bytes([10]) + json.dumps(qc(10)).replace('"fp8"', '"fp8\\u0000x"').encode())
+    write("claim", "edge_method_not_string", bytes([10]) + b'{"quantization_config": {"quant_method": 8}}')
+    write("claim", "edge_qc_not_object", bytes([10]) + b'{"quantization_config": [1]}')
+
+
 def main():
     # files named by a 40-hex SHA-1 were grown by fuzzing (libFuzzer -merge=1): kept
-    if os.path.isdir(OUT):
-        for dp, _, fs in os.walk(OUT):
-            for f in fs:
+    for t in ("st_parse", "plan", "input", "bnb_blob", "manifest", "sums", "claim"):  # zst's are not ours
+        dp = os.path.join(OUT, t)
+        if os.path.isdir(dp):
+            for f in os.listdir(dp):
                 if not (len(f) == 40 and all(c in "0123456789abcdef" for c in f)):
                     os.remove(os.path.join(dp, f))
     models = synthetic_models()
@@ -299,6 +460,14 @@ def main():
     gen_plan(models)
     gen_input(models)
     gen_bnb_blob()
+    if not os.path.exists(BFSHARD) or not shutil.which("xxh128sum"):
+        raise SystemExit("gen_corpus.py: the manifest, sums and claim seeds need build/bfshard (make) and xxh128sum")
+    tmp = tempfile.mkdtemp(prefix="bfs-corpus-")
+    try:
+        gen_manifest_sums(tmp)
+    finally:
+        shutil.rmtree(tmp)
+    gen_claim()
     total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(OUT) for f in fs)
     print(f"fuzz/corpus: {total} bytes")
 

@@ -5,7 +5,8 @@
  * object, quant_method missing, of another type or in other case, bitsandbytes with
  * load_in_8bit or without load_in_4bit, quantize_config.json, a claim the tensors
  * contradict, and the tensor rules (FP8, quantizer names, integer + scale, integer
- * weights) beside plain integer and float tensors that must pass.
+ * weights) beside plain integer and float tensors that must pass; config_groups in
+ * time linear in their number.
  * The real-layout corpus is tests/test_refuse.c.
  */
 #include "testutil.h"
@@ -269,6 +270,31 @@ static void config_before_tensors(void **s)
            BFS_EINPUT, "\"fp8\"|not supported");
 }
 
+/* config_groups are walked in order, not each found again from the first: 200000 groups
+ * (a 7 MB config.json, well under the 64 MiB limit) before a weight's real group took
+ * about 40 minutes when they were (found by writing fuzz_claim, issue 26); now about a
+ * second. `timeout 60` is the bound; the time is not asserted. */
+static void many_config_groups_linear(void **s)
+{
+    (void)s;
+    char dir[4096], f[4200];
+    snprintf(dir, sizeof dir, "%s/groups", tmp);
+    assert_int_equal(tu_sh("mkdir -p '%s' && cp fixtures/ct-int4-group/model.safetensors '%s/'", dir, dir), 0);
+    snprintf(f, sizeof f, "%s/config.json", dir);
+    FILE *fp = fopen(f, "w");
+    assert_non_null(fp);
+    fputs("{\"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"format\": \"pack-quantized\", "
+          "\"config_groups\": {", fp);
+    for (int i = 0; i < 200000; i++)
+        fprintf(fp, "\"pad%d\": {\"format\": \"x\", \"weights\": {}}, ", i);
+    fputs("\"group_0\": {\"targets\": [\"Linear\"], \"weights\": {\"num_bits\": 4, \"type\": \"int\", \"strategy\": \"group\", "
+          "\"group_size\": 12, \"symmetric\": true}}}}}", fp);
+    assert_int_equal(fclose(fp), 0);
+    const double t0 = tu_now_s();
+    assert_int_equal(tu_sh("timeout 60 %s inspect '%s' >/dev/null", tu_bfshard(), dir), 0);
+    fprintf(stderr, "  200000 config groups planned in %.2f s\n", tu_now_s() - t0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -280,6 +306,7 @@ int main(void)
         cmocka_unit_test(quantize_config_json),
         cmocka_unit_test(tensor_rules),
         cmocka_unit_test(config_before_tensors),
+        cmocka_unit_test(many_config_groups_linear),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -7,7 +7,8 @@
  * characters, nesting too deep, data after the object); escapes and nested arrays read as
  * jansson reads them; an empty tensors array is fine. On the committed fixtures the head
  * and every tensor equal jansson's whole tree, the seal verdict agrees, and a rewrite that
- * copies tensors[] through is byte for byte what the whole tree dumps. Narrowing a bad file
+ * copies tensors[] through is byte for byte what the whole tree dumps, and a rewrite of any
+ * head the reader accepts is read back and sealed (the seal put last). Narrowing a bad file
  * down reports its tensors in manifest order from the compact index (hashes that are not
  * hex reported as written, shards without one skipped). A manifest of 1e5
  * tensors is read in a child whose peak RSS grows by less than 16 MiB.
@@ -220,6 +221,47 @@ static void empty_tensors(void **s)
     bfs__mf_free(r);
 }
 
+/* ---- compress's rewrite of a head read from a file (found by fuzz_manifest, issue 26) ------ */
+/* the rewrite of `text`: read back, sealed, the same tensors */
+static void rewrite_reads_back(const char *text)
+{
+    bfs_mf *r = NULL, *c = NULL;
+    assert_int_equal(open_text(text, &r, -1), 0);
+    bfs__err_clear();
+    const int rc = bfs__mf_write_copy(-1, g_dir, "copy.json", bfs__mf_head(r), r);
+    if (rc != 0)
+        fail_msg("rewrite of %s: %s", text, bfs_last_error());
+    assert_int_equal(bfs__mf_open(g_dir, "copy.json", 0, NULL, NULL, &c), 0);
+    assert_int_equal(bfs__mf_check_seal(c, NULL), 0);
+    assert_int_equal(bfs__mf_ntensors(c), bfs__mf_ntensors(r));
+    /* the seal is the last member, the only one of its name at the top */
+    const char *k, *last = "";
+    json_t *v;
+    json_object_foreach(bfs__mf_head(c), k, v)
+        last = k;
+    assert_string_equal(last, "manifest_xxh3_128");
+    bfs__mf_free(c);
+    bfs__mf_free(r);
+}
+
+static void rewrite_any_seal(void **s)
+{
+    (void)s;
+    /* no seal: was BFS_EINTERNAL ("manifest head without ... its seal"), compress exit 1 */
+    rewrite_reads_back("{\"files\": [], \"tensors\": [{\"name\": \"t\"}]}");
+    /* the seal before "tensors": the same */
+    rewrite_reads_back("{" ZSEAL ", \"files\": [], \"tensors\": [{\"name\": \"t\"}]}");
+    /* a seal of 31 characters and an escaped quote: 32 '0's were written over the backslash,
+     * and compress left a manifest no command could read */
+    rewrite_reads_back("{\"files\": [], \"tensors\": [], \"manifest_xxh3_128\": \"0000000000000000000000000000000\\\"\"}");
+    /* a shorter one, and one that is not a string */
+    rewrite_reads_back("{\"files\": [], \"tensors\": [], \"manifest_xxh3_128\": \"abc\"}");
+    rewrite_reads_back("{\"files\": [], \"tensors\": [], \"manifest_xxh3_128\": [1]}");
+    /* a nested "manifest_xxh3_128" after the seal: it was sealed instead, and verify found the
+     * rewritten manifest's seal wrong */
+    rewrite_reads_back("{\"files\": [], \"tensors\": [], " ZSEAL ", \"source\": {" ZSEAL "}}");
+}
+
 /* ---- narrowing a bad file down: the index (40 B per shard, grouped by file) --------------- */
 static int fake_hash(void *user, uint64_t off, uint64_t nb, char hex[33])
 {
@@ -427,6 +469,7 @@ int main(void)
         cmocka_unit_test(malformed_structure),      cmocka_unit_test(elements_must_be_objects),
         cmocka_unit_test(duplicate_keys),           cmocka_unit_test(escapes_and_nesting),
         cmocka_unit_test(empty_tensors),            cmocka_unit_test(narrow_index),
+        cmocka_unit_test(rewrite_any_seal),
         cmocka_unit_test(fixtures_equal_whole_tree),
         cmocka_unit_test(reader_memory_bounded),
     };

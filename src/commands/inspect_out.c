@@ -78,7 +78,7 @@ int bfs__inspect_outdir(const char *dir, int as_json, FILE *out)
 {
     int rc = 0;
     bfs_mf *mr = NULL;
-    json_t *root = NULL, *formats = json_object();
+    json_t *root = NULL, *formats = json_object(), *jfiles = NULL;
     bfs_inspect_tally y = {formats, 0, 0};
     if (!formats)
         BFS_FAIL(BFS_ENOMEM, "out of memory");
@@ -95,7 +95,7 @@ int bfs__inspect_outdir(const char *dir, int as_json, FILE *out)
     uint64_t src_bytes = 0;
     for (size_t i = 0; i < json_array_size(srcfiles); i++)
         src_bytes += (uint64_t)json_integer_value(json_object_get(json_array_get(srcfiles, i), "size"));
-    json_t *jfiles = json_array();
+    jfiles = json_array();
     size_t nweights = 0, nzst = 0, file_hashes = 0, file_shas = 0, missing = 0;
     uint64_t wbytes = 0, zbytes = 0, zin = 0;
     for (size_t i = 0; i < json_array_size(files); i++) {
@@ -146,7 +146,7 @@ int bfs__inspect_outdir(const char *dir, int as_json, FILE *out)
     json_object_set_new(root, "kind", json_string("bfshard-outdir"));
     json_object_set_new(root, "made_by", json_pack("{s:s, s:s}", "version", made ? made : "?", "revision",
                                                    rev ? rev : "unknown"));
-    json_object_set(root, "options", opts ? (json_t *)opts : json_object());
+    json_object_set_new(root, "options", opts ? json_incref((json_t *)opts) : json_object());
     json_object_set_new(root, "source", json_pack("{s:I, s:I, s:s?}", "files", (json_int_t)json_array_size(srcfiles),
                                                   "bytes", (json_int_t)src_bytes, "quant_method", qm));
     json_object_set_new(root, "weights_files", json_integer((json_int_t)nweights));
@@ -163,7 +163,7 @@ int bfs__inspect_outdir(const char *dir, int as_json, FILE *out)
                                                       bfs__ratio(zin, zbytes)));
     json_object_set_new(root, "manifest_seal", json_string(seal_ok ? "ok" : "BAD"));
     json_object_set_new(root, "missing_files", json_integer((json_int_t)missing));
-    json_object_set_new(root, "files", jfiles);
+    json_object_set(root, "files", jfiles);
     if (as_json) {
         BFS_TRY(bfs__print_json(out, root));
         goto cleanup;
@@ -214,6 +214,7 @@ int bfs__inspect_outdir(const char *dir, int as_json, FILE *out)
     }
 cleanup:
     json_decref(formats);
+    json_decref(jfiles);
     json_decref(root);
     bfs__mf_free(mr);
     return rc;

@@ -81,26 +81,31 @@ int64_t bfs__qc_int(const json_t *o, const char *key)
     return json_is_integer(v) ? (int64_t)json_integer_value(v) : -1;
 }
 
-const json_t *bfs__ct_group_weights(const bfs_fctx *c, size_t k, const char **format)
+const json_t *bfs__ct_group_next(const bfs_fctx *c, void **it, const char **format)
 {
-    const json_t *groups = c->qconfig ? json_object_get(c->qconfig, "config_groups") : NULL;
+    json_t *groups = c->qconfig ? json_object_get(c->qconfig, "config_groups") : NULL;
     if (!json_is_object(groups))
         return NULL;
-    size_t i = 0;
-    const char *key;
-    json_t *g;
-    json_object_foreach((json_t *)groups, key, g)
-    {
-        if (i++ != k)
-            continue;
-        const char *f = bfs__qc_str(g, "format");
-        *format = f ? f : bfs__qc_str(c->qconfig, "format");
-        if (!*format)
-            *format = "";
-        const json_t *w = json_object_get(g, "weights");
-        return json_is_object(w) ? w : json_null();
-    }
-    return NULL;
+    *it = *it ? json_object_iter_next(groups, *it) : json_object_iter(groups);
+    if (!*it)
+        return NULL;
+    const json_t *g = json_object_iter_value(*it);
+    const char *f = bfs__qc_str(g, "format");
+    *format = f ? f : bfs__qc_str(c->qconfig, "format");
+    if (!*format)
+        *format = "";
+    const json_t *w = json_object_get(g, "weights");
+    return json_is_object(w) ? w : json_null();
+}
+
+const json_t *bfs__ct_group_weights(const bfs_fctx *c, size_t k, const char **format)
+{
+    void *it = NULL;
+    const json_t *w = NULL;
+    for (size_t i = 0; i <= k; i++)
+        if (!(w = bfs__ct_group_next(c, &it, format)))
+            return NULL;
+    return w;
 }
 
 bfs_raw *bfs__sibling(const bfs_input *in, const char *base, const char *suffix, int *rc)

@@ -142,10 +142,10 @@ static const char *bfs__ctmx_kind_name(const bfs_ltensor *t) { return t->qname; 
 static int bfs__ctmx_detect(const bfs_fctx *c)
 {
     const char *fmt;
-    const json_t *wt;
+    void *it = NULL;
     if (!bfs__qc_is(c, "compressed-tensors"))
         return 0;
-    for (size_t k = 0; (wt = bfs__ct_group_weights(c, k, &fmt)) != NULL; k++)
+    for (size_t k = 0; bfs__ct_group_next(c, &it, &fmt) != NULL; k++)
         if (strcmp(fmt, "mxfp6-pack-quantized") == 0)
             return bfs__err(BFS_EINPUT, "%s: quantization_config config group %zu: format \"mxfp6-pack-quantized\" is not supported (bfshard converts: %s)",
                             c->qsource, k, c->supported);

@@ -155,9 +155,14 @@ const char *bfs__qc_str(const struct json_t *o, const char *key);
 /* quant_method is one of the issue-12 ones ("fp8", "compressed-tensors", "modelopt"). */
 bool bfs__qc_is_scaled(const bfs_fctx *c);
 int64_t bfs__qc_int(const struct json_t *o, const char *key);
-/* compressed-tensors: config group k's "weights" object (json null when it has none;
- * NULL past the last group), *format its format (the group's, else the top level's,
- * else ""). */
+/* compressed-tensors: the config groups in file order, one per call (start with *it NULL;
+ * stop at NULL, past the last group): the group's "weights" object (json null when it has
+ * none), *format its format (the group's, else the top level's, else ""). Linear in the
+ * groups: a group found by its index from the first, per group, made a config.json of
+ * 32000 groups take a minute per weight (issue 26). */
+const struct json_t *bfs__ct_group_next(const bfs_fctx *c, void **it, const char **format);
+/* Config group k alone (bfs__ct_group_next's answer for it; NULL past the last group), for
+ * a module whose group is already known (bfs__ct_group_of): linear in k, once per module. */
 const struct json_t *bfs__ct_group_weights(const bfs_fctx *c, size_t k, const char **format);
 /* The raw tensor named base + suffix, or NULL (*rc < 0 only when out of memory). */
 bfs_raw *bfs__sibling(const bfs_input *in, const char *base, const char *suffix, int *rc);

@@ -37,7 +37,8 @@ static int bfs__nvfp4_detect(const bfs_fctx *c)
                         algo ? algo : "(none)");
     const char *fmt;
     const json_t *wt;
-    for (size_t k = 0; (wt = bfs__ct_group_weights(c, k, &fmt)) != NULL; k++) {
+    void *it = NULL;
+    for (size_t k = 0; (wt = bfs__ct_group_next(c, &it, &fmt)) != NULL; k++) {
         const int64_t gs = bfs__qc_int(wt, "group_size");
         if (strcmp(algo, "NVFP4") == 0 && gs != -1 && gs != 16)
             return bfs__err(BFS_EINPUT, "config.json: quantization_config config group %zu: NVFP4 group_size %lld, expected 16", k,

@@ -26,8 +26,12 @@
  * xxh128sums.txt may hold only lines "HASH  NAME\n" that agree with the manifest. */
 #define BFS_SEAL_KEY "\"" BFS_MF_SEAL "\": \""
 
-/* the windowed reader (manifest_read.c) */
+/* the windowed reader (manifest_read.c); the fuzz build (make fuzz) makes the window a few
+ * bytes, so that every case of a token, an element or the seal across its border is reached */
+#ifndef BFS_MF_WIN
 #define BFS_MF_WIN ((size_t)1 << 20)
+#endif
+_Static_assert(BFS_MF_WIN >= sizeof BFS_SEAL_KEY, "the seal's key fits in the window");
 #define BFS_MF_MAXDEPTH 64 /* a manifest nests 5 deep */
 #define BFS_MF_RET(expr)                                                                   \
     do {                                                                                   \

@@ -34,9 +34,10 @@ static char *bfs__seal_find(char *text, size_t len)
  * bytes are exactly json_dumps() of the whole tree with JSON_INDENT(1) |
  * JSON_PRESERVE_ORDER, plus '\n': a tensor is at depth 2, so its own dump gets two
  * spaces after each '\n' (a JSON string never holds a raw newline), and the array's
- * frame is jansson's, "[\n  " A ",\n  " B "\n ]", or "[]" when empty. The seal is
- * hashed as the bytes go out (the zero seal in place) and then written at its offset,
- * before the commit: temp file, fdatasync, rename, directory fsync (durable.h). */
+ * frame is jansson's, "[\n  " A ",\n  " B "\n ]", or "[]" when empty. The seal is the
+ * head's last member; it is hashed as the bytes go out (the zero seal in place) and then
+ * written at its offset, before the commit: temp file, fdatasync, rename, directory fsync
+ * (durable.h). */
 #define BFS_MF_TENSORS_KEY "\n \"tensors\": " /* only a key of the top object follows "\n " */
 #define BFS_MF_BUF ((size_t)1 << 20)
 
@@ -105,8 +106,14 @@ int bfs__mf_write_streamed(int dirfd, const char *outdir, const char *name, cons
     bfs_tmpfile t = {.fd = -1, .dirfd = -1};
     bfs_mf_out w = {.fd = -1};
     size_t len = 0;
-    char *text = bfs__json_text(head, flags, &len), *key = NULL, what[PATH_MAX + NAME_MAX + 32], hex[33];
-    if (!text)
+    char *text = NULL, *key = NULL, what[PATH_MAX + NAME_MAX + 32], hex[33];
+    /* The seal goes last, as 32 '0's, whatever a head read from a file held there: none, a
+     * value of another length or with escapes, one before "tensors", or a nested
+     * "manifest_xxh3_128" after it would each be taken for the seal (issue 26's fuzzing) */
+    json_t *h = json_copy((json_t *)head); /* shallow: only the seal member is its own */
+    if (h)
+        json_object_del(h, BFS_MF_SEAL);
+    if (!h || json_object_set_new(h, BFS_MF_SEAL, json_string(BFS_MF_ZERO_SEAL)) != 0 || !(text = bfs__json_text(h, flags, &len)))
         BFS_FAIL(BFS_ENOMEM, "out of memory building the manifest");
     key = memmem(text, len, BFS_MF_TENSORS_KEY, kl);
     char *const hole = key ? key + kl : NULL, *const tail = hole ? hole + hl : NULL;
@@ -114,7 +121,6 @@ int bfs__mf_write_streamed(int dirfd, const char *outdir, const char *name, cons
                            ? bfs__seal_find(tail, len - (size_t)(tail - text)) : NULL;
     if (!seal)
         BFS_FAIL(BFS_EINTERNAL, "manifest head without its tensors placeholder or its seal");
-    memset(seal, '0', 32); /* a head read from a sealed manifest carries the old seal */
     w.buf = malloc(BFS_MF_BUF);
     w.st = XXH3_createState();
     if (!w.buf || !w.st || XXH3_128bits_reset(w.st) != XXH_OK)
@@ -139,6 +145,7 @@ cleanup:
     XXH3_freeState(w.st);
     free(w.buf);
     free(text);
+    json_decref(h);
     return rc;
 }
 

@@ -1,0 +1,119 @@
+/*
+ * The fuzz targets of the readers of what bfshard writes and of the config's claim
+ * (issue 26: fuzz/fuzz_manifest.c, fuzz_sums.c, fuzz_claim.c), replayed as plain
+ * functions over their seed corpora (fuzz/corpus/<target>) and regression inputs
+ * (fuzz/regress/<target>): every input in a child process, which must exit 0 (a broken
+ * property aborts, a crash is a signal, a leak under ASan exit 3). Built without
+ * sanitizers here; `make asan` runs the same with ASan + UBSan, and with the 1 MiB
+ * manifest window where `make fuzz` uses a tiny one. The targets' OUTDIRs are made once, before the children fork.
+ */
+#include "testutil.h"
+
+/* under ASan, each child checks for leaks before it leaves (_exit runs no leak check) */
+#if defined(__SANITIZE_ADDRESS__)
+#define TU_LSAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TU_LSAN 1
+#endif
+#endif
+#ifdef TU_LSAN
+#include <sanitizer/lsan_interface.h>
+#define TU_LEAKED() __lsan_do_recoverable_leak_check()
+#else
+#define TU_LEAKED() 0
+#endif
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define LLVMFuzzerTestOneInput fz_manifest_one
+#define LLVMFuzzerInitialize fz_manifest_init
+#include "../fuzz/fuzz_manifest.c"
+#undef LLVMFuzzerTestOneInput
+#undef LLVMFuzzerInitialize
+#define LLVMFuzzerTestOneInput fz_sums_one
+#define LLVMFuzzerInitialize fz_sums_init
+#include "../fuzz/fuzz_sums.c"
+#undef LLVMFuzzerTestOneInput
+#undef LLVMFuzzerInitialize
+#define LLVMFuzzerTestOneInput fz_claim_one
+#define LLVMFuzzerInitialize fz_claim_init
+#include "../fuzz/fuzz_claim.c"
+#undef LLVMFuzzerTestOneInput
+#undef LLVMFuzzerInitialize
+#include "../fuzz/fuzz_common.c"
+
+typedef int (*fz_fn)(const uint8_t *, size_t);
+typedef int (*fz_init_fn)(int *, char ***);
+
+static int replay_dir(const char *dir, fz_fn fn)
+{
+    char **names = tu_dir_names(dir);
+    int n = 0;
+    for (size_t i = 0; names && names[i]; i++) {
+        char p[8192];
+        size_t len;
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        uint8_t *b = names[i][0] == '.' ? NULL : tu_read_file(p, &len);
+        if (!b)
+            continue;
+        fflush(NULL);
+        const pid_t pid = fork();
+        if (pid == 0) {
+            fn(b, len);
+            _exit(TU_LEAKED() ? 3 : 0);
+        }
+        const int rc = tu_wait(pid);
+        if (rc != 0)
+            fail_msg("fuzz input %s: %s %d", p, rc > 1000 ? "killed by signal" : "exit", rc % 1000);
+        free(b);
+        n++;
+    }
+    tu_names_free(names);
+    return n;
+}
+
+static void replay(const char *name, fz_init_fn init, fz_fn fn)
+{
+    int argc = 0;
+    char **argv = NULL;
+    char d[512];
+    init(&argc, &argv);
+    snprintf(d, sizeof d, "fuzz/corpus/%s", name);
+    const int a = replay_dir(d, fn);
+    snprintf(d, sizeof d, "fuzz/regress/%s", name);
+    const int b = replay_dir(d, fn);
+    fprintf(stderr, "  fuzz_%s: %d seeds + %d regression inputs replayed\n", name, a, b);
+    assert_true(a > 5);
+}
+
+static void manifest_corpus(void **s)
+{
+    (void)s;
+    replay("manifest", fz_manifest_init, fz_manifest_one);
+}
+
+static void sums_corpus(void **s)
+{
+    (void)s;
+    replay("sums", fz_sums_init, fz_sums_one);
+}
+
+static void claim_corpus(void **s)
+{
+    (void)s;
+    replay("claim", fz_claim_init, fz_claim_one);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(manifest_corpus),
+        cmocka_unit_test(sums_corpus),
+        cmocka_unit_test(claim_corpus),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
