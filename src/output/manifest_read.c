@@ -342,7 +342,7 @@ static size_t bfs__mf_head_read(void *buf, size_t cap, void *data)
             return (size_t)-1;
     } else if (h->pos < a + hl) {
         n = a + hl - h->pos < cap ? (size_t)(a + hl - h->pos) : cap;
-        memcpy(buf, BFS_MF_HOLE_TEXT + (h->pos - a), n);
+        memcpy(buf, &BFS_MF_HOLE_TEXT[h->pos - a], n);
     } else {
         const uint64_t fo = b + (h->pos - a - hl);
         n = r->len - fo < cap ? (size_t)(r->len - fo) : cap;
