@@ -9,9 +9,9 @@
 int bfs__pwrite_all(int fd, const void *buf, size_t len, uint64_t off, const char *what);
 int bfs__pread_all(int fd, void *buf, size_t len, uint64_t off, const char *what);
 void bfs__hash_hex(XXH128_hash_t h, char out[33]);
-/* Hash [off, off+len) of fd into st (and st2 when not NULL), reading through buf. */
+/* Hash [off, off+len) of fd into st, reading through buf (bfs__hash_range2 without SHA-256). */
 int bfs__hash_range(int fd, uint64_t off, uint64_t len, uint8_t *buf, size_t bufsize, const char *what,
-                    XXH3_state_t *st, XXH3_state_t *st2);
+                    XXH3_state_t *st);
 
 /* SHA-256 (ISSUE 24) through OpenSSL's libcrypto (EVP: SHA-NI or AVX2 where the CPU has
  * them, never code of our own). A context is reused: reset, update..., hex (which ends it). */

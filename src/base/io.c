@@ -62,22 +62,9 @@ void bfs__hash_hex(XXH128_hash_t h, char out[33])
 }
 
 int bfs__hash_range(int fd, uint64_t off, uint64_t len, uint8_t *buf, size_t bufsize, const char *what,
-                    XXH3_state_t *st, XXH3_state_t *st2)
+                    XXH3_state_t *st)
 {
-    while (len > 0) {
-        const size_t n = len < bufsize ? (size_t)len : bufsize;
-        if (bfs__cancelled())
-            return bfs__err(BFS_EINTR, "interrupted while reading %s", what);
-        const int rc = bfs__pread_all(fd, buf, n, off, what);
-        if (rc < 0)
-            return rc;
-        XXH3_128bits_update(st, buf, n);
-        if (st2)
-            XXH3_128bits_update(st2, buf, n);
-        off += n;
-        len -= n;
-    }
-    return 0;
+    return bfs__hash_range2(fd, off, len, buf, bufsize, what, st, NULL);
 }
 
 /* ---- SHA-256: OpenSSL's EVP (it picks SHA-NI, AVX2 or its assembly for this CPU) ---------- */

@@ -428,7 +428,7 @@ int bfs__rehash_pieces(bfs_run *r, int fidx)
     for (size_t pi = 0; pi < of->npieces && rc == 0; pi++) {
         XXH3_128bits_reset(st);
         rc = bfs__hash_range(fd, of->pieces[pi].offset, of->pieces[pi].nbytes, r->buf[0], (size_t)r->unit_bytes,
-                             of->name, st, NULL);
+                             of->name, st);
         bfs__hash_hex(XXH3_128bits_digest(st), r->piece_hex[fidx][pi]);
     }
     if (rc == 0 && sha)

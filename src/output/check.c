@@ -40,7 +40,7 @@ static int bfs__hash_fd_range(void *user, uint64_t off, uint64_t nb, char hex[33
 {
     bfs_fd_hasher *h = user;
     XXH3_128bits_reset(h->st);
-    const int rc = bfs__hash_range(h->fd, off, nb, h->buf, h->bs, h->path, h->st, NULL);
+    const int rc = bfs__hash_range(h->fd, off, nb, h->buf, h->bs, h->path, h->st);
     bfs__hash_hex(XXH3_128bits_digest(h->st), hex);
     return rc;
 }
@@ -145,7 +145,7 @@ static int bfs__verify_zst(const char *outdir, const bfs_manifest_file *mf, bfs_
         goto cleanup;
     }
     XXH3_128bits_reset(st);
-    BFS_TRY(bfs__hash_range(fd, 0, zsize, buf, bs, path, st, NULL));
+    BFS_TRY(bfs__hash_range(fd, 0, zsize, buf, bs, path, st));
     *checked += zsize;
     bfs__hash_hex(XXH3_128bits_digest(st), got);
     const bool zok = strcmp(got, zwant) == 0;
