@@ -162,6 +162,11 @@ static void check_no_incomplete(const char *out, const char *ref, const char *wh
         }
         if (tu_sh("cmp -s '%s/%s' '%s/%s'", out, nm, ref, nm) != 0)
             fail_msg("%s: %s/%s is under its final name but differs from a clean run's", when, out, nm);
+        /* completion is one event (issue 22): no sums file stands without its manifest, or a
+         * pipeline's `xxh128sum -c` would pass on an unfinished OUTDIR */
+        if ((!strcmp(nm, "xxh128sums.txt") || !strcmp(nm, "sha256sums.txt")) &&
+            tu_sh("test -f '%s/bfshard.manifest.json'", out) != 0)
+            fail_msg("%s: %s/%s stands without bfshard.manifest.json", when, out, nm);
     }
     closedir(d);
 }
@@ -241,10 +246,11 @@ static void kill9_on_events(void **s)
         {".config.json.partial", IN_CREATE},
         {"config.json", IN_MOVED_TO},
         {".tokenizer.json.partial", IN_CLOSE_WRITE},
-        {".xxh128sums.txt.partial", IN_CREATE},
         {".bfshard.manifest.json.partial", IN_CREATE},
         {".bfshard.manifest.json.partial", IN_CLOSE_WRITE},
         {"bfshard.manifest.json", IN_MOVED_TO},
+        {".xxh128sums.txt.partial", IN_CREATE},
+        {"xxh128sums.txt", IN_MOVED_TO},
         {".bfshard-inprogress", IN_DELETE},
     };
     int killed = 0;

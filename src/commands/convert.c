@@ -203,7 +203,11 @@ static int bfs__copy_aux(bfs_run *r)
     return 0;
 }
 
-/* xxh128sums.txt, then the manifest last: its presence means the run is complete */
+/* The manifest, then the sums files (issue 22: completion is one event). The manifest's
+ * rename is the moment the run is complete; a sums file never stands in OUTDIR without the
+ * manifest it agrees with, so a pipeline's `xxh128sum -c xxh128sums.txt` cannot pass on an
+ * unfinished OUTDIR. A run stopped between the two leaves a manifest without its sums: verify
+ * reports them missing, and a rerun (the journal goes only after both) resumes and writes them. */
 static int bfs__write_manifest(bfs_run *r)
 {
     json_t *m = NULL;
@@ -213,12 +217,12 @@ static int bfs__write_manifest(bfs_run *r)
                                 .piece_hex = r->piece_hex, .zst = r->zst, .aux = r->aux,
                                 .mine = r->mine, .src_mine = r->src_mine, .part = r->mine ? r->part : NULL};
     int rc = bfs__manifest_build_head(&mi, &m);
-    if (rc == 0 && r->mine) /* a part: its manifest only; bfs_merge writes the sums and the manifest */
+    if (rc == 0 && r->mine) /* a part: its manifest only; bfs_merge writes the manifest and the sums */
         rc = bfs__manifest_write_conv(r->dirfd, r->outdir, r->pname, &mi, m);
     else if (rc == 0)
-        rc = bfs__manifest_write_sums(r->dirfd, r->outdir, json_object_get(m, "files"));
-    if (rc == 0 && !r->mine)
         rc = bfs__manifest_write_conv(r->dirfd, r->outdir, BFS_MANIFEST_NAME, &mi, m);
+    if (rc == 0 && !r->mine)
+        rc = bfs__manifest_write_sums(r->dirfd, r->outdir, json_object_get(m, "files"));
     json_decref(m);
     return rc;
 }

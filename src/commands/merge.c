@@ -75,15 +75,19 @@ static int bfs__merge_check_files(const char *outdir, int dirfd, const json_t *m
 typedef struct {
     const char *outdir;
     int dirfd;
+    json_t *files; /* the merged files[], for the sums written after the manifest */
 } bfs_merge_ctx;
 
-/* with the merged manifest's temporary complete: its files are there, then the sums file
- * (the manifest is committed last: its presence means complete) */
+/* with the merged manifest's temporary complete: its files are there. The sums files follow
+ * the manifest's commit (convert.c's rule: a sums file never stands without its manifest). */
 static int bfs__merge_pre_commit(void *user, const json_t *head)
 {
-    const bfs_merge_ctx *c = user;
+    bfs_merge_ctx *c = user;
     const int rc = bfs__merge_check_files(c->outdir, c->dirfd, head);
-    return rc < 0 ? rc : bfs__manifest_write_sums(c->dirfd, c->outdir, json_object_get(head, "files"));
+    if (rc < 0)
+        return rc;
+    c->files = json_deep_copy(json_object_get(head, "files"));
+    return c->files ? 0 : bfs__err(BFS_ENOMEM, "out of memory");
 }
 
 int bfs_merge(const char *outdir, FILE *log)
@@ -92,6 +96,7 @@ int bfs_merge(const char *outdir, FILE *log)
     char **names = NULL;
     bfs_mf **parts = NULL;
     bfs_outdir_lock lk = {.fd = -1, .dirfd = -1};
+    bfs_merge_ctx mc = {outdir, -1, NULL};
     struct stat sd;
     bfs__err_clear();
     if (stat(outdir, &sd) != 0)
@@ -99,6 +104,7 @@ int bfs_merge(const char *outdir, FILE *log)
     /* alone in OUTDIR: no part is being written (parts hold the lock shared) */
     BFS_TRY(bfs__outdir_lock(outdir, false, &lk));
     const int dirfd = lk.dirfd;
+    mc.dirfd = dirfd;
     BFS_TRY(bfs__load_parts(outdir, &names, &parts, &n));
     if (n == 0) {
         char *mp = bfs__path_join(outdir, BFS_MANIFEST_NAME);
@@ -113,8 +119,8 @@ int bfs_merge(const char *outdir, FILE *log)
         BFS_FAIL(BFS_EINCOMPLETE, "%s: no part manifests (" BFS_PART_PREFIX "RANKS" BFS_PART_SUFFIX
                  ") to merge: run convert --ranks first", outdir);
     }
-    bfs_merge_ctx mc = {outdir, dirfd};
     BFS_TRY(bfs__manifest_merge(dirfd, parts, (const char *const *)names, n, outdir, bfs__merge_pre_commit, &mc));
+    BFS_TRY(bfs__manifest_write_sums(dirfd, outdir, mc.files));
     for (int i = 0; i < n; i++) {
         if (log)
             fprintf(log, "bfshard: merged %s/%s\n", outdir, names[i]);
@@ -123,6 +129,7 @@ int bfs_merge(const char *outdir, FILE *log)
     bfs__outdir_remove_debris(dirfd); /* what killed parts left: temporaries, part locks */
     BFS_TRY(bfs__dir_sync(dirfd, outdir));
 cleanup:
+    json_decref(mc.files);
     bfs__outdir_unlock(&lk, outdir, false);
     for (int i = 0; i < n; i++) {
         free(names[i]);
