@@ -9,20 +9,6 @@
  */
 #include "testutil.h"
 
-/* under ASan, each child checks for leaks before it leaves (_exit runs no leak check) */
-#if defined(__SANITIZE_ADDRESS__)
-#define TU_LSAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TU_LSAN 1
-#endif
-#endif
-#ifdef TU_LSAN
-#include <sanitizer/lsan_interface.h>
-#define TU_LEAKED() __lsan_do_recoverable_leak_check()
-#else
-#define TU_LEAKED() 0
-#endif
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,33 +35,6 @@
 typedef int (*fz_fn)(const uint8_t *, size_t);
 typedef int (*fz_init_fn)(int *, char ***);
 
-static int replay_dir(const char *dir, fz_fn fn)
-{
-    char **names = tu_dir_names(dir);
-    int n = 0;
-    for (size_t i = 0; names && names[i]; i++) {
-        char p[8192];
-        size_t len;
-        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
-        uint8_t *b = names[i][0] == '.' ? NULL : tu_read_file(p, &len);
-        if (!b)
-            continue;
-        fflush(NULL);
-        const pid_t pid = fork();
-        if (pid == 0) {
-            fn(b, len);
-            _exit(TU_LEAKED() ? 3 : 0);
-        }
-        const int rc = tu_wait(pid);
-        if (rc != 0)
-            fail_msg("fuzz input %s: %s %d", p, rc > 1000 ? "killed by signal" : "exit", rc % 1000);
-        free(b);
-        n++;
-    }
-    tu_names_free(names);
-    return n;
-}
-
 static void replay(const char *name, fz_init_fn init, fz_fn fn)
 {
     int argc = 0;
@@ -83,9 +42,9 @@ static void replay(const char *name, fz_init_fn init, fz_fn fn)
     char d[512];
     init(&argc, &argv);
     snprintf(d, sizeof d, "fuzz/corpus/%s", name);
-    const int a = replay_dir(d, fn);
+    const int a = tu_replay_dir(d, fn, true);
     snprintf(d, sizeof d, "fuzz/regress/%s", name);
-    const int b = replay_dir(d, fn);
+    const int b = tu_replay_dir(d, fn, true);
     fprintf(stderr, "  fuzz_%s: %d seeds + %d regression inputs replayed\n", name, a, b);
     assert_true(a > 5);
 }

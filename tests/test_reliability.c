@@ -883,34 +883,6 @@ static void fuzz_found_must_fail(void **s)
 /* ---- the fuzz corpora, replayed --------------------------------------------------------------- */
 typedef int (*fz_fn)(const uint8_t *, size_t);
 
-static int replay_dir(const char *dir, fz_fn fn)
-{
-    char **names = tu_dir_names(dir);
-    int n = 0;
-    for (size_t i = 0; names && names[i]; i++) {
-        if (names[i][0] == '.')
-            continue;
-        char p[8192];
-        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
-        size_t len;
-        uint8_t *b = tu_read_file(p, &len);
-        if (!b)
-            continue;
-        const pid_t pid = fork();
-        if (pid == 0) {
-            fn(b, len);
-            _exit(0);
-        }
-        const int rc = tu_wait(pid);
-        if (rc != 0)
-            fail_msg("fuzz input %s: %s %d", p, rc > 1000 ? "killed by signal" : "exit", rc % 1000);
-        free(b);
-        n++;
-    }
-    tu_names_free(names);
-    return n;
-}
-
 static void fuzz_corpora_replay(void **s)
 {
     (void)s;
@@ -930,9 +902,9 @@ static void fuzz_corpora_replay(void **s)
     for (size_t t = 0; t < sizeof targets / sizeof *targets; t++) {
         char d[512];
         snprintf(d, sizeof d, "fuzz/corpus/%s", targets[t].name);
-        const int a = replay_dir(d, targets[t].fn);
+        const int a = tu_replay_dir(d, targets[t].fn, false);
         snprintf(d, sizeof d, "fuzz/regress/%s", targets[t].name);
-        const int b = replay_dir(d, targets[t].fn);
+        const int b = tu_replay_dir(d, targets[t].fn, false);
         fprintf(stderr, "  fuzz_%s: %d seeds + %d regression inputs replayed\n", targets[t].name, a, b);
         assert_true(a > 5);
     }

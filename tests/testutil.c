@@ -351,3 +351,47 @@ bool tu_kill_on_event(int ifd, pid_t pid, const char *name, uint32_t mask, doubl
     *rc = tu_wait(pid);
     return killed;
 }
+
+/* under ASan, a child checks for leaks before it leaves (_exit runs no leak check) */
+#if defined(__SANITIZE_ADDRESS__)
+#define TU_LSAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TU_LSAN 1
+#endif
+#endif
+#ifdef TU_LSAN
+#include <sanitizer/lsan_interface.h>
+#define TU_LEAKED() __lsan_do_recoverable_leak_check()
+#else
+#define TU_LEAKED() 0
+#endif
+
+int tu_replay_dir(const char *dir, int (*fn)(const uint8_t *, size_t), bool leak_check)
+{
+    char **names = tu_dir_names(dir);
+    int n = 0;
+    for (size_t i = 0; names && names[i]; i++) {
+        if (names[i][0] == '.')
+            continue;
+        char p[8192];
+        size_t len;
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        uint8_t *b = tu_read_file(p, &len);
+        if (!b)
+            continue;
+        fflush(NULL);
+        const pid_t pid = fork();
+        if (pid == 0) {
+            fn(b, len);
+            _exit(leak_check && TU_LEAKED() ? 3 : 0);
+        }
+        const int rc = tu_wait(pid);
+        if (rc != 0)
+            fail_msg("fuzz input %s: %s %d", p, rc > 1000 ? "killed by signal" : "exit", rc % 1000);
+        free(b);
+        n++;
+    }
+    tu_names_free(names);
+    return n;
+}

@@ -69,6 +69,11 @@ typedef struct tu_proc {
 pid_t tu_spawn(char *const argv[], const tu_proc *p);
 /* Reap pid: its exit code, or 1000 + the signal that ended it. */
 int tu_wait(pid_t pid);
+/* Each file of dir but hidden ones, read whole, given to fn in a child process that must
+ * exit 0 (a crash, an abort, or with leak_check under ASan a leak, fails the test naming the
+ * input). Returns how many were replayed. The fuzz corpora's replay (test_reliability,
+ * test_fuzz_readers). */
+int tu_replay_dir(const char *dir, int (*fn)(const uint8_t *, size_t), bool leak_check);
 /* tu_spawn + tu_wait (and the `cat` of an fsize run). */
 int tu_run(char *const argv[], const tu_proc *p);
 /* An inotify descriptor watching dir for the events in mask (close it when done). */
