@@ -352,7 +352,7 @@ static void check_outdir(const char *out, const char *name)
     free(copy);
     unlink(p);
     /* one changed byte inside tensors[]: the seal says so */
-    char *q = strstr(text, "\"shards\"");
+    char *q = strstr(text, "\"sources\"");
     assert_non_null(q);
     q[1] = 'S';
     snprintf(p, sizeof p, "%s/edited.json", out);

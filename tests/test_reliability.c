@@ -732,7 +732,8 @@ static void names_never_paths(void **s)
     assert_int_equal(bfs_verify(out, stderr, NULL), 0);
     /* nothing but the planned files, nothing outside OUTDIR */
     assert_int_equal(tu_sh("test \"$(ls -A %s | tr '\\n' ' ')\" = \"bfshard.manifest.json shard-00001-model-00001-of-00001.safetensors "
-                           "shard-00002-model-00001-of-00001.safetensors xxh128sums.txt \"", out), 0);
+                           "shard-00001-model-00001-of-00001.slices shard-00002-model-00001-of-00001.safetensors "
+                           "shard-00002-model-00001-of-00001.slices xxh128sums.txt \"", out), 0);
     assert_int_equal(tu_sh("test \"$(ls -A %s/a/b)\" = out && test \"$(ls -A %s/a)\" = b", tmp, tmp), 0);
     assert_int_equal(tu_sh("test -e /tmp/bfs-abs-evil"), 1);
     /* an index naming a file outside the input directory: exit 3 */

@@ -25,6 +25,7 @@
 #include "output/manifest.h"
 #include "output/outdir.h"
 #include "output/parts.h"
+#include "output/slices.h"
 #include "input/srchash.h"
 #include "output/writer.h"
 
@@ -210,20 +211,31 @@ static int bfs__copy_aux(bfs_run *r)
  * reports them missing, and a rerun (the journal goes only after both) resumes and writes them. */
 static int bfs__write_manifest(bfs_run *r)
 {
+    int rc = 0;
     json_t *m = NULL;
+    const size_t nf = (size_t)r->plan->nfiles;
+    char(*shex)[33] = calloc(nf ? nf : 1, sizeof *shex), (*ssha)[65] = NULL;
+    if (!shex || (r->o->sha256 && !(ssha = calloc(nf ? nf : 1, sizeof *ssha))))
+        BFS_FAIL(BFS_ENOMEM, "out of memory");
+    for (int f = 0; f < r->plan->nfiles; f++) /* each weights file's slice index (manifest v2) */
+        if (!r->mine || r->mine[f])
+            BFS_TRY(bfs__slices_write(r->dirfd, r->outdir, r->plan, f, r->piece_hex[f], r->mine != NULL, shex[f],
+                                      ssha ? ssha[f] : NULL));
     const bfs_manifest_in mi = {.o = r->o, .in = r->in, .plan = r->plan, .fingerprint = r->fingerprint,
                                 .src_hex = (const char (*)[33])r->src_hex, .file_hex = (const char (*)[33])r->file_hex,
-                                .file_sha = (const char (*)[65])r->file_sha,
-                                .piece_hex = r->piece_hex, .zst = r->zst, .aux = r->aux,
+                                .file_sha = (const char (*)[65])r->file_sha, .piece_hex = r->piece_hex,
+                                .slices_hex = (const char (*)[33])shex, .slices_sha = (const char (*)[65])ssha,
+                                .zst = r->zst, .aux = r->aux,
                                 .mine = r->mine, .src_mine = r->src_mine, .part = r->mine ? r->part : NULL};
-    int rc = bfs__manifest_build_head(&mi, &m);
-    if (rc == 0 && r->mine) /* a part: its manifest only; bfs_merge writes the manifest and the sums */
-        rc = bfs__manifest_write_conv(r->dirfd, r->outdir, r->pname, &mi, m);
-    else if (rc == 0)
-        rc = bfs__manifest_write_conv(r->dirfd, r->outdir, BFS_MANIFEST_NAME, &mi, m);
-    if (rc == 0 && !r->mine)
-        rc = bfs__manifest_write_sums(r->dirfd, r->outdir, json_object_get(m, "files"));
+    BFS_TRY(bfs__manifest_build_head(&mi, &m));
+    /* a part: its manifest only; bfs_merge writes the manifest and the sums */
+    BFS_TRY(bfs__manifest_write_conv(r->dirfd, r->outdir, r->mine ? r->pname : BFS_MANIFEST_NAME, &mi, m));
+    if (!r->mine)
+        BFS_TRY(bfs__manifest_write_sums(r->dirfd, r->outdir, json_object_get(m, "files")));
+cleanup:
     json_decref(m);
+    free(shex);
+    free(ssha);
     return rc;
 }
 
@@ -399,7 +411,7 @@ static void bfs__outputs_free(char **names, size_t n)
 
 static int bfs__outputs(const bfs_run *r, char ***out, size_t *nout)
 {
-    const size_t cap = 2 * (size_t)r->plan->nfiles + bfs__naux + 5;
+    const size_t cap = 3 * (size_t)r->plan->nfiles + bfs__naux + 5;
     char **v = calloc(cap, sizeof *v);
     size_t n = 0;
     if (!v)
@@ -409,6 +421,8 @@ static int bfs__outputs(const bfs_run *r, char ***out, size_t *nout)
         if (r->mine && !r->mine[f])
             continue; /* another part's */
         v[n++] = bfs__strdup(nm);
+        char sn[NAME_MAX + 1];
+        v[n++] = bfs__slices_name(nm, sn, sizeof sn) == 0 ? bfs__strdup(sn) : NULL;
         if (r->o->compress_level && (v[n] = malloc(strlen(nm) + 5)) != NULL)
             sprintf(v[n++], "%s%s", nm, r->o->compress_mode == BFS_ZST_BYTEGROUP ? ".bfz" : ".zst");
     }

@@ -88,7 +88,8 @@ int bfs__inspect_outdir(const char *dir, int as_json, FILE *out)
     if (!json_is_array(files) || !bfs__mf_has_tensors(mr))
         BFS_FAIL(BFS_EINPUT, "%s: not a bfshard manifest (%s)", mpath, "no files or tensors array");
     const bool seal_ok = bfs__mf_check_seal(mr, NULL) == 0;
-    const size_t ntensors = bfs__mf_ntensors(mr), shard_hashes = y.shard_hashes, nshards = y.nshards;
+    const size_t ntensors = bfs__mf_ntensors(mr);
+    size_t shard_hashes = y.shard_hashes, nshards = y.nshards; /* v1: tensors[].shards[] */
     const json_t *opts = json_object_get(m, "options"), *src = json_object_get(m, "source");
     const json_t *srcfiles = json_object_get(src, "files"), *qc = json_object_get(src, "quantization_config");
 
@@ -110,6 +111,10 @@ int bfs__inspect_outdir(const char *dir, int as_json, FILE *out)
         file_shas += mf.sha256 != NULL;
         if (json_object_get(e, "rank"))
             json_object_set(je, "rank", json_object_get(e, "rank"));
+        if (mf.kind && !strcmp(mf.kind, "slices") && mf.size >= 48) { /* v2: a slice index, 16 bytes a slice */
+            nshards += (size_t)((mf.size - 48) / 16);
+            shard_hashes += mf.hash ? (size_t)((mf.size - 48) / 16) : 0;
+        }
         if (weights) {
             nweights++;
             wbytes += mf.size;

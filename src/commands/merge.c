@@ -41,7 +41,7 @@ static int bfs__load_parts(const char *outdir, char ***names, bfs_mf ***parts, i
     if (!(*parts = calloc((size_t)*n, sizeof **parts)))
         BFS_FAIL(BFS_ENOMEM, "out of memory");
     for (int i = 0; i < *n; i++) {
-        BFS_TRY(bfs__mf_open(outdir, (*names)[i], 0, NULL, NULL, &(*parts)[i]));
+        BFS_TRY(bfs__mf_open(outdir, (*names)[i], BFS_MF_HEAD_ONLY, NULL, NULL, &(*parts)[i]));
         if (bfs__mf_check_seal((*parts)[i], NULL))
             BFS_FAIL(BFS_EINPUT, "%s: its seal does not match its bytes (edited or torn): rerun that part",
                      bfs__mf_path((*parts)[i]));

@@ -13,6 +13,7 @@
 #include "output/durable.h"
 #include "output/manifest.h"
 #include "output/parts.h"
+#include "output/slices.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -65,18 +66,121 @@ static int bfs__hash_zst_range(void *user, uint64_t off, uint64_t nb, char hex[3
     return rc;
 }
 
-/* The manifest's shards by file, built when the first bad file needs narrowing down
- * (a manifest that verifies never pays for it). */
+static int bfs__read_fd(void *user, uint64_t off, uint64_t nb, void *dst)
+{
+    const bfs_fd_hasher *h = user;
+    return bfs__pread_all(h->fd, dst, (size_t)nb, off, h->path);
+}
+
+typedef struct {
+    uint8_t *p;
+} bfs_copy_sink;
+
+static int bfs__sink_copy(void *user, const uint8_t *p, size_t n)
+{
+    bfs_copy_sink *c = user;
+    memcpy(c->p, p, n);
+    c->p += n;
+    return 0;
+}
+
+static int bfs__read_zst(void *user, uint64_t off, uint64_t nb, void *dst)
+{
+    const bfs_zst_hasher *h = user;
+    bfs_copy_sink c = {dst};
+    return bfs__zst_read_range(h->r, off, nb, bfs__sink_copy, &c);
+}
+
+/* What narrowing a bad file needs, built when the first bad file needs it (a manifest that
+ * verifies never pays for it): v1, the manifest's shards by file; v2 (issue 22), each
+ * weights file's slice index entry in files[] by the file it indexes. */
 typedef struct {
     bfs_mf *mr;
     const json_t *files;
+    const char *outdir;
+    int version;
     bfs_shard_index *ix;
+    json_t *of; /* v2: weights name -> its slice index's files[] position */
 } bfs_lazy_index;
 
 static int bfs__index(bfs_lazy_index *l, const bfs_shard_index **out)
 {
     const int rc = l->ix ? 0 : bfs__manifest_shard_index(l->mr, l->files, &l->ix);
     *out = l->ix;
+    return rc;
+}
+
+/* v2: file `name`'s slice index, read whole and checked against its files[] entry; NULL
+ * (reported) when it cannot be used */
+static uint8_t *bfs__slices_load(bfs_lazy_index *l, const char *name, const char *path, FILE *report, size_t *len,
+                                 const char **ixname)
+{
+    char ep[BFS_ESC_MAX], got[33];
+    if (!l->of && (l->of = json_object()) != NULL)
+        for (size_t i = 0; i < json_array_size(l->files); i++) {
+            const json_t *e = json_array_get(l->files, i);
+            const char *of = json_string_value(json_object_get(e, "of"));
+            const char *kind = json_string_value(json_object_get(e, "kind"));
+            if (of && kind && !strcmp(kind, "slices"))
+                json_object_set_new(l->of, of, json_integer((json_int_t)i));
+        }
+    const json_t *iv = json_object_get(l->of, name);
+    bfs_manifest_file mf;
+    if (!iv || !bfs__manifest_file_get(l->files, (size_t)json_integer_value(iv), &mf) || !mf.hash)
+        return NULL; /* not a weights file, or another part's */
+    *ixname = mf.name;
+    char *ip = bfs__path_join(l->outdir, mf.name);
+    uint8_t *b = NULL;
+    struct stat sb;
+    const int fd = ip ? open(ip, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC) : -1;
+    bool ok = fd >= 0 && fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && (uint64_t)sb.st_size == mf.size &&
+              mf.size <= SIZE_MAX && (b = malloc(mf.size ? (size_t)mf.size : 1)) != NULL &&
+              bfs__pread_all(fd, b, (size_t)mf.size, 0, ip) == 0;
+    if (ok) {
+        bfs__hash_hex(XXH3_128bits(b, (size_t)mf.size), got);
+        ok = strcmp(got, mf.hash) == 0;
+    }
+    bfs__err_clear();
+    if (fd >= 0)
+        close(fd);
+    free(ip);
+    if (!ok) {
+        bfs__report(report, "%s: not narrowed to tensors: its slice index %s does not match the manifest",
+                    bfs__esc(path, ep, sizeof ep), mf.name);
+        free(b);
+        return NULL;
+    }
+    *len = (size_t)mf.size;
+    return b;
+}
+
+/* A file that does not match, narrowed down to tensors: the number reported, or a BFS_E*
+ * code; *first_data: where its data begins (its header before). */
+static int bfs__narrow(bfs_lazy_index *l, const char *name, uint64_t size, const char *path, FILE *report,
+                       bfs_slices_hash_fn hash, bfs_slices_read_fn rd, void *user, bool read_errors,
+                       uint64_t *first_data)
+{
+    *first_data = size;
+    if (l->version < 2) {
+        const bfs_shard_index *ix;
+        const int irc = bfs__index(l, &ix);
+        if (irc < 0)
+            return irc;
+        return bfs__manifest_narrow(ix, name, size, path, report, hash, user, read_errors, first_data);
+    }
+    size_t len = 0;
+    const char *ixname = NULL;
+    uint8_t *b = bfs__slices_load(l, name, path, report, &len, &ixname);
+    if (!b)
+        return 0; /* the caller reports the file */
+    int rc = bfs__slices_narrow(b, len, ixname, path, size, report, rd, hash, user, read_errors, first_data);
+    if (rc == BFS_EINPUT) {
+        char ep[BFS_ESC_MAX];
+        bfs__report(report, "%s: not narrowed to tensors: %s", bfs__esc(path, ep, sizeof ep), bfs_last_error());
+        bfs__err_clear();
+        rc = 0;
+    }
+    free(b);
     return rc;
 }
 
@@ -169,9 +273,10 @@ static int bfs__verify_zst(const char *outdir, const bfs_manifest_file *mf, bfs_
         bfs__report(report, "%s: BAD: %s", ep, msg);
     if (r) {
         bfs_zst_hasher h = {r, st};
-        const bfs_shard_index *ix;
-        BFS_TRY(bfs__index(li, &ix));
-        bfs__manifest_narrow(ix, mf->name, usize, path, report, bfs__hash_zst_range, &h, true, NULL);
+        uint64_t first_data;
+        const int nrc = bfs__narrow(li, mf->name, usize, path, report, bfs__hash_zst_range, bfs__read_zst, &h, true,
+                                    &first_data);
+        BFS_TRY(nrc < 0 ? nrc : 0);
     }
 cleanup:
     if (fd >= 0)
@@ -231,13 +336,13 @@ static int bfs__verify_plain(const char *path, const bfs_manifest_file *mf, bfs_
         goto cleanup;
     rc = 1;
     uint64_t first_data = mf->size;
-    const bfs_shard_index *ix;
-    const int irc = bfs__index(li, &ix);
-    if (irc < 0) {
-        rc = irc;
+    const int nrc = bfs__narrow(li, mf->name, mf->size, path, report, bfs__hash_fd_range, bfs__read_fd, h, false,
+                                &first_data);
+    if (nrc < 0) {
+        rc = nrc;
         goto cleanup;
     }
-    if (bfs__manifest_narrow(ix, mf->name, mf->size, path, report, bfs__hash_fd_range, h, false, &first_data) == 0)
+    if (nrc == 0)
         bfs__report(report, "%s: BAD header or metadata bytes [0, %llu) (file hash %s, manifest %s)", ep,
                     (unsigned long long)(first_data < mf->size ? first_data : mf->size), got, bfs__esc(mf->hash, eh, sizeof eh));
 cleanup:
@@ -291,24 +396,37 @@ static int bfs__cmp_str(const void *a, const void *b) { return strcmp(*(const ch
 static int bfs__files_unique(const json_t *files, const char *mpath)
 {
     const size_t n = json_array_size(files);
-    const char **v = malloc((n ? n : 1) * sizeof *v);
-    if (!v)
+    const char **v = malloc((n ? n : 1) * sizeof *v), **of = malloc((n ? n : 1) * sizeof *of);
+    int rc = 0;
+    char e[BFS_ESC_MAX];
+    if (!v || !of) {
+        free(v);
+        free(of);
         return bfs__err(BFS_ENOMEM, "out of memory");
-    size_t k = 0;
+    }
+    size_t k = 0, ko = 0;
     for (size_t i = 0; i < n; i++) {
-        const char *nm = json_string_value(json_object_get(json_array_get(files, i), "name"));
+        const json_t *fe = json_array_get(files, i);
+        const char *nm = json_string_value(json_object_get(fe, "name"));
+        const char *kind = json_string_value(json_object_get(fe, "kind"));
+        const char *o = json_string_value(json_object_get(fe, "of"));
         if (nm)
             v[k++] = nm;
+        if (o && kind && !strcmp(kind, "slices"))
+            of[ko++] = o;
     }
     qsort(v, k, sizeof *v, bfs__cmp_str);
-    int rc = 0;
+    qsort(of, ko, sizeof *of, bfs__cmp_str);
     for (size_t i = 1; i < k && rc == 0; i++)
-        if (strcmp(v[i - 1], v[i]) == 0) {
-            char e[BFS_ESC_MAX];
+        if (strcmp(v[i - 1], v[i]) == 0)
             rc = bfs__err(BFS_EINPUT, "%s: files[] lists \"%s\" more than once: not a manifest bfshard wrote", mpath,
                           bfs__esc(v[i], e, sizeof e));
-        }
+    for (size_t i = 1; i < ko && rc == 0; i++) /* v2: one slice index a weights file */
+        if (strcmp(of[i - 1], of[i]) == 0)
+            rc = bfs__err(BFS_EINPUT, "%s: files[] lists two slice indexes for \"%s\": not a manifest bfshard wrote",
+                          mpath, bfs__esc(of[i], e, sizeof e));
     free(v);
+    free(of);
     return rc;
 }
 
@@ -327,6 +445,9 @@ static int bfs__verify_manifest(const char *outdir, const char *name, bool parti
     BFS_TRY(bfs__files_unique(files, mpath));
     li.mr = mr;
     li.files = files;
+    li.outdir = outdir;
+    const json_t *jv = json_object_get(m, "manifest_version");
+    li.version = json_is_integer(jv) && json_integer_value(jv) >= 2 ? 2 : 1;
     *bad += bfs__mf_check_seal(mr, report); /* bfshard compress re-seals what it rewrites */
     if (!partial)
         *bad += bfs__manifest_check_sums(outdir, files, report);
@@ -359,6 +480,7 @@ static int bfs__verify_manifest(const char *outdir, const char *name, bool parti
     *bad += bfs__verify_extra(outdir, files, report);
 cleanup:
     bfs__manifest_shard_index_free(li.ix);
+    json_decref(li.of);
     bfs__mf_free(mr);
     return rc;
 }

@@ -6,7 +6,9 @@
  * check and narrowing manifest_check.c, the shared entries manifest_common.c.
  */
 #include "output/manifest_int.h"
+#include "output/slices.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,7 +37,7 @@ static json_t *bfs__manifest_head(const bfs_manifest_in *mi)
     ok = ok && json_object_set_new(m, "tool", json_string("bfshard")) == 0;
     ok = ok && json_object_set_new(m, "version", json_string(BFS_VERSION_STRING)) == 0;
     ok = ok && json_object_set_new(m, "revision", json_string(bfs_build_revision())) == 0; /* git describe of the build */
-    ok = ok && json_object_set_new(m, "manifest_version", json_integer(1)) == 0;
+    ok = ok && json_object_set_new(m, "manifest_version", json_integer(BFS_MF_VERSION)) == 0;
     ok = ok && json_object_set_new(m, "hash", json_string("XXH3-128 (canonical big-endian hex, as xxh128sum)")) == 0;
     ok = ok && json_object_set_new(m, "plan_fingerprint", json_string(mi->fingerprint)) == 0;
     ok = ok && json_object_set_new(m, "options",
@@ -74,102 +76,56 @@ static json_t *bfs__manifest_head(const bfs_manifest_in *mi)
     return m;
 }
 
-static json_t *bfs__manifest_files(const bfs_manifest_in *mi)
+/* files[] entry of file f (weights, or with ix its slice index), NULL when out of memory */
+static json_t *bfs__manifest_file_entry(const bfs_manifest_in *mi, int f, bool ix)
 {
     const bfs_plan *p = mi->plan;
-    json_t *files = json_array();
-    for (int f = 0; f < p->nfiles; f++) {
-        const bool known = !mi->mine || mi->mine[f];
-        json_t *e = mi->file_sha
-                        ? json_pack("{s:s, s:I, s:o, s:o, s:s}", "name", p->files[f].name, "size",
-                                    (json_int_t)p->files[f].size, BFS_MF_HASH, bfs__hash_val(mi->file_hex[f], known),
-                                    BFS_MF_SHA256, bfs__hash_val(mi->file_sha[f], known), "kind", "weights")
-                        : json_pack("{s:s, s:I, s:o, s:s}", "name", p->files[f].name, "size",
-                                    (json_int_t)p->files[f].size, BFS_MF_HASH, bfs__hash_val(mi->file_hex[f], known),
-                                    "kind", "weights");
-        if (e && ((p->layout == BFS_LAYOUT_DCP && json_object_set_new(e, "rank", json_integer(f)) != 0) ||
-                  (mi->zst && mi->zst[f] && json_object_set(e, "zst", mi->zst[f]) != 0))) {
-            json_decref(e); /* one file short: the caller counts them */
-            e = NULL;
-        }
-        json_array_append_new(files, e);
+    const bool known = !mi->mine || mi->mine[f];
+    char sname[NAME_MAX + 1];
+    if (ix && bfs__slices_name(p->files[f].name, sname, sizeof sname) < 0)
+        return NULL;
+    const char *name = ix ? sname : p->files[f].name, *hex = ix ? mi->slices_hex[f] : mi->file_hex[f];
+    const char *sha = !mi->file_sha ? NULL : ix ? mi->slices_sha[f] : mi->file_sha[f];
+    const uint64_t size = ix ? bfs__slices_size(p->files[f].npieces) : p->files[f].size;
+    json_t *e = sha ? json_pack("{s:s, s:I, s:o, s:o, s:s}", "name", name, "size", (json_int_t)size, BFS_MF_HASH,
+                                bfs__hash_val(hex, known), BFS_MF_SHA256, bfs__hash_val(sha, known), "kind",
+                                ix ? "slices" : "weights")
+                    : json_pack("{s:s, s:I, s:o, s:s}", "name", name, "size", (json_int_t)size, BFS_MF_HASH,
+                                bfs__hash_val(hex, known), "kind", ix ? "slices" : "weights");
+    bool ok = e != NULL;
+    if (ok && ix)
+        ok = json_object_set_new(e, "of", json_string(p->files[f].name)) == 0;
+    if (ok && !ix && p->layout == BFS_LAYOUT_DCP)
+        ok = json_object_set_new(e, "rank", json_integer(f)) == 0;
+    if (ok && !ix && mi->zst && mi->zst[f])
+        ok = json_object_set(e, "zst", mi->zst[f]) == 0;
+    if (!ok) {
+        json_decref(e); /* one file short: the caller counts them */
+        e = NULL;
     }
+    return e;
+}
+
+/* the weights files, their slice indexes (manifest v2), the small files */
+static json_t *bfs__manifest_files(const bfs_manifest_in *mi)
+{
+    json_t *files = json_array();
+    for (int f = 0; f < mi->plan->nfiles; f++)
+        json_array_append_new(files, bfs__manifest_file_entry(mi, f, false));
+    for (int f = 0; f < mi->plan->nfiles; f++)
+        json_array_append_new(files, bfs__manifest_file_entry(mi, f, true));
     for (size_t i = 0; i < json_array_size(mi->aux); i++)
         json_array_append(files, json_array_get(mi->aux, i));
     return files;
 }
 
-/* Where each tensor's pieces are, as one pass over the files: tensor i's pieces are
- * at[first[i] .. first[i + 1]) in file order, so the manifest costs the number of
- * pieces, never tensors x pieces. */
-typedef struct {
-    int file;
-    size_t piece;
-} bfs_piece_at;
-
-static int bfs__pieces_by_tensor(const bfs_plan *p, size_t **first_out, bfs_piece_at **at_out)
-{
-    size_t *first = calloc(p->nt + 2, sizeof *first), total = 0;
-    bfs_piece_at *at = NULL;
-    *first_out = NULL;
-    *at_out = NULL;
-    if (!first)
-        return bfs__err(BFS_ENOMEM, "out of memory building the manifest");
-    for (int f = 0; f < p->nfiles; f++)
-        for (size_t pi = 0; pi < p->files[f].npieces; pi++)
-            first[p->files[f].pieces[pi].tensor + 2]++;
-    for (size_t i = 0; i < p->nt; i++) /* first[i + 2] becomes where tensor i + 1 begins */
-        first[i + 2] += first[i + 1];
-    for (int f = 0; f < p->nfiles; f++)
-        total += p->files[f].npieces;
-    at = calloc(total ? total : 1, sizeof *at);
-    if (!at) {
-        free(first);
-        return bfs__err(BFS_ENOMEM, "out of memory building the manifest");
-    }
-    for (int f = 0; f < p->nfiles; f++) /* first[i + 1] is tensor i's fill cursor */
-        for (size_t pi = 0; pi < p->files[f].npieces; pi++)
-            at[first[p->files[f].pieces[pi].tensor + 1]++] = (bfs_piece_at){f, pi};
-    *first_out = first; /* now first[i] .. first[i + 1] */
-    *at_out = at;
-    return 0;
-}
-
-/* tensors[i].shards: one per piece of tensor i, in file order */
-static json_t *bfs__manifest_shards(const bfs_manifest_in *mi, size_t i, const size_t *first, const bfs_piece_at *at)
+/* tensors[i] (manifest v2: what it is, not where each rank's rows are; those follow from
+ * the sharding rule, and their hashes are in the slice indexes), or NULL when out of memory */
+static json_t *bfs__manifest_tensor(const bfs_manifest_in *mi, size_t i)
 {
     const bfs_plan *p = mi->plan;
     const bfs_ltensor *t = &p->t[i];
-    json_t *shards = json_array();
-    for (size_t k = first[i]; k < first[i + 1]; k++) {
-        const int f = at[k].file;
-        const size_t pi = at[k].piece;
-        const bfs_outfile *of = &p->files[f];
-        const bfs_piece *pc = &of->pieces[pi];
-        uint64_t shape[BFS_MAX_DIMS], so[BFS_MAX_DIMS] = {0};
-        memcpy(shape, t->shape, sizeof shape);
-        if (t->ndim > 0)
-            shape[0] = pc->row1 - pc->row0;
-        so[0] = pc->row0;
-        json_t *s = json_pack("{s:s, s:I, s:I, s:o, s:o, s:o}", "file", of->name, "offset", (json_int_t)pc->offset,
-                              "nbytes", (json_int_t)pc->nbytes, "shape", bfs__shape_json(shape, t->ndim),
-                              "saved_offsets", bfs__shape_json(so, t->ndim), BFS_MF_HASH,
-                              bfs__hash_val(mi->piece_hex[f][pi], !mi->mine || mi->mine[f]));
-        if (p->layout == BFS_LAYOUT_DCP && s && json_object_set_new(s, "rank", json_integer(f)) != 0) {
-            json_decref(s); /* one shard short: the caller counts them */
-            s = NULL;
-        }
-        json_array_append_new(shards, s);
-    }
-    return shards;
-}
-
-/* tensors[i], complete (its shards counted), or NULL when out of memory */
-static json_t *bfs__manifest_tensor(const bfs_manifest_in *mi, size_t i, const size_t *first, const bfs_piece_at *at)
-{
-    const bfs_plan *p = mi->plan;
-    const bfs_ltensor *t = &p->t[i];
-    json_t *srcs = json_array(), *shards = NULL, *e = NULL;
+    json_t *srcs = json_array(), *e = NULL;
     bool whole = srcs != NULL;
     for (int k = 0; whole && k < t->nsrc; k++)
         whole = json_array_append_new(srcs, json_string(t->src[k]->st->name)) == 0;
@@ -184,15 +140,7 @@ static json_t *bfs__manifest_tensor(const bfs_manifest_in *mi, size_t i, const s
     if (whole &&
         (t->kind == BFS_K_BNB4 || t->kind == BFS_K_CAST || (t->kind == BFS_K_PASS && t->out_dtype != t->src_dtype)))
         whole = json_object_set_new(e, "source_dtype", json_string(bfs__dtype_name(t->src_dtype))) == 0;
-    /* jansson answers an allocation failure with NULL, which json_*_append_new() drops
-     * silently: count what was built, so that a short manifest is never written */
-    shards = bfs__manifest_shards(mi, i, first, at);
-    if (!whole || json_array_size(shards) != first[i + 1] - first[i]) {
-        json_decref(shards);
-        json_decref(e);
-        return NULL;
-    }
-    if (json_object_set_new(e, "shards", shards) == 0) /* takes shards, also on failure */
+    if (whole)
         return e;
     json_decref(e);
     return NULL;
@@ -207,7 +155,7 @@ int bfs__manifest_build_head(const bfs_manifest_in *mi, json_t **out)
     json_t *files = bfs__manifest_files(mi);
     /* jansson answers an allocation failure with NULL, which json_*_append_new() drops
      * silently: count what was built, so that a short manifest is never written */
-    bool whole = files && json_array_size(files) == (size_t)mi->plan->nfiles + json_array_size(mi->aux);
+    bool whole = files && json_array_size(files) == 2 * (size_t)mi->plan->nfiles + json_array_size(mi->aux);
     if (json_object_set_new(m, "files", files) != 0 ||
         json_object_set_new(m, "tensors", json_string(BFS_MF_TENSORS_HOLE)) != 0) /* bfs__manifest_write_conv */
         whole = false;
@@ -231,43 +179,24 @@ int bfs__manifest_build_head(const bfs_manifest_in *mi, json_t **out)
 }
 
 /* ---- a conversion's manifest, streamed (manifest_write.c writes and seals it) ----------------- */
-/* convert's tensors[]: built from the plan one tensor at a time */
-typedef struct {
-    const bfs_manifest_in *mi;
-    size_t *first;
-    bfs_piece_at *at;
-} bfs_mf_conv;
-
+/* convert's tensors[]: built from the plan one tensor at a time, one line each */
 static int bfs__mf_emit_conv(bfs_mf_out *w, void *user)
 {
-    const bfs_mf_conv *c = user;
-    const bfs_plan *p = c->mi->plan;
-    size_t shards = 0, pieces = 0;
-    for (int f = 0; f < p->nfiles; f++)
-        pieces += p->files[f].npieces;
-    for (size_t i = 0; i < p->nt; i++) {
-        json_t *e = bfs__manifest_tensor(c->mi, i, c->first, c->at);
+    const bfs_manifest_in *mi = user;
+    for (size_t i = 0; i < mi->plan->nt; i++) {
+        json_t *e = bfs__manifest_tensor(mi, i);
         if (!e)
             return bfs__err(BFS_ENOMEM, "out of memory building the manifest");
-        shards += c->first[i + 1] - c->first[i];
-        const int rc = bfs__mf_put_elem(w, e, i == 0);
+        const int rc = bfs__mf_put_line(w, e, i == 0);
         json_decref(e);
         BFS_MF_RET(rc);
     }
-    bfs__mf_put_end(w, p->nt);
-    if (shards != pieces) /* every tensor, every shard: never a short manifest */
-        return bfs__err(BFS_EINTERNAL, "manifest of %zu shards for %zu pieces", shards, pieces);
+    bfs__mf_put_end(w, mi->plan->nt);
     return w->rc;
 }
 
 int bfs__manifest_write_conv(int dirfd, const char *outdir, const char *name, const bfs_manifest_in *mi,
                              const json_t *head)
 {
-    bfs_mf_conv c = {mi, NULL, NULL};
-    int rc = bfs__pieces_by_tensor(mi->plan, &c.first, &c.at);
-    if (rc == 0)
-        rc = bfs__mf_write_streamed(dirfd, outdir, name, head, bfs__mf_emit_conv, &c, NULL, NULL);
-    free(c.first);
-    free(c.at);
-    return rc;
+    return bfs__mf_write_streamed(dirfd, outdir, name, head, bfs__mf_emit_conv, (void *)mi, NULL, NULL);
 }

@@ -10,6 +10,9 @@
 #include "output/manifest.h"
 #include "base/bfs_io.h"
 
+/* 2 (issue 22, docs/MANIFEST.md): tensors[] without per-rank records, one line each; each
+ * weights file's slice hashes in its slice index (slices.h). Readers take 1 and 2. */
+#define BFS_MF_VERSION 2
 #define BFS_MF_HASH "xxh3_128"
 #define BFS_MF_SHA256 "sha256" /* files[]: only when convert --sha256 (ISSUE 24); v1 readers ignore it */
 #define BFS_MF_SRC_HASH "content_xxh3_128" /* source.files[]: srchash.c */
@@ -81,6 +84,8 @@ typedef struct {
 
 /* one tensor of tensors[], at depth 2, after "[\n  " (the first) or ",\n  " */
 int bfs__mf_put_elem(bfs_mf_out *w, const json_t *e, bool first);
+/* the same on one line (manifest v2's tensors[]) */
+int bfs__mf_put_line(bfs_mf_out *w, const json_t *e, bool first);
 /* the end of tensors[] of n elements */
 void bfs__mf_put_end(bfs_mf_out *w, size_t n);
 

@@ -93,6 +93,15 @@ int bfs__mf_put_elem(bfs_mf_out *w, const json_t *e, bool first)
     return drc != 0 ? bfs__err(BFS_ENOMEM, "out of memory writing the manifest") : 0;
 }
 
+int bfs__mf_put_line(bfs_mf_out *w, const json_t *e, bool first)
+{
+    bfs__mf_puts(w, first ? "[\n  " : ",\n  ");
+    const int drc = json_dump_callback(e, bfs__mf_put_tensor, w, JSON_INDENT(0) | JSON_PRESERVE_ORDER);
+    if (w->rc < 0)
+        return w->rc;
+    return drc != 0 ? bfs__err(BFS_ENOMEM, "out of memory writing the manifest") : 0;
+}
+
 /* the end of tensors[] of n elements */
 void bfs__mf_put_end(bfs_mf_out *w, size_t n) { bfs__mf_puts(w, n ? "\n ]" : "[]"); }
 
@@ -222,10 +231,12 @@ cleanup:
 
 /* ---- parts (ISSUE 13): a part's manifest is the whole manifest with null hashes where
  * another part knows them, plus "part": {"ranks", "world_size"}. Merging takes every
- * rank's entries (files[], tensors[].shards[]) from the one part that holds the rank and
- * every source hash from a part that hashed it: the result is, key for key and in the
- * same order, what a single run builds. The heads are merged as trees; tensors[] is read
- * from every part in lockstep, one tensor at a time, and written as convert writes it. */
+ * rank's entries (files[], and in v1 tensors[].shards[]) from the one part that holds the
+ * rank, each slice index's entry (v2) and every source hash from the part that hashed it:
+ * the result is, key for key and in the same order, what a single run builds. The heads
+ * are merged as trees. A v2 tensors[] holds nothing per rank (issue 22): part 0's is
+ * copied byte for byte, never parsed, so merging costs parts + files. A v1 tensors[] is
+ * read from every part in lockstep, one tensor at a time, and written as convert wrote it. */
 bool bfs__manifest_part_info(const json_t *m, const char **ranks, int *world_size, const char **fingerprint)
 {
     const json_t *p = json_object_get(m, "part"), *w = json_object_get(p, "world_size");
@@ -263,7 +274,8 @@ static int bfs__merge_agree(bfs_mf *const *parts, const char *const *names, int 
         const json_t *mk = bfs__mf_head(parts[k]);
         bfs__manifest_part_info(mk, &rk, &wk, &fpk);
         if (strcmp(fpk, fp0) != 0 || wk != *W || !json_equal(json_object_get(mk, "options"), json_object_get(m0, "options")) ||
-            !json_equal(json_object_get(mk, "version"), json_object_get(m0, "version")))
+            !json_equal(json_object_get(mk, "version"), json_object_get(m0, "version")) ||
+            !json_equal(json_object_get(mk, "manifest_version"), json_object_get(m0, "manifest_version")))
             return bfs__err(BFS_EPARTS, "%s: %s (plan fingerprint %s) and %s (%s) are parts of different input or options; "
                             "remove the stale one and rerun its part", outdir, names[0], fp0, names[k], fpk);
         const json_t *fk = json_object_get(mk, "files"), *sk = json_object_get(json_object_get(mk, "source"), "files");
@@ -315,8 +327,21 @@ static int bfs__merge_head(bfs_mf *const *parts, int n, const char *outdir, int 
     json_t *files = json_object_get(m, "files");
     for (size_t i = 0; i < json_array_size(files); i++) {
         const int r = bfs__entry_rank(json_array_get(files, i), W);
-        if (r >= 0 && json_array_set_new(files, i, json_deep_copy(json_array_get(
-                                                       json_object_get(bfs__mf_head(parts[owner[r]]), "files"), i))) != 0) {
+        const json_t *e = r >= 0 ? json_array_get(json_object_get(bfs__mf_head(parts[owner[r]]), "files"), i) : NULL;
+        const char *kind = json_string_value(json_object_get(json_array_get(files, i), "kind"));
+        if (r < 0 && kind && !strcmp(kind, "slices")) /* v2: a slice index, from the part that wrote it */
+            for (int k = 0; k < n && !e; k++) {
+                e = json_array_get(json_object_get(bfs__mf_head(parts[k]), "files"), i);
+                if (!json_is_string(json_object_get(e, BFS_MF_HASH)))
+                    e = NULL;
+            }
+        if (r < 0 && kind && !strcmp(kind, "slices") && !e) {
+            const int rc = bfs__err(BFS_EINCOMPLETE, "%s: no part wrote %s", outdir,
+                                    json_string_value(json_object_get(json_array_get(files, i), "name")));
+            json_decref(m);
+            return rc;
+        }
+        if (e && json_array_set_new(files, i, json_deep_copy(e)) != 0) {
             json_decref(m);
             return bfs__err(BFS_ENOMEM, "out of memory");
         }
@@ -390,6 +415,9 @@ static int bfs__mf_merge_one(bfs_mf_merge *g, size_t t)
 static int bfs__mf_emit_merge(bfs_mf_out *w, void *user)
 {
     bfs_mf_merge *g = user;
+    const json_t *mv = json_object_get(g->head, "manifest_version");
+    if (json_is_integer(mv) && json_integer_value(mv) >= 2) /* tensors[] has no per-rank records: part 0's, as is */
+        return bfs__mf_emit_copy(w, g->parts[0]);
     const size_t nt = bfs__mf_ntensors(g->parts[0]);
     int rc = 0;
     for (size_t t = 0; t < nt && rc == 0; t++) {
