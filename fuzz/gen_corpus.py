@@ -399,6 +399,30 @@ def gen_manifest_sums(tmp):
         write("manifest", "edge_" + k, bytes([5 if k.startswith("part") else 0 if k.startswith("seal") else 8]) + v)
 
 
+def gen_slices(tmp):
+    """fuzz_slices: 2-byte LE length k + k bytes of NAME.slices + the weights file it indexes
+    (manifest v2): real pairs, then a few broken on purpose"""
+    def pair(ix, w):
+        return struct.pack("<H", len(ix)) + ix + w
+    for j, (fx, w, layout) in enumerate((("ct-int4-asym", 2, "dcp"), ("ct-int4-group", 1, "hf"), ("bnb-nf4", 8, "dcp"))):
+        out = convert(tmp, fx, w, layout)
+        names = sorted(f for f in os.listdir(out) if f.endswith(".slices"))
+        for k, n in enumerate(names[:1]):
+            ix = open(os.path.join(out, n), "rb").read()
+            wt = open(os.path.join(out, n[:-len(".slices")] + ".safetensors"), "rb").read()
+            if len(ix) > 0xffff:
+                continue
+            tag = "%s_w%d_%s_%d" % (fx, w, layout, k)
+            write("slices", tag, pair(ix, wt))
+            if j == 0:
+                bad = bytearray(wt)
+                bad[-1] ^= 1
+                write("slices", tag + "_bad_tail", pair(ix, bytes(bad)))
+                write("slices", tag + "_short_index", pair(ix[:-8], wt))
+                write("slices", tag + "_big_count", pair(ix[:40] + struct.pack("<Q", 1 << 60) + ix[48:], wt))
+                write("slices", tag + "_truncated_weights", pair(ix, wt[:len(wt) // 2]))
+
+
 def gen_claim():
     """fuzz_claim: selector (bits 0-3 checkpoint, bit 4 no config.json, bit 5 W = 3, bit 6 inspect,
     bit 7 best kernels) + config.json [+ SEP + quantize_config.json]"""
@@ -449,7 +473,7 @@ def gen_claim():
 
 def main():
     # files named by a 40-hex SHA-1 were grown by fuzzing (libFuzzer -merge=1): kept
-    for t in ("st_parse", "plan", "input", "bnb_blob", "manifest", "sums", "claim"):  # zst's are not ours
+    for t in ("st_parse", "plan", "input", "bnb_blob", "manifest", "sums", "claim", "slices"):  # zst's are not ours
         dp = os.path.join(OUT, t)
         if os.path.isdir(dp):
             for f in os.listdir(dp):
@@ -465,6 +489,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="bfs-corpus-")
     try:
         gen_manifest_sums(tmp)
+        gen_slices(tmp)
     finally:
         shutil.rmtree(tmp)
     gen_claim()

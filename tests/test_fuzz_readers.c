@@ -1,6 +1,6 @@
 /*
  * The fuzz targets of the readers of what bfshard writes and of the config's claim
- * (issue 26: fuzz/fuzz_manifest.c, fuzz_sums.c, fuzz_claim.c), replayed as plain
+ * (issue 26: fuzz/fuzz_manifest.c, fuzz_sums.c, fuzz_claim.c, fuzz_slices.c), replayed as plain
  * functions over their seed corpora (fuzz/corpus/<target>) and regression inputs
  * (fuzz/regress/<target>): every input in a child process, which must exit 0 (a broken
  * property aborts, a crash is a signal, a leak under ASan exit 3). Built without
@@ -28,6 +28,11 @@
 #define LLVMFuzzerTestOneInput fz_claim_one
 #define LLVMFuzzerInitialize fz_claim_init
 #include "../fuzz/fuzz_claim.c"
+#undef LLVMFuzzerTestOneInput
+#undef LLVMFuzzerInitialize
+#define LLVMFuzzerTestOneInput fz_slices_one
+#define LLVMFuzzerInitialize fz_slices_init
+#include "../fuzz/fuzz_slices.c"
 #undef LLVMFuzzerTestOneInput
 #undef LLVMFuzzerInitialize
 #include "../fuzz/fuzz_common.c"
@@ -67,9 +72,16 @@ static void claim_corpus(void **s)
     replay("claim", fz_claim_init, fz_claim_one);
 }
 
+static void slices_corpus(void **s)
+{
+    (void)s;
+    replay("slices", fz_slices_init, fz_slices_one);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(slices_corpus),
         cmocka_unit_test(manifest_corpus),
         cmocka_unit_test(sums_corpus),
         cmocka_unit_test(claim_corpus),
