@@ -115,6 +115,8 @@ typedef struct bfs_convert_result {
     uint64_t tensors_copied;      /* passed through unchanged */
     uint64_t tensors_dropped;     /* input tensors with no output of their own: the scales and
                                      quantization state folded into a dequantized tensor */
+    double write_seconds;         /* the writer thread's time in write(2) and the page-cache bound:
+                                     write_seconds / seconds is how busy the disk was kept */
 } bfs_convert_result;
 
 void bfs_convert_result_init(bfs_convert_result *r);

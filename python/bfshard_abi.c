@@ -61,6 +61,7 @@ static const bfs_py_field bfs_py_fields[] = {
     F(bfs_convert_result, tensors_cast),
     F(bfs_convert_result, tensors_copied),
     F(bfs_convert_result, tensors_dropped),
+    F(bfs_convert_result, write_seconds),
     {NULL, 0, 0},
 };
 

@@ -80,6 +80,7 @@ class ConvertResult(Structure):
         ("tensors_cast", c_uint64),
         ("tensors_copied", c_uint64),
         ("tensors_dropped", c_uint64),
+        ("write_seconds", c_double),
     ]
 
 

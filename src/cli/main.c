@@ -394,6 +394,8 @@ static int cmd_convert(cli_args *a)
         json_object_set_new(o, "tensors_cast", json_integer((json_int_t)res.tensors_cast));
         json_object_set_new(o, "tensors_copied", json_integer((json_int_t)res.tensors_copied));
         json_object_set_new(o, "tensors_dropped", json_integer((json_int_t)res.tensors_dropped));
+        json_object_set_new(o, "write_seconds", json_real(res.write_seconds));
+        json_object_set_new(o, "writer_busy", json_real(res.seconds > 0 ? res.write_seconds / res.seconds : 0.0));
         cli_json_end(o, rc, NULL);
     }
     if (rc < 0)

@@ -3,15 +3,16 @@
  *
  *   open inputs (mmap) -> plan (every header, offset, size; plan.c) -> OUTDIR
  *   prepared or resumed (outdir.c) -> for each output file: for each piece: units of
- *   dim-0 rows that fit the buffer budget -> backend fills buffer k%2 at its file
- *   offset mod 4096 -> hashed right behind (writer.c, this thread) -> the writer
- *   thread writes it (O_DIRECT where it can) while the next unit is dequantized ->
- *   durable commit (durable.c) + journal line, after the next file's first unit is
- *   dequantized (bfs__rank_start). Then config.json, copied tokenizer files, the
- *   manifest (manifest.c; last, atomically).
+ *   dim-0 rows of about BFS_UNIT_BYTES -> backend fills the next buffer of the ring
+ *   (units.h) at its file offset mod 4096 -> hashed right behind (writer.c, this
+ *   thread) -> the writer thread writes the ring in order (O_DIRECT where it can) while
+ *   the next units are dequantized, across tensors and rank files -> durable commit
+ *   (durable.c) + journal line, once the writer has ended the file, while it writes the
+ *   next one (bfs__rank_poll). Then config.json, copied tokenizer files, the manifest
+ *   (manifest.c; last, atomically).
  *   The rank-file stage (units, commits, reuse): convert_ranks.c; the run's state: convert.h.
  *
- * Memory: two unit buffers (bfs__unit_budget), the writer's two carries; input
+ * Memory: the ring of unit buffers (bfs__ring_budget), the writer's two carries; input
  * pages are released (madvise + fadvise DONTNEED) after each unit (bfs__advise_sources,
  * convert_ranks.c), so neither RSS nor page cache grows with the model.
  */
@@ -357,12 +358,14 @@ static int bfs__run_setup(bfs_run *r, const char *input)
     BFS_TRY(bfs__check_aux(r->in));
     BFS_TRY(bfs__srchash_create(r->in, r->src_mine, &r->sh));
 
-    /* buffers: two units in flight */
+    /* the ring of unit buffers: at least two units in flight */
     uint64_t mem = 0;
     BFS_TRY(bfs__pick_mem(r->in, r->plan, r->mine, o, &mem)); /* --max-rss: the largest that fits */
     if (o->max_rss)
         bfs__log(r, "--max-rss %llu: --mem %llu", (unsigned long long)o->max_rss, (unsigned long long)mem);
-    if (!bfs__unit_budget(r->plan, r->mine, mem, &r->unit_bytes))
+    const bool fits = bfs__ring_budget(r->plan, r->mine, mem, &r->ring);
+    r->unit_bytes = r->ring.unit;
+    if (!fits)
         BFS_FAIL(BFS_ENOMEM, "--mem %llu is too small: the largest indivisible unit (one dim-0 row) is %llu bytes and two are in flight; use --mem %llu or more",
                  (unsigned long long)mem, (unsigned long long)r->plan->max_row_bytes,
                  (unsigned long long)(2 * r->plan->max_row_bytes));
@@ -387,11 +390,11 @@ static int bfs__run_setup(bfs_run *r, const char *input)
     /* + the headroom before each unit's output that lets the writer use O_DIRECT; on the
      * buffers' page (writer.h: bfs__buf_page), huge pages advised where available */
     const size_t bp = (size_t)bfs__buf_page();
-    const size_t blen = ((size_t)r->unit_bytes + BFS_DIO_ALIGN + bp - 1) / bp * bp;
-    for (int i = 0; i < 2; i++) {
+    const size_t blen = ((size_t)r->ring.slot + BFS_DIO_ALIGN + bp - 1) / bp * bp;
+    for (int i = 0; i < r->ring.n; i++) {
         void *b = NULL;
         if (posix_memalign(&b, bp > BFS_DIO_ALIGN ? bp : BFS_DIO_ALIGN, blen) != 0)
-            BFS_FAIL(BFS_ENOMEM, "cannot allocate a %llu-byte unit buffer (--mem %llu)", (unsigned long long)r->unit_bytes,
+            BFS_FAIL(BFS_ENOMEM, "cannot allocate a %llu-byte unit buffer (--mem %llu)", (unsigned long long)r->ring.slot,
                      (unsigned long long)mem);
         if (bp == BFS_HUGE_PAGE)
             (void)madvise(b, blen, MADV_HUGEPAGE); /* advice: a kernel that refuses keeps 4 KiB pages */
@@ -462,9 +465,9 @@ static int bfs__pin_buffers(bfs_run *r)
 {
     if (!r->be->host_alloc || !r->be->host_free)
         return 0;
-    const size_t n = (size_t)r->unit_bytes + BFS_DIO_ALIGN;
-    uint8_t *p[2] = {NULL, NULL};
-    for (int i = 0; i < 2; i++) {
+    const size_t n = (size_t)r->ring.slot + BFS_DIO_ALIGN;
+    uint8_t *p[BFS_RING_MAX] = {NULL};
+    for (int i = 0; i < r->ring.n; i++) {
         p[i] = r->be->host_alloc(r->be, n);
         if (!p[i] || (uintptr_t)p[i] % BFS_DIO_ALIGN) {
             for (int k = 0; k <= i; k++)
@@ -474,7 +477,7 @@ static int bfs__pin_buffers(bfs_run *r)
             return 0;
         }
     }
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < r->ring.n; i++) {
         free(r->buf[i]);
         r->buf[i] = p[i];
     }
@@ -489,7 +492,7 @@ static int bfs__run_start(bfs_run *r, const char *input)
     const bfs_convert_opts *o = r->o;
     char **outputs = NULL;
     size_t nout = 0;
-    BFS_TRY(bfs__make_backend(r, r->unit_bytes));
+    BFS_TRY(bfs__make_backend(r, r->ring.slot));
     BFS_TRY(bfs__pin_buffers(r));
     BFS_TRY(bfs__outputs(r, &outputs, &nout));
     if (r->mine) {
@@ -508,9 +511,9 @@ static int bfs__run_start(bfs_run *r, const char *input)
                                     &r->dirfd, r->reused, r->file_hex));
         BFS_TRY(bfs__outdir_check_space(r->dirfd, r->outdir, r->plan, r->reused));
     }
-    bfs__log(r, "%s -> %s: %zu tensors, %d file(s), %.3f GB of output, backend %s, host buffers 2 x %llu bytes", input,
-             r->outdir, r->plan->nt, r->plan->nfiles, (double)r->plan->total_bytes / 1e9, r->be->name,
-             (unsigned long long)r->unit_bytes);
+    bfs__log(r, "%s -> %s: %zu tensors, %d file(s), %.3f GB of output, backend %s, host buffers %d x %llu bytes "
+             "(units of ~%llu)", input, r->outdir, r->plan->nt, r->plan->nfiles, (double)r->plan->total_bytes / 1e9,
+             r->be->name, r->ring.n, (unsigned long long)r->ring.slot, (unsigned long long)r->ring.unit);
     if (r->be->device_bytes)
         bfs__log(r, "GPU memory: %llu bytes allocated once from --gpu-mem %llu (the peak; it does not grow with the model)",
                  (unsigned long long)r->be->device_bytes,
@@ -581,15 +584,14 @@ static void bfs__run_free(bfs_run *r, int rc)
     bfs__rank_free(&r->rank[0]); /* after a failure: their temporaries go */
     bfs__rank_free(&r->rank[1]);
     bfs__srchash_free(r->sh);
-    if (r->buf_pinned) { /* host_free before destroy */
-        r->be->host_free(r->be, r->buf[0]);
-        r->be->host_free(r->be, r->buf[1]);
-        r->buf[0] = r->buf[1] = NULL;
+    for (int i = 0; r->buf_pinned && i < r->ring.n; i++) { /* host_free before destroy */
+        r->be->host_free(r->be, r->buf[i]);
+        r->buf[i] = NULL;
     }
     if (r->be)
         r->be->destroy(r->be);
-    free(r->buf[0]);
-    free(r->buf[1]);
+    for (int i = 0; i < BFS_RING_MAX; i++)
+        free(r->buf[i]);
     if (r->plan)
         for (int f = 0; f < r->plan->nfiles && r->piece_hex; f++)
             free(r->piece_hex[f]);
@@ -619,14 +621,18 @@ static void bfs__stages_print(const bfs_run *r, double total)
     if (!e || strcmp(e, "1") || !r->plan)
         return;
     const bfs_wstages *s = &r->w.st;
+    /* writer_busy: the share of the run the writer spent writing (issue 25: keep the disk busy) */
     fprintf(stderr,
             "bfshard-stages {\"total_s\": %.4f, \"dequant_s\": %.4f, \"hash_s\": %.4f, \"wait_writer_s\": %.4f, "
             "\"write_s\": %.4f, \"zst_s\": %.4f, \"tail_s\": %.4f, \"commit_s\": %.4f, \"direct_bytes\": %llu, "
             "\"buffered_bytes\": %llu, \"input_s\": %.4f, \"plan_s\": %.4f, \"layout_s\": %.4f, \"setup_s\": %.4f, "
-            "\"files_s\": %.4f, \"manifest_s\": %.4f, \"sha256_s\": %.4f}\n",
+            "\"files_s\": %.4f, \"manifest_s\": %.4f, \"sha256_s\": %.4f, \"writer_busy\": %.4f, "
+            "\"writer_busy_files\": %.4f, \"buffers\": %d, \"buffer_bytes\": %llu, \"unit_bytes\": %llu}\n",
             total, r->t_dequant, s->hash, s->wait, s->write, s->zst, s->tail, r->t_commit,
             (unsigned long long)s->direct_bytes, (unsigned long long)s->buffered_bytes, r->t_input, r->t_plan,
-            r->t_layout, r->t_setup, r->t_files, r->t_manifest, s->sha);
+            r->t_layout, r->t_setup, r->t_files, r->t_manifest, s->sha, total > 0 ? s->write / total : 0.0,
+            r->t_files > 0 ? s->write / r->t_files : 0.0, r->ring.n, (unsigned long long)r->ring.slot,
+            (unsigned long long)r->ring.unit);
 }
 
 int bfs_convert(const char *input_arg, const char *outdir, const bfs_convert_opts *o_arg, bfs_convert_result *res_arg)
@@ -703,7 +709,8 @@ int bfs_convert(const char *input_arg, const char *outdir, const bfs_convert_opt
         for (int i = 0; i < r->in->nfiles; i++) /* every header is read to plan */
             res->input_bytes_read += r->in->files[i].h.data_start;
         res->tensors = r->plan->nt;
-        res->host_buffer_bytes = 2 * r->unit_bytes;
+        res->host_buffer_bytes = (uint64_t)r->ring.n * r->ring.slot;
+        res->write_seconds = r->w.st.write;
         res->gpu_buffer_bytes = r->be->device_bytes;
         snprintf(res->backend, sizeof res->backend, "%s", r->be->name);
     }

@@ -38,9 +38,11 @@ typedef struct bfs_run {
     bfs_input *in;
     bfs_plan *plan;
     bfs_backend *be;
-    uint8_t *buf[2];
+    uint8_t *buf[BFS_RING_MAX]; /* the ring of unit buffers (units.h), ring.n of them */
+    uint64_t bufjob[BFS_RING_MAX]; /* per buffer: the writer job that last used it + 1 (bfs__writer_wait_job) */
     bool buf_pinned;           /* buf[] from the backend's host_alloc (CUDA: pinned, D2H lands in place) */
-    uint64_t unit_bytes;       /* capacity of each buffer */
+    bfs_ring ring;             /* units' target size, each buffer's capacity, how many */
+    uint64_t unit_bytes;       /* ring.unit */
     bfs_writer w;
     char (*file_hex)[33];      /* per output file */
     char (*file_sha)[65];      /* per output file: SHA-256 (--sha256), else NULL */
@@ -62,7 +64,9 @@ typedef struct bfs_run {
     bfs_outdir_lock lock;      /* one writer per OUTDIR */
     double t_dequant, t_commit; /* stage times (BFSHARD_STAGES=1) */
     double t_input, t_plan, t_layout, t_setup, t_files, t_manifest; /* and the phases around the rank files */
-    int slot;                  /* the unit buffer to fill next */
+    int slot;                  /* the unit buffer to fill next (round the ring over the whole run) */
+    bfs_wjob pend[BFS_RING_MAX]; /* a file's first units, waiting for the file before to be committed */
+    int pend_slot[BFS_RING_MAX], npend; /* their buffers (-1: none) */
     bfs_prange *pr;            /* a batch's input pages (BFS_BATCH_MAX * BFS_UNIT_MAX_SRC) */
     unsigned *fstamp, stamp;   /* per input file: the last batch check that took it */
     bfs_rank rank[2];          /* the rank file being written, and the one before (committing) */
@@ -80,6 +84,9 @@ static inline void bfs__progress(bfs_run *r, const char *tensor)
 /* convert_ranks.c */
 void bfs__rank_free(bfs_rank *k);
 int bfs__write_file(bfs_run *r, int fidx);
+/* The unit buffer to fill next, once the writer is done with it (bfs__slot_pushed after its push). */
+int bfs__slot_take(bfs_run *r, uint8_t **buf);
+void bfs__slot_pushed(bfs_run *r);
 int bfs__ranks_finish(bfs_run *r);
 void bfs__ranks_abort(bfs_run *r);
 int bfs__zcopy_reused(bfs_run *r, int fidx);

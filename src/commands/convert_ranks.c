@@ -1,8 +1,9 @@
 /*
  * The rank-file stage of bfs_convert (convert.c runs it): each output file's units through
- * the backend into the writer thread (bfs__write_file, bfs__write_piece), the rank file's
- * temporary opened when its first unit is ready and committed after the next file's
- * (bfs__rank_start / bfs__rank_finish), its compressed copy (bfs__zcopy_*), a file reused
+ * the backend into the ring of unit buffers and the writer thread (bfs__write_file,
+ * bfs__write_piece, bfs__slot_take), the rank file's temporary opened after the file before
+ * it is committed, the next file's units waiting in the ring meanwhile (bfs__unit_push,
+ * bfs__rank_start / bfs__rank_finish), its compressed copy (bfs__zcopy_*), a file reused
  * from an interrupted run re-hashed (bfs__rehash_pieces, bfs__hash_reused_sources), and the
  * input pages each unit read released (bfs__advise_sources).
  */
@@ -154,6 +155,54 @@ static int bfs__rank_open(bfs_run *r, const bfs_outfile *of, bfs_tmpfile *t, cha
 
 static int bfs__rank_start(bfs_run *r, bfs_rank *k);
 
+/* The ring (units.h): the next buffer, once the writer is done with the job that last used
+ * it; after the push of the job that fills it, bfs__slot_pushed records that job. */
+int bfs__slot_take(bfs_run *r, uint8_t **buf)
+{
+    *buf = r->buf[r->slot];
+    return bfs__writer_wait_job(&r->w, r->bufjob[r->slot]);
+}
+
+void bfs__slot_pushed(bfs_run *r)
+{
+    r->bufjob[r->slot] = bfs__writer_pushed(&r->w);
+    r->slot = (r->slot + 1) % r->ring.n;
+}
+
+/* A unit's job to the writer (slot: it fills the ring's buffer r->slot). A file is begun
+ * (bfs__rank_start) only once the file before it is committed, which waits for the writer
+ * to end it: until the writer has, this file's units wait in the ring, up to ring.n - 1 of
+ * them, so the dequant goes on while the writer writes the last file's tail; then they are
+ * queued behind the new file's header, in order. */
+static int bfs__unit_push(bfs_run *r, bfs_rank *rk, const bfs_wjob *j, bool slot)
+{
+    int rc = 0;
+    if (!rk->opened) {
+        const bfs_rank *prev = &r->rank[r->rank_cur ^ 1];
+        if (j && prev->active && r->npend < r->ring.n - 1 && !bfs__writer_file_ended(&r->w, prev->wslot)) {
+            r->pend[r->npend] = *j;
+            r->pend_slot[r->npend++] = slot ? r->slot : -1;
+            if (slot)
+                r->slot = (r->slot + 1) % r->ring.n;
+            return 0;
+        }
+        BFS_TRY(bfs__rank_start(r, rk));
+        for (int i = 0; i < r->npend; i++) {
+            BFS_TRY(bfs__writer_push(&r->w, &r->pend[i]));
+            if (r->pend_slot[i] >= 0)
+                r->bufjob[r->pend_slot[i]] = bfs__writer_pushed(&r->w);
+        }
+        r->npend = 0;
+    }
+    if (j) {
+        BFS_TRY(bfs__writer_push(&r->w, j));
+        if (slot)
+            bfs__slot_pushed(r);
+    }
+cleanup:
+    return rc;
+}
+
 /* One unit between its identity checks: its kernel (timed), then its source bytes hashed --
  * the bytes the kernel read, since nothing wrote the file after the check before it. */
 static int bfs__run_unit(bfs_run *r, const bfs_unit *u)
@@ -169,31 +218,29 @@ static int bfs__run_unit(bfs_run *r, const bfs_unit *u)
 }
 
 /* Units of one piece through the backend into the writer; r->slot is the buffer to fill
- * next (it alternates over the whole run: the writer may still be on the last file's
- * last unit when the next file's first one is filled). */
+ * next (round the ring over the whole run: the writer may still be on the last file's
+ * last units when the next file's first ones are filled). */
 static int bfs__write_piece(bfs_run *r, const bfs_outfile *of, size_t pi)
 {
     int rc = 0;
     const bfs_piece *pc = &of->pieces[pi];
     const bfs_ltensor *t = &r->plan->t[pc->tensor];
     const uint64_t row_bytes = t->row_elems * bfs__dtype_size(t->out_dtype);
-    const uint64_t rows_per_unit = row_bytes ? r->unit_bytes / row_bytes : UINT64_MAX;
+    const uint64_t rows_per_unit = bfs__unit_rows(&r->ring, row_bytes);
     uint64_t row = pc->row0, off = pc->offset;
     bfs_rank *const rk = &r->rank[r->rank_cur];
-    if (pc->row0 == pc->row1 || row_bytes == 0) { /* empty piece: hash of nothing */
-        if (!rk->opened)
-            BFS_TRY(bfs__rank_start(r, rk));
-        return bfs__writer_push(&r->w, &(bfs_wjob){.buf = "", .len = 0, .off = off, .piece = (int)pi, .piece_end = true});
-    }
+    if (pc->row0 == pc->row1 || row_bytes == 0) /* empty piece: hash of nothing */
+        return bfs__unit_push(r, rk, &(bfs_wjob){.buf = "", .len = 0, .off = off, .piece = (int)pi, .piece_end = true},
+                              false);
     while (row < pc->row1) {
         if (bfs__cancelled())
             BFS_FAIL(BFS_EINTR, "interrupted while writing %s (tensor \"%s\")", of->name, t->name);
         const uint64_t n = pc->row1 - row < rows_per_unit ? pc->row1 - row : rows_per_unit;
         /* at buffer + off % 4096: the writer writes it O_DIRECT from there (writer.h) */
-        uint8_t *const out = r->buf[r->slot] + off % BFS_DIO_ALIGN;
+        uint8_t *buf;
+        BFS_TRY(bfs__slot_take(r, &buf)); /* the writer is done with it */
+        uint8_t *const out = buf + off % BFS_DIO_ALIGN;
         bfs_unit u = {.t = t, .row0 = row, .row1 = row + n, .out = out};
-        /* the buffer we are about to fill was queued two jobs ago: wait for it */
-        BFS_TRY(bfs__writer_wait(&r->w, 1));
         if (row + n < pc->row1) {
             const bfs_unit next = {.t = t, .row0 = row + n, .row1 = pc->row1 < row + 2 * n ? pc->row1 : row + 2 * n};
             bfs__advise_sources(r->in, &next, false);
@@ -204,12 +251,9 @@ static int bfs__write_piece(bfs_run *r, const bfs_outfile *of, size_t pi)
         bfs__advise_sources(r->in, &u, true);
         const bfs_wjob j = {.buf = out, .len = (size_t)(n * row_bytes), .off = off, .piece = (int)pi,
                             .piece_end = row + n == pc->row1, .headroom = true};
-        /* a file's first unit was dequantized while the writer wrote the last file's
-         * last one: now that file is committed, and this one begun */
-        if (!rk->opened)
-            BFS_TRY(bfs__rank_start(r, rk));
-        BFS_TRY(bfs__writer_push(&r->w, &j));
-        r->slot ^= 1;
+        /* a file's first units are dequantized while the writer writes the last file's last
+         * ones: this one is begun once that one is committed (bfs__unit_push) */
+        BFS_TRY(bfs__unit_push(r, rk, &j, true));
         row += n;
         off += n * row_bytes;
         bfs__progress(r, t->name);
@@ -218,9 +262,10 @@ cleanup:
     return rc;
 }
 
-/* A rank file's commit: the writer's end of it (its last unit was written while the
- * next file's first unit was dequantized), the compressed copy, fdatasync, rename,
- * journal line. From bfs__rank_start of the next file, or at the end of the run. */
+/* A rank file's commit: the writer's end of it (its last units were written while the
+ * next file's first ones were dequantized), the compressed copy, fdatasync, rename,
+ * journal line. From bfs__rank_poll once the writer has ended it, from bfs__write_file
+ * two files later at the latest, or at the end of the run: always in file order. */
 static int bfs__rank_finish(bfs_run *r, bfs_rank *k)
 {
     int rc = 0;
@@ -248,9 +293,10 @@ cleanup:
 }
 
 /* The file before committed (bfs__rank_finish), then this one's temporary opened, given
- * to the writer, its header queued: when its first unit is ready (bfs__write_piece),
- * so that the writer writes the last file's last unit meanwhile, and a file is never
- * begun before the one before it is committed. */
+ * to the writer, its header queued: once the writer has ended the file before, or the
+ * ring is full of this one's units (bfs__unit_push), so that the writer writes the last
+ * file's last units meanwhile, and a file is never begun before the one before it is
+ * committed. */
 static int bfs__rank_start(bfs_run *r, bfs_rank *k)
 {
     int rc = 0;
@@ -320,12 +366,13 @@ static int bfs__write_batch(bfs_run *r, const bfs_outfile *of, size_t p0, size_t
     int rc = 0;
     bfs_rank *const rk = &r->rank[r->rank_cur];
     const uint64_t off0 = of->pieces[p0].offset;
-    uint8_t *const out = r->buf[r->slot] + off0 % BFS_DIO_ALIGN;
     const bfs_ltensor *last = &r->plan->t[of->pieces[p1 - 1].tensor];
     uint64_t len = 0;
+    uint8_t *buf;
     if (bfs__cancelled())
         BFS_FAIL(BFS_EINTR, "interrupted while writing %s (tensor \"%s\")", of->name, last->name);
-    BFS_TRY(bfs__writer_wait(&r->w, 1)); /* the buffer we are about to fill was queued two jobs ago */
+    BFS_TRY(bfs__slot_take(r, &buf)); /* the writer is done with it */
+    uint8_t *const out = buf + off0 % BFS_DIO_ALIGN;
     BFS_TRY(bfs__check_batch(r, of, p0, p1));
     for (size_t k = p0; k < p1; k++) {
         const bfs_piece *pc = &of->pieces[k];
@@ -337,11 +384,9 @@ static int bfs__write_batch(bfs_run *r, const bfs_outfile *of, size_t p0, size_t
     }
     BFS_TRY(bfs__check_batch(r, of, p0, p1));
     bfs__release_batch(r, of, p0, p1);
-    if (!rk->opened)
-        BFS_TRY(bfs__rank_start(r, rk));
-    BFS_TRY(bfs__writer_push(&r->w, &(bfs_wjob){.buf = out, .len = (size_t)len, .off = off0, .piece = (int)p0,
-                                                .piece_last = (int)(p1 - 1), .piece_end = true, .headroom = true}));
-    r->slot ^= 1;
+    BFS_TRY(bfs__unit_push(r, rk, &(bfs_wjob){.buf = out, .len = (size_t)len, .off = off0, .piece = (int)p0,
+                                              .piece_last = (int)(p1 - 1), .piece_end = true, .headroom = true},
+                           true));
     bfs__progress(r, last->name);
 cleanup:
     return rc;
@@ -364,8 +409,7 @@ int bfs__write_file(bfs_run *r, int fidx)
         else
             BFS_TRY(bfs__write_piece(r, of, pi));
     }
-    if (!k->opened) /* no pieces */
-        BFS_TRY(bfs__rank_start(r, k));
+    BFS_TRY(bfs__unit_push(r, k, NULL, false)); /* begun, its waiting units queued (or no pieces) */
     BFS_TRY(bfs__writer_end_file(&r->w, r->file_hex[fidx]));
 cleanup:
     return rc; /* on failure, bfs__ranks_abort */
@@ -383,6 +427,7 @@ void bfs__ranks_abort(bfs_run *r)
 {
     if (r->w.started)
         bfs__writer_wait(&r->w, 0); /* the writer may still hold our buffers and files */
+    r->npend = 0; /* units that waited for their file: never queued */
     for (int i = 0; i < 2; i++) {
         r->rank[i].active = false;
         bfs__rank_free(&r->rank[i]);
@@ -427,12 +472,12 @@ int bfs__rehash_pieces(bfs_run *r, int fidx)
         rc = bfs__err(BFS_ENOMEM, "out of memory");
     for (size_t pi = 0; pi < of->npieces && rc == 0; pi++) {
         XXH3_128bits_reset(st);
-        rc = bfs__hash_range(fd, of->pieces[pi].offset, of->pieces[pi].nbytes, r->buf[0], (size_t)r->unit_bytes,
+        rc = bfs__hash_range(fd, of->pieces[pi].offset, of->pieces[pi].nbytes, r->buf[0], (size_t)r->ring.slot,
                              of->name, st);
         bfs__hash_hex(XXH3_128bits_digest(st), r->piece_hex[fidx][pi]);
     }
     if (rc == 0 && sha)
-        rc = bfs__hash_range2(fd, 0, of->size, r->buf[0], (size_t)r->unit_bytes, of->name, NULL, sha);
+        rc = bfs__hash_range2(fd, 0, of->size, r->buf[0], (size_t)r->ring.slot, of->name, NULL, sha);
     if (rc == 0 && sha)
         rc = bfs__sha256_hex(sha, r->file_sha[fidx]);
     bfs__sha256_free(sha);

@@ -103,17 +103,16 @@ int bfs_inspect(const char *input_arg, const bfs_convert_opts *o_arg, int as_jso
     if (o->ranks)
         BFS_TRY(bfs__inspect_part(in, p, o, &pp));
 
-    /* what convert will allocate: its rule, bfs__unit_budget */
-    uint64_t mem = 0, unit = 0;
+    /* what convert will allocate: its rule, bfs__ring_budget */
+    uint64_t mem = 0;
     BFS_TRY(bfs__pick_mem(in, p, pp.mine, o, &mem));
-    const bool fits = bfs__unit_budget(p, pp.mine, mem, &unit); /* --ranks: the files convert writes */
-    const uint64_t peak = 2 * unit;
-    bfs_mem_model mm;
+    bfs_ring ring;
+    const bool fits = bfs__ring_budget(p, pp.mine, mem, &ring); /* --ranks: the files convert writes */
+    const uint64_t peak = (uint64_t)ring.n * ring.slot;
+    bfs_mem_model mm = {0};
     uint64_t rss = 0;
     if (fits)
         BFS_TRY(bfs__predict_rss(p, pp.mine, mem, o->threads, bfs__base_rss(in, p, pp.mine), &mm, &rss));
-    else
-        memset(&mm, 0, sizeof mm);
     uint64_t in_bytes = 0;
     for (int i = 0; i < in->nfiles; i++)
         in_bytes += in->files[i].size;
@@ -160,9 +159,10 @@ int bfs_inspect(const char *input_arg, const bfs_convert_opts *o_arg, int as_jso
                                                     (json_int_t)pp.write, "bytes_to_read", (json_int_t)pp.read,
                                                     "source_bytes_to_hash", (json_int_t)pp.hashed, "input_bytes",
                                                     (json_int_t)in_bytes));
-    json_object_set_new(root, "memory", json_pack("{s:I, s:I, s:I, s:b, s:I}", "budget", (json_int_t)mem,
-                                                  "host_buffers", (json_int_t)peak, "smallest_unit",
-                                                  (json_int_t)p->max_row_bytes, "fits", fits, "min_mem",
+    json_object_set_new(root, "memory", json_pack("{s:I, s:I, s:i, s:I, s:I, s:I, s:b, s:I}", "budget", (json_int_t)mem,
+                                                  "host_buffers", (json_int_t)peak, "buffers", ring.n, "buffer_bytes",
+                                                  (json_int_t)ring.slot, "unit_bytes", (json_int_t)ring.unit,
+                                                  "smallest_unit", (json_int_t)p->max_row_bytes, "fits", fits, "min_mem",
                                                   (json_int_t)(2 * p->max_row_bytes)));
     json_object_set_new(json_object_get(root, "memory"), "peak_rss",
                         json_pack("{s:I, s:I, s:I, s:I, s:I}", "predicted", (json_int_t)rss, "buffers_touched",
@@ -202,8 +202,9 @@ int bfs_inspect(const char *input_arg, const bfs_convert_opts *o_arg, int as_jso
             if (!pp.mine || pp.mine[f])
                 fprintf(out, "  %s %-50s %5zu tensors %14llu bytes\n", o->layout == BFS_LAYOUT_HF ? "file" : "rank",
                     p->files[f].name, p->files[f].npieces, (unsigned long long)p->files[f].size);
-        fprintf(out, "\nmemory: host buffers %llu bytes (2 units of at most --mem/2 = %llu); smallest unit %llu bytes%s\n",
-                (unsigned long long)peak, (unsigned long long)(mem / 2), (unsigned long long)p->max_row_bytes,
+        fprintf(out, "\nmemory: host buffers %llu bytes (a ring of %d x %llu: units of ~%llu bytes, at most --mem/2 = "
+                "%llu); smallest unit %llu bytes%s\n", (unsigned long long)peak, ring.n, (unsigned long long)ring.slot,
+                (unsigned long long)ring.unit, (unsigned long long)(mem / 2), (unsigned long long)p->max_row_bytes,
                 fits ? "" : " -- DOES NOT FIT: raise --mem");
         if (!fits)
             fprintf(out, "        use --mem %llu or more\n", (unsigned long long)(2 * p->max_row_bytes));

@@ -14,26 +14,38 @@
 #include <string.h>
 #include <unistd.h>
 
-bool bfs__unit_budget(const bfs_plan *p, const bool *mine, uint64_t mem, uint64_t *unit_bytes)
+bool bfs__ring_budget(const bfs_plan *p, const bool *mine, uint64_t mem, bfs_ring *rg)
 {
     if (!mem)
         mem = BFS_DEFAULT_MEM;
-    uint64_t unit = mem / 2, need = 64, data = 0;
+    uint64_t unit = mem / 2 < BFS_UNIT_BYTES ? mem / 2 : BFS_UNIT_BYTES, need = 64, data = 0, row = 0;
     for (int f = 0; f < p->nfiles; f++) {
         if (mine && !mine[f])
             continue;
         const uint64_t d = p->files[f].size - p->files[f].data_start;
         data = d > data ? d : data;
-        for (size_t i = 0; i < p->files[f].npieces; i++)
-            if (p->files[f].pieces[i].nbytes > need)
-                need = p->files[f].pieces[i].nbytes;
+        for (size_t i = 0; i < p->files[f].npieces; i++) {
+            const bfs_piece *pc = &p->files[f].pieces[i];
+            const bfs_ltensor *t = &p->t[pc->tensor];
+            const uint64_t rb = t->row_elems * bfs__dtype_size(t->out_dtype);
+            need = pc->nbytes > need ? pc->nbytes : need;
+            if (pc->row1 > pc->row0 && rb > row)
+                row = rb;
+        }
     }
     /* room for batches of small pieces, where a file holds that many bytes */
     const uint64_t batch = data < BFS_BATCH_BYTES ? data : BFS_BATCH_BYTES;
     need = batch > need ? batch : need;
     if (unit > need)
         unit = need;
-    *unit_bytes = (unit + 4095) & ~4095ull;
+    rg->unit = (unit + 4095) & ~4095ull;
+    const uint64_t slot = (rg->unit > row ? rg->unit : row + 4095) & ~4095ull;
+    rg->slot = slot;
+    /* the useful ring: BFS_RING_BYTES or 4 buffers; at most --mem, at least 2 buffers */
+    uint64_t ring = BFS_RING_BYTES > 4 * slot ? BFS_RING_BYTES : 4 * slot;
+    ring = ring < mem ? ring : mem;
+    const uint64_t n = ring / slot;
+    rg->n = n < 2 ? 2 : n > BFS_RING_MAX ? BFS_RING_MAX : (int)n;
     return p->max_row_bytes <= mem / 2;
 }
 
@@ -121,11 +133,11 @@ size_t bfs__batch_pages(const bfs_plan *p, const bfs_outfile *of, size_t p0, siz
 int bfs__mem_model(const bfs_plan *p, const bool *mine, uint64_t mem, int nthreads, bfs_mem_model *m)
 {
     memset(m, 0, sizeof *m);
-    if (!bfs__unit_budget(p, mine, mem, &m->unit_bytes))
+    if (!bfs__ring_budget(p, mine, mem, &m->ring))
         return bfs__err(BFS_ENOMEM, "--mem %llu is too small for this plan", (unsigned long long)mem);
     const uint64_t pg = 4096;
-    uint64_t touched[2] = {0, 0}, header = 0;
-    int slot = 0; /* convert alternates the buffers over the whole run */
+    uint64_t touched[BFS_RING_MAX] = {0}, header = 0, sum = 0;
+    int slot = 0; /* convert goes round the ring over the whole run */
     bfs_prange *pr = malloc(BFS_BATCH_MAX * BFS_UNIT_MAX_SRC * sizeof *pr);
     if (!pr)
         return bfs__err(BFS_ENOMEM, "out of memory");
@@ -135,22 +147,25 @@ int bfs__mem_model(const bfs_plan *p, const bool *mine, uint64_t mem, int nthrea
         const bfs_outfile *of = &p->files[f];
         header = of->data_start > header ? of->data_start : header;
         for (size_t pi = 0; pi < of->npieces;) {
-            const size_t pe = bfs__batch_end(p, of, pi, m->unit_bytes);
+            const size_t pe = bfs__batch_end(p, of, pi, m->ring.unit);
             if (pe > pi + 1) { /* a batch, as bfs__write_batch runs it */
                 uint64_t len = 0, in = 0;
                 for (size_t k = pi; k < pe; k++)
                     len += of->pieces[k].nbytes;
                 const uint64_t bp = bfs__buf_page(); /* the buffer's pages: maybe huge */
                 const uint64_t end = (of->pieces[pi].offset % BFS_DIO_ALIGN + len + bp - 1) / bp * bp;
-                touched[slot] = end > touched[slot] ? end : touched[slot];
+                if (end > touched[slot]) {
+                    sum += end - touched[slot];
+                    touched[slot] = end;
+                }
                 const size_t nr = bfs__batch_pages(p, of, pi, pe, pg, false, pr);
                 for (size_t i = 0; i < nr; i++)
                     in += pr[i].b - pr[i].a;
-                if (touched[0] + touched[1] + in > m->buffers + m->input) {
-                    m->buffers = touched[0] + touched[1];
+                if (sum + in > m->buffers + m->input) {
+                    m->buffers = sum;
                     m->input = in;
                 }
-                slot ^= 1;
+                slot = (slot + 1) % m->ring.n;
                 pi = pe;
                 continue;
             }
@@ -159,13 +174,16 @@ int bfs__mem_model(const bfs_plan *p, const bool *mine, uint64_t mem, int nthrea
             const uint64_t row_bytes = t->row_elems * bfs__dtype_size(t->out_dtype);
             if (pc->row0 == pc->row1 || row_bytes == 0)
                 continue;
-            const uint64_t rows_per_unit = m->unit_bytes / row_bytes;
+            const uint64_t rows_per_unit = bfs__unit_rows(&m->ring, row_bytes);
             uint64_t off = pc->offset;
             for (uint64_t row = pc->row0; row < pc->row1;) { /* as bfs__write_piece cuts them */
                 const uint64_t n = pc->row1 - row < rows_per_unit ? pc->row1 - row : rows_per_unit;
                 const uint64_t bp = bfs__buf_page(); /* the buffer's pages: maybe huge */
                 const uint64_t end = (off % BFS_DIO_ALIGN + n * row_bytes + bp - 1) / bp * bp;
-                touched[slot] = end > touched[slot] ? end : touched[slot];
+                if (end > touched[slot]) {
+                    sum += end - touched[slot];
+                    touched[slot] = end;
+                }
                 bfs_srange s[BFS_UNIT_MAX_SRC];
                 const bfs_unit u = {.t = t, .row0 = row, .row1 = row + n};
                 const int ns = bfs__unit_sources(&u, s);
@@ -176,18 +194,18 @@ int bfs__mem_model(const bfs_plan *p, const bool *mine, uint64_t mem, int nthrea
                         in += (a + s[i].len + pg - 1) / pg * pg - a / pg * pg;
                     }
                 /* the buffers keep their pages; the unit's input pages go after it */
-                if (touched[0] + touched[1] + in > m->buffers + m->input) {
-                    m->buffers = touched[0] + touched[1];
+                if (sum + in > m->buffers + m->input) {
+                    m->buffers = sum;
                     m->input = in;
                 }
-                slot ^= 1;
+                slot = (slot + 1) % m->ring.n;
                 row += n;
                 off += n * row_bytes;
             }
         }
     }
     free(pr);
-    m->unit_bytes += BFS_DIO_ALIGN;
+    m->unit_bytes = m->ring.slot + BFS_DIO_ALIGN;
     /* two files' carries: the next file's header while the last one ends */
     const uint64_t carry = header + BFS_DIO_ALIGN < BFS_CARRY_BYTES ? header + BFS_DIO_ALIGN : BFS_CARRY_BYTES;
     m->fixed = 2 * carry + BFS_SRC_HASH_WINDOW + (uint64_t)(nthreads + 2) * (64u << 10);

@@ -1,5 +1,5 @@
-/* How a conversion's work and memory are sized (units.c): the unit budget (THE rule for
- * the two unit buffers: convert allocates them, inspect reports them), batches of small
+/* How a conversion's work and memory are sized (units.c): the ring of unit buffers (THE
+ * rule: convert allocates them, inspect reports them), batches of small
  * pieces and the input pages they read, the buffers' page size, and the memory model a
  * run touches, from which inspect predicts the peak RSS and convert --max-rss picks --mem. */
 #ifndef BFS_UNITS_H
@@ -18,13 +18,31 @@
 /* the writer's carry buffer (its own allocation, counted by inspect) */
 #define BFS_CARRY_BYTES (1u << 20)
 
-/* Size of each of the two unit buffers for --mem `mem` (0: the default): mem/2, no
- * bigger than the largest piece needs (at least 64 bytes) or BFS_BATCH_BYTES (for
- * batches of small pieces) when the largest file's data holds that much, rounded up
- * to 4 KiB. mine: per output file, whether this run writes it (NULL: all). Returns
- * false when the largest indivisible unit (one dim-0 row) exceeds mem/2. */
+/* The ring of unit buffers (issue 25: keep the disk busy). Units of about BFS_UNIT_BYTES
+ * (never less than one dim-0 row, never more than --mem/2, no bigger than the largest
+ * piece or batch needs), each dequantized into the next of `n` buffers and drained by the
+ * writer in order, so the writer always has the next unit queued, across tensors and rank
+ * files. The ring is --mem up to BFS_RING_BYTES or 4 buffers, whichever is more: beyond
+ * that a bigger --mem buys no more overlap, only coarser units, bubbles and first-touch
+ * faults (issue 25: --mem 1G was slower than 64M), so it is not used. 2 <= n <= BFS_RING_MAX. */
+#define BFS_UNIT_BYTES (8ull << 20)
+#define BFS_RING_BYTES (64ull << 20)
+#define BFS_RING_MAX 16
+typedef struct bfs_ring {
+    uint64_t unit;  /* a unit's target bytes: rows per unit = max(1, unit / row bytes) */
+    uint64_t slot;  /* each buffer's capacity: the largest unit (a row may pass `unit`) */
+    int n;          /* buffers */
+} bfs_ring;
+/* The ring for --mem `mem` (0: the default). mine: per output file, whether this run
+ * writes it (NULL: all). Returns false when the largest indivisible unit (one dim-0 row)
+ * exceeds mem/2 (two must be in flight). */
 #define BFS_BATCH_BYTES (8ull << 20)
-bool bfs__unit_budget(const bfs_plan *p, const bool *mine, uint64_t mem, uint64_t *unit_bytes);
+bool bfs__ring_budget(const bfs_plan *p, const bool *mine, uint64_t mem, bfs_ring *rg);
+/* rows of a tensor whose rows are row_bytes long in one unit (convert and the model alike) */
+static inline uint64_t bfs__unit_rows(const bfs_ring *rg, uint64_t row_bytes)
+{
+    return row_bytes == 0 ? UINT64_MAX : rg->unit / row_bytes > 0 ? rg->unit / row_bytes : 1;
+}
 
 /* Batches: consecutive whole pieces of one file whose bytes together fit one unit
  * buffer and BFS_BATCH_BYTES go through the pipeline as ONE unit (one identity check, one writer job, one
@@ -58,9 +76,10 @@ uint64_t bfs__buf_page(void);
  * them (bfs__mem_model walks the same units): what inspect adds to its own resident
  * set (the program, the plan, the input headers) to predict convert's peak RSS. */
 typedef struct bfs_mem_model {
-    uint64_t unit_bytes;   /* each buffer's capacity (bfs__unit_budget), + BFS_DIO_ALIGN headroom */
+    bfs_ring ring;         /* bfs__ring_budget's */
+    uint64_t unit_bytes;   /* each buffer's capacity (ring.slot), + BFS_DIO_ALIGN headroom */
     /* at the unit where their sum peaks: */
-    uint64_t buffers;      /* pages of the two buffers touched so far (they keep them) */
+    uint64_t buffers;      /* pages of the ring's buffers touched so far (they keep them) */
     uint64_t input;        /* mapped input pages the unit reads (released after it) */
     uint64_t fixed;        /* the writer's carry, the source-hash window, thread stacks */
 } bfs_mem_model;

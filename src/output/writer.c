@@ -1,6 +1,6 @@
 /*
  * The writer (see writer.h): hashes in the pushing thread, writes in its own thread,
- * one unit buffer at a time while the backend fills the other.
+ * the ring's unit buffers in order while the backend fills the next ones.
  *
  * O_DIRECT: safetensors has no gaps between tensors, so a unit's file offset is
  * rarely block-aligned. convert puts each unit's output at buffer + off % 4096 (the
@@ -221,8 +221,9 @@ static void bfs__writer_retire(bfs_writer *w)
         const bfs_wjob *j = &w->q[w->head];
         if (j->end)
             w->files[j->file].ended = true;
-        w->head = (w->head + 1) % 2;
+        w->head = (w->head + 1) % BFS_WQ_MAX;
         w->count--;
+        w->retired++;
         w->nwrite--;
         if (w->sha)
             w->nsha--;
@@ -239,7 +240,7 @@ static void *bfs__writer_main(void *p)
             pthread_cond_wait(&w->cv, &w->mu);
         if (w->nwrite == w->count && w->stop)
             break;
-        const bfs_wjob j = w->q[(w->head + w->nwrite) % 2];
+        const bfs_wjob j = w->q[(w->head + w->nwrite) % BFS_WQ_MAX];
         const bool failed = w->rc < 0;
         pthread_mutex_unlock(&w->mu);
         int rc = 0;
@@ -268,7 +269,7 @@ static void *bfs__sha_main(void *p)
             pthread_cond_wait(&w->cv, &w->mu);
         if (w->nsha == w->count && w->stop)
             break;
-        const bfs_wjob j = w->q[(w->head + w->nsha) % 2];
+        const bfs_wjob j = w->q[(w->head + w->nsha) % BFS_WQ_MAX];
         pthread_mutex_unlock(&w->mu);
         const double t0 = bfs__wnow();
         bfs_wfile *const f = &w->files[j.file];
@@ -463,10 +464,11 @@ int bfs__writer_push(bfs_writer *w, const bfs_wjob *jin)
         bfs__writer_hash(w, &j);
     const double t0 = bfs__wnow();
     pthread_mutex_lock(&w->mu);
-    while (w->count == 2)
+    while (w->count == BFS_WQ_MAX)
         pthread_cond_wait(&w->cv, &w->mu);
-    w->q[(w->head + w->count) % 2] = j;
+    w->q[(w->head + w->count) % BFS_WQ_MAX] = j;
     w->count++;
+    w->pushed++;
     pthread_cond_broadcast(&w->cv);
     const int rc = w->rc;
     pthread_mutex_unlock(&w->mu);
@@ -484,4 +486,26 @@ int bfs__writer_wait(bfs_writer *w, int pending)
     pthread_mutex_unlock(&w->mu);
     w->st.wait += bfs__wnow() - t0;
     return bfs__writer_status(w, rc);
+}
+
+uint64_t bfs__writer_pushed(const bfs_writer *w) { return w->pushed; }
+
+int bfs__writer_wait_job(bfs_writer *w, uint64_t n)
+{
+    const double t0 = bfs__wnow();
+    pthread_mutex_lock(&w->mu);
+    while (w->retired < n)
+        pthread_cond_wait(&w->cv, &w->mu);
+    const int rc = w->rc;
+    pthread_mutex_unlock(&w->mu);
+    w->st.wait += bfs__wnow() - t0;
+    return bfs__writer_status(w, rc);
+}
+
+bool bfs__writer_file_ended(bfs_writer *w, int file)
+{
+    pthread_mutex_lock(&w->mu);
+    const bool e = w->files[file].ended;
+    pthread_mutex_unlock(&w->mu);
+    return e;
 }

@@ -7,9 +7,11 @@
  * bounds the dirty page cache where it must write buffered. With sha256 on (convert
  * --sha256) a third thread hashes each job's bytes with SHA-256 while the writer writes
  * them (a job's buffer is free again once both are done with it). It holds two files (the
- * last one may end while the next one's jobs queue; convert commits the last one
- * before it begins the next, after dequantizing the next one's first unit). Two buffers
- * are in flight; their size, batches and the memory model are units.h's. */
+ * next one's jobs queue behind the last one's end; convert commits the last one once the
+ * writer has ended it, while the writer writes the next). Up to BFS_WQ_MAX jobs queue: the
+ * ring of unit buffers (units.h: their size, batches and the memory model) and the
+ * headers and ends between them; each job's number (bfs__writer_pushed) tells when its
+ * buffer is free again (bfs__writer_wait_job). */
 #ifndef BFS_WRITER_H
 #define BFS_WRITER_H
 
@@ -70,13 +72,15 @@ typedef struct bfs_wfile {
     char sha_hex[65];  /* its digest, once the file's end job is done */
 } bfs_wfile;
 
+#define BFS_WQ_MAX 64
 typedef struct bfs_writer {
     pthread_t tid;
     bool started;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    bfs_wjob q[2];
-    int head, count;   /* ring of at most 2 jobs not yet done with (written, and hashed when sha) */
+    bfs_wjob q[BFS_WQ_MAX];
+    int head, count;   /* ring of at most BFS_WQ_MAX jobs not yet done with (written, and hashed when sha) */
+    uint64_t pushed, retired; /* jobs queued and done with over the writer's life (under mu) */
     int nwrite, nsha;  /* of those, from head: how many the writer wrote, the sha thread hashed */
     bool sha;          /* set before bfs__writer_start: SHA-256 of every file (convert --sha256) */
     pthread_t sha_tid;
@@ -116,11 +120,18 @@ int bfs__writer_end_file(bfs_writer *w, char hex[33]);
 int bfs__writer_wait_file(bfs_writer *w, int file);
 /* After bfs__writer_wait_file: the SHA-256 of the file in slot `file` (w->sha on), hex. */
 const char *bfs__writer_file_sha256(const bfs_writer *w, int file);
-/* Hash the job, then queue it; blocks while 2 are pending. The buffer (and its
+/* Hash the job, then queue it; blocks while BFS_WQ_MAX are pending. The buffer (and its
  * headroom) must stay untouched until bfs__writer_wait says it is free again. Returns
  * the writer's first failure (its message made the caller's), else 0. */
 int bfs__writer_push(bfs_writer *w, const bfs_wjob *j);
 /* Wait until at most `pending` jobs remain queued or running; returns as push. */
 int bfs__writer_wait(bfs_writer *w, int pending);
+/* The number of jobs pushed so far (the pushing thread's: right after a push, that job's
+ * number + 1); bfs__writer_wait_job(w, n): wait until the first n jobs are done with (their
+ * buffers free again); returns as push. */
+uint64_t bfs__writer_pushed(const bfs_writer *w);
+int bfs__writer_wait_job(bfs_writer *w, uint64_t n);
+/* Whether the writer has run the end of the file in slot `file` (does not wait). */
+bool bfs__writer_file_ended(bfs_writer *w, int file);
 
 #endif
