@@ -547,16 +547,19 @@ class Bench:
             return sum(os.path.getsize(os.path.join(o, f)) for f in os.listdir(o)
                        if f == "bfshard.manifest.json" or f.startswith("bfshard.part-"))
 
+        def slices_bytes(o):  # manifest v2: each rank file's slice index (docs/MANIFEST.md)
+            return sum(os.path.getsize(os.path.join(o, f)) for f in os.listdir(o) if f.endswith(".slices"))
+
         for W in a.scale_worlds:
             rmtree(out)
             r = timed(self.convert_cmd(d, out, world=W))
             if r["rc"] != 0:
                 self.note(f"scale: convert W={W} failed (rc {r['rc']}): {r.get('stderr', '')[-300:]}")
                 continue
-            mb = manifest_bytes(out)
+            mb, sb = manifest_bytes(out), slices_bytes(out)
             v = timed([self.bfshard, "verify", out, "--quiet"])
             res["whole"].append({"world": W, "wall_s": r["wall_s"], "max_rss_kb": r.get("max_rss_kb"),
-                                 "manifest_bytes": mb, "verify_s": v["wall_s"], "verify_rc": v["rc"],
+                                 "manifest_bytes": mb, "slices_bytes": sb, "verify_s": v["wall_s"], "verify_rc": v["rc"],
                                  "verify_rss_kb": v.get("max_rss_kb")})
             log(f"scale: W={W}: convert {r['wall_s']:.1f} s, manifest {mb / 1e6:.0f} MB, "
                 f"verify {v['wall_s']:.1f} s (rc {v['rc']})")
@@ -576,6 +579,21 @@ class Bench:
                             "part_manifest_bytes": pm}
             log(f"scale: W={W} in 4 parts: {t:.1f} s + merge {m['wall_s']:.1f} s (rc {m['rc']}), "
                 f"each part manifest {pm / 1e6:.0f} MB")
+        if a.scale_w1024_layers:  # W = 1024 on fewer layers: 2048 files, every header lists every tensor
+            d5 = os.path.join(self.data, f"dsv3-names-L{a.scale_w1024_layers}")
+            if not os.path.isdir(d5):
+                subprocess.run([self.py, os.path.join(HERE, "gen_synth.py"), "dsv3-names", d5, "--layers",
+                                str(a.scale_w1024_layers), "--files", "163"], check=True)
+            rows = []
+            for W in (64, 1024):
+                rmtree(out)
+                r = timed(self.convert_cmd(d5, out, world=W))
+                v = timed([self.bfshard, "verify", out, "--quiet"]) if r["rc"] == 0 else {"wall_s": None, "rc": None}
+                rows.append({"world": W, "wall_s": r["wall_s"], "rc": r["rc"], "max_rss_kb": r.get("max_rss_kb"),
+                             "manifest_bytes": manifest_bytes(out) if r["rc"] == 0 else None,
+                             "verify_s": v["wall_s"], "verify_rc": v["rc"]})
+                log(f"scale: {a.scale_w1024_layers} layers, W={W}: convert {r['wall_s']:.1f} s (rc {r['rc']})")
+            res["w1024"] = {"layers": a.scale_w1024_layers, "rows": rows}
         rmtree(out)
         self.res["scale"] = res
 
@@ -828,8 +846,8 @@ class Bench:
             by = {x["world"]: x for x in sc["whole"]}
             for x in sc["whole"]:
                 P(f"    W={x['world']:<4d} convert {x['wall_s']:7.1f} s, peak RSS {(x['max_rss_kb'] or 0) / 1e3:6.0f} MB, "
-                  f"manifest {x['manifest_bytes'] / 1e6:7.0f} MB, verify {x['verify_s']:6.1f} s "
-                  f"(peak RSS {(x['verify_rss_kb'] or 0) / 1e3:.0f} MB)")
+                  f"manifest {x['manifest_bytes'] / 1e6:7.1f} MB + slice indexes {(x.get('slices_bytes') or 0) / 1e6:.0f} MB, "
+                  f"verify {x['verify_s']:6.1f} s (peak RSS {(x['verify_rss_kb'] or 0) / 1e3:.0f} MB)")
             if 8 in by and 64 in by:
                 targ["scale_w64_vs_w8"] = [{"what": "W64/W8", "ratio": by[64]["wall_s"] / by[8]["wall_s"]}]
             pt = sc.get("parts")
@@ -839,6 +857,12 @@ class Bench:
                   f") + merge {pt['merge_s']:.1f} s; each part manifest {pt['part_manifest_bytes'] / 1e6:.0f} MB")
                 targ["parts_vs_whole"] = [{"what": "(parts+merge)/whole",
                                            "ratio": (pt["parts_s"] + pt["merge_s"]) / by[64]["wall_s"]}]
+            wk = sc.get("w1024")
+            if wk:
+                for x in wk["rows"]:
+                    P(f"    {wk['layers']} layers, W={x['world']:<4d}: convert {x['wall_s'] or 0:6.1f} s (rc {x['rc']}), "
+                      f"peak RSS {(x['max_rss_kb'] or 0) / 1e3:.0f} MB, manifest {(x['manifest_bytes'] or 0) / 1e6:.1f} MB, "
+                      f"verify {x['verify_s'] or 0:.1f} s")
         lower = ("rss_growth", "time_linear", "rss_predicted", "scale_w64_vs_w8", "parts_vs_whole",
                  "mem_1g_vs_64m")  # lower is better
         for key, lim in list(TARGETS.items()) + list(INFO_ONLY.items()):
@@ -946,6 +970,8 @@ def main():
     ap.add_argument("--scale-layers", type=int, default=61,
                     help="issue 22: DeepSeek-V3-named layers of the scale case (61 = all, 92k tensors; 0 skips)")
     ap.add_argument("--scale-worlds", default="8,64,256", help="issue 22: world sizes of the scale case")
+    ap.add_argument("--scale-w1024-layers", type=int, default=5,
+                    help="issue 22: layers of the W=1024 row (and its W=64 baseline); 0 skips")
     ap.add_argument("--kernels", type=int, default=1)
     ap.add_argument("--kreps", type=int, default=5, help="threads_bench repetitions")
     ap.add_argument("--kb-reps", type=int, default=25, help="kernels_bench repetitions (best of)")
