@@ -220,7 +220,8 @@ static int bfs__write_manifest(bfs_run *r)
         BFS_FAIL(BFS_ENOMEM, "out of memory");
     for (int f = 0; f < r->plan->nfiles; f++) /* each weights file's slice index (manifest v2) */
         if (!r->mine || r->mine[f])
-            BFS_TRY(bfs__slices_write(r->dirfd, r->outdir, r->plan, f, r->piece_hex[f], r->mine != NULL, shex[f],
+            BFS_TRY(bfs__slices_write(r->dirfd, r->outdir, r->plan, f, r->piece_hex[f],
+                                      r->hdr_hex && r->hdr_hex[f][0] ? r->hdr_hex[f] : NULL, r->mine != NULL, shex[f],
                                       ssha ? ssha[f] : NULL));
     const bfs_manifest_in mi = {.o = r->o, .in = r->in, .plan = r->plan, .fingerprint = r->fingerprint,
                                 .src_hex = (const char (*)[33])r->src_hex, .file_hex = (const char (*)[33])r->file_hex,
@@ -375,6 +376,7 @@ static int bfs__run_setup(bfs_run *r, const char *input)
         BFS_FAIL(BFS_ENOMEM, "out of memory");
     r->zst = calloc((size_t)nf, sizeof *r->zst);
     r->piece_hex = calloc((size_t)nf, sizeof *r->piece_hex);
+    r->hdr_hex = calloc((size_t)nf, sizeof *r->hdr_hex); /* NULL: each slice index builds its header again */
     r->reused = calloc((size_t)nf, sizeof *r->reused);
     r->src_hex = calloc((size_t)r->in->nfiles, sizeof *r->src_hex);
     r->aux = json_array();
@@ -596,6 +598,7 @@ static void bfs__run_free(bfs_run *r, int rc)
         for (int f = 0; f < r->plan->nfiles && r->piece_hex; f++)
             free(r->piece_hex[f]);
     free(r->piece_hex);
+    free(r->hdr_hex);
     free(r->file_hex);
     free(r->file_sha);
     for (int f = 0; r->zst && r->plan && f < r->plan->nfiles; f++)

@@ -48,6 +48,7 @@ typedef struct bfs_run {
     char (*file_sha)[65];      /* per output file: SHA-256 (--sha256), else NULL */
     json_t **zst;              /* per output file: its compressed copy's manifest entry (ISSUE 7) */
     char (**piece_hex)[33];    /* per output file, per piece */
+    char (*hdr_hex)[33];       /* per output file: XXH3-128 of its header bytes, as written ("": not known) */
     bool *reused;
     char fingerprint[33];
     char (*src_hex)[33];       /* per input file */

@@ -313,6 +313,16 @@ static int bfs__rank_start(bfs_run *r, bfs_rank *k)
     for (int i = 0; i < 8; i++)
         k->lenbuf[i] = (uint8_t)(hl >> (8 * i));
     BFS_TRY(bfs__plan_header(r->plan, of, &k->header));
+    if (r->hdr_hex) { /* for its slice index (slices.c): the header's text is built once a file */
+        XXH3_state_t *st = XXH3_createState();
+        if (!st)
+            BFS_FAIL(BFS_ENOMEM, "out of memory");
+        XXH3_128bits_reset(st);
+        XXH3_128bits_update(st, k->lenbuf, 8);
+        XXH3_128bits_update(st, k->header, (size_t)hl);
+        bfs__hash_hex(XXH3_128bits_digest(st), r->hdr_hex[k->fidx]);
+        XXH3_freeState(st);
+    }
     BFS_TRY(bfs__writer_push(&r->w, &(bfs_wjob){.buf = k->lenbuf, .len = 8, .off = 0, .piece = -1}));
     BFS_TRY(bfs__writer_push(&r->w, &(bfs_wjob){.buf = k->header, .len = (size_t)hl, .off = 8, .piece = -1}));
 cleanup:

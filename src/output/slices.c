@@ -92,8 +92,8 @@ static int bfs__span_cmp(const void *x, const void *y)
     return p->i < q->i ? -1 : p->i > q->i;
 }
 
-int bfs__slices_write(int dirfd, const char *outdir, const bfs_plan *p, int f, char (*piece_hex)[33], bool shared,
-                      char hex[33], char *sha)
+int bfs__slices_write(int dirfd, const char *outdir, const bfs_plan *p, int f, char (*piece_hex)[33],
+                      const char *hdr_hex, bool shared, char hex[33], char *sha)
 {
     int rc = 0;
     const bfs_outfile *of = &p->files[f];
@@ -106,17 +106,22 @@ int bfs__slices_write(int dirfd, const char *outdir, const bfs_plan *p, int f, c
     if (!st || len > SIZE_MAX || !(buf = calloc(1, (size_t)len)) ||
         !(sp = malloc((of->npieces ? of->npieces : 1) * sizeof *sp)))
         BFS_FAIL(BFS_ENOMEM, "out of memory building %s", name);
-    BFS_TRY(bfs__plan_header(p, of, &text));
-    bfs__st_put_len(prefix, of->data_start - 8);
-    XXH3_128bits_reset(st);
-    XXH3_128bits_update(st, prefix, 8);
-    XXH3_128bits_update(st, text, (size_t)(of->data_start - 8));
-    XXH128_canonical_t hc;
-    XXH128_canonicalFromHash(&hc, XXH3_128bits_digest(st));
+    if (hdr_hex) {
+        if (!bfs__unhex16(hdr_hex, buf + 24))
+            BFS_FAIL(BFS_EINTERNAL, "%s: no header hash", of->name);
+    } else {
+        BFS_TRY(bfs__plan_header(p, of, &text));
+        bfs__st_put_len(prefix, of->data_start - 8);
+        XXH3_128bits_reset(st);
+        XXH3_128bits_update(st, prefix, 8);
+        XXH3_128bits_update(st, text, (size_t)(of->data_start - 8));
+        XXH128_canonical_t hc;
+        XXH128_canonicalFromHash(&hc, XXH3_128bits_digest(st));
+        memcpy(buf + 24, hc.digest, 16);
+    }
     memcpy(buf, BFS_SLICES_MAGIC, 8);
     buf[8] = (uint8_t)BFS_SLICES_VERSION;
     bfs__put_u64(buf + 16, of->data_start);
-    memcpy(buf + 24, hc.digest, 16);
     bfs__put_u64(buf + 40, of->npieces);
     for (size_t i = 0; i < of->npieces; i++)
         sp[i] = (bfs_span){of->pieces[i].offset, of->pieces[i].offset + of->pieces[i].nbytes, i};

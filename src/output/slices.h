@@ -23,11 +23,12 @@ uint64_t bfs__slices_size(uint64_t npieces);
 /* "X.safetensors" -> "X.slices" (any other name: NAME.slices); BFS_EINTERNAL when it does not fit. */
 int bfs__slices_name(const char *weights, char *out, size_t cap);
 
-/* Build file f's index from the plan (its header text) and its pieces' hashes, write it
- * durably as OUTDIR's bfs__slices_name() (shared: parts of one OUTDIR may write at once),
- * and give its XXH3-128 (hex) and, when sha is not NULL, its SHA-256. */
-int bfs__slices_write(int dirfd, const char *outdir, const bfs_plan *p, int f, char (*piece_hex)[33], bool shared,
-                      char hex[33], char *sha);
+/* Build file f's index from its header's hash (hdr_hex, the writer's; NULL: hashed here
+ * from the plan's header text) and its pieces' hashes, write it durably as OUTDIR's
+ * bfs__slices_name() (shared: parts of one OUTDIR may write at once), and give its
+ * XXH3-128 (hex) and, when sha is not NULL, its SHA-256. */
+int bfs__slices_write(int dirfd, const char *outdir, const bfs_plan *p, int f, char (*piece_hex)[33],
+                      const char *hdr_hex, bool shared, char hex[33], char *sha);
 
 /* Reading the weights file being narrowed: n bytes at off into dst (< 0: cannot, the
  * error set); and the XXH3-128 hex of [off, off + n). */
