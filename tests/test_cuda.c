@@ -532,7 +532,7 @@ static void fp8_case(size_t rows, size_t cols, size_t bh, size_t bw, int bf16)
     char name[96];
     snprintf(name, sizeof name, "fp8.%zux%zu.b%zux%zu%s.weight", rows, cols, bh, bw, bf16 ? ".bf16" : "");
     bfs_ltensor t = mk_2d(name, BFS_K_FP8, rows, cols);
-    t.fp8 = (bfs_fp8_desc){.w = w, .scale = scale, .scale_bf16 = bf16, .cols = cols, .bh = bh, .bw = bw};
+    t.fp8 = (bfs_fp8_desc){.w = w, .scale = scale, .scale_type = bf16, .cols = cols, .bh = bh, .bw = bw};
     const uint64_t budgets[] = {0, 16 * 1024, 40 * 1024 + 512};
     check_all_units(&t, rows, budgets, 3);
     free(w);
@@ -692,7 +692,7 @@ static void test_fp8_multi_gpu(void **state)
     fill_random(w, rows * cols);
     uint8_t *scale = mk_scales(((rows + 127) / 128) * ((cols + 127) / 128), 0);
     bfs_ltensor t = mk_2d("fp8.multi.weight", BFS_K_FP8, rows, cols);
-    t.fp8 = (bfs_fp8_desc){.w = w, .scale = scale, .scale_bf16 = 0, .cols = cols, .bh = 128, .bw = 128};
+    t.fp8 = (bfs_fp8_desc){.w = w, .scale = scale, .scale_type = 0, .cols = cols, .bh = 128, .bw = 128};
     bfs_backend *b = make_backend("cuda:0,1", 16 * MiB, rows * cols * 2);
     check_unit(b, &t, 0, rows, NULL);
     check_unit(b, &t, 5, rows - 1, NULL);

@@ -10,6 +10,7 @@
 extern const bfs_format bfs__format_mxfp4;
 extern const bfs_format bfs__format_bnb4;
 extern const bfs_format bfs__format_ctmx;
+extern const bfs_format bfs__format_dsv4;
 extern const bfs_format bfs__format_fp8;
 extern const bfs_format bfs__format_int4;
 extern const bfs_format bfs__format_nvfp4;
@@ -21,6 +22,7 @@ const bfs_format *const bfs__formats[] = {
     &bfs__format_mxfp4,
     &bfs__format_bnb4,
     &bfs__format_ctmx,        /* before fp8 and nvfp4: U8 (E8M0) scales are its (ctmx.c) */
+    &bfs__format_dsv4,        /* before fp8: P.weight + P.scale under quant_method fp8 (dsv4.c) */
     &bfs__format_fp8,
     &bfs__format_int4,
     &bfs__format_nvfp4,
