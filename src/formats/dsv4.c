@@ -221,7 +221,9 @@ static int bfs__dsv4_leftover(const bfs_fctx *c, bfs_raw *r, bfs_ltensor *t)
 static const char *const bfs__dsv4_methods[] = {"fp8", NULL};
 
 /* Plans BFS_K_FP8 and BFS_K_CTMX tensors but declares no kind: fp8.c and ctmx.c name them
- * (t->qname) and list their sources; the planner records this row as their claimer (t->by). */
+ * (t->qname) and list their sources; the planner records this row as their claimer (t->by).
+ * After fp8.c in the table (fp8.c is quant_method fp8's claim, tried first on every tensor,
+ * and leaves a weight with a P.scale and no V3 scale to this row). */
 const bfs_format bfs__format_dsv4 = {
     .name = "dsv4",
     .kinds = 0,

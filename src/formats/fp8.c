@@ -172,6 +172,13 @@ static int bfs__fp8_claim(const bfs_fctx *c, bfs_raw *w, bfs_ltensor *t)
         return rc;
     const char *m = bfs__qc_method(c);
     if (!sinv && !sc) {
+        char *base = bfs__str_ndup(st->name, strlen(st->name) - strlen(".weight"));
+        if (!base)
+            return bfs__err(BFS_ENOMEM, "out of memory");
+        const bfs_raw *v4 = bfs__sibling(c->in, base, ".scale", &rc);
+        free(base);
+        if (rc < 0 || v4)
+            return rc; /* DeepSeek-V4's P.scale: dsv4.c's */
         if (!bfs__qc_is_scaled(c))
             return 0; /* not an FP8-scaled checkpoint: an FP8 tensor is copied as it is */
         return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): FP8 weight without its scale (\"%s_scale_inv\" or \"%s_scale\"; config.json quantization_config.quant_method \"%s\")",
