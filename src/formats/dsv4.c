@@ -227,6 +227,7 @@ static const char *const bfs__dsv4_methods[] = {"fp8", NULL};
 const bfs_format bfs__format_dsv4 = {
     .name = "dsv4",
     .kinds = 0,
+    .borrows = BFS_KIND_BIT(BFS_K_FP8) | BFS_KIND_BIT(BFS_K_CTMX),
     .methods = bfs__dsv4_methods,
     .supports = "DeepSeek-V4 (quant_method fp8, P.scale: FP8 with E8M0 or F32 block scales, FP4 experts)",
     .layout = "P.weight F8_E4M3 or I8 (FP4 experts) + P.scale",
