@@ -293,7 +293,7 @@ int main(int argc, char **argv)
     rnd_fill(mx8, in_);
     for (size_t i = 0; i < in_ / 32; i++)
         mx_sc[i] = (uint8_t)(107 + rnd32() % 21);
-    const bfs_ctmx_desc md8 = {mx8, mx_sc, 0, IC}, md4 = {nv, mx_sc, 1, IC};
+    const bfs_ctmx_desc md8 = {mx8, mx_sc, 0, IC, 0}, md4 = {nv, mx_sc, 1, IC, 0};
     const q12_ctx q_m8 = {3, &md8, in_}, q_m4 = {3, &md4, in_};
 
     const bench_op ops[] = {

@@ -50,15 +50,29 @@ typedef void (*bfs_bnb4_fn)(const bfs_bnb4_desc *d, size_t i0, size_t i1, uint16
 /* ---- issue-12 formats (docs/FORMATS.md section 6; rules in ref_formats.h) ----------------
  * All three take elements [i0, i1) of one 2-D weight [rows][cols] (element i is row
  * i / cols, column i % cols) and write them to out (out[0] is element i0). Scales are
- * read unaligned, little-endian: float32, or bfloat16 when scale_bf16 is set. */
+ * read unaligned, little-endian: float32, or bfloat16 when scale_bf16 is set (FP8: the
+ * scale_type below). */
+
+/* How the entries of a scale array are stored (ref_formats.h bfs_scale_at). The E8M0 types
+ * are power-of-two bytes, 2^(s-127) exactly (s = 0: the subnormal 2^-127), never integers;
+ * they differ in byte 255 only, as torch decodes each storage (docs/FORMATS.md 8). */
+typedef enum bfs_scale_type {
+    BFS_SCALE_F32 = 0,
+    BFS_SCALE_BF16 = 1,
+    BFS_SCALE_E8M0 = 2,     /* U8 exponents: 255 is +inf (transformers' exp2(s - 127.0)) */
+    BFS_SCALE_E8M0_NAN = 3, /* F8_E8M0 (torch.float8_e8m0fnu): 255 is NaN */
+} bfs_scale_type;
+
+/* Bytes per entry of a scale array of type t (bfs_scale_type). */
+static inline unsigned bfs_scale_size(int t) { return t == BFS_SCALE_F32 ? 4u : t == BFS_SCALE_BF16 ? 2u : 1u; }
 
 /* FP8 E4M3 weight with a scale grid [ceil(rows/bh)][ceil(cols/bw)] (a multiplier):
  * DeepSeek-V3 block (bh = bw = 128), compressed-tensors tensor (bh = rows, bw = cols),
- * channel (bh = 1, bw = cols) or block. */
+ * channel (bh = 1, bw = cols) or block, DeepSeek-V4 block (E8M0 scales). */
 typedef struct bfs_fp8_desc {
     const uint8_t *w;      /* [rows][cols] E4M3 */
     const uint8_t *scale;  /* the grid */
-    int scale_bf16;
+    int scale_type;        /* bfs_scale_type */
     size_t cols, bh, bw;
 } bfs_fp8_desc;
 typedef void (*bfs_fp8_fn)(const bfs_fp8_desc *d, size_t i0, size_t i1, uint16_t *out);
@@ -93,12 +107,15 @@ typedef void (*bfs_nvfp4_fn)(const bfs_nvfp4_desc *d, size_t i0, size_t i1, uint
  * E8M0 scale byte per 32 elements of a row (cols % 32 == 0), scale [rows][cols / 32];
  * fp4 = 0: w is [rows][cols] E4M3; fp4 = 1: w is [rows][cols / 2] E2M1 pairs (low nibble =
  * even element, code 8 = -0.0). Element i of the tensor is w byte i (i / 2 for fp4) and scale
- * byte i / 32. Value: ref_formats.h bfs_ctmx_value (scale byte 255 is +inf, not NaN). */
+ * byte i / 32. Value: ref_formats.h bfs_ctmx_value (scale byte 255 is +inf, not NaN).
+ * DeepSeek-V4's FP4 experts (I8 pairs, the same nibbles and code 8) are this with fp4 = 1;
+ * nan255 = 1 when their scales are F8_E8M0, whose byte 255 torch decodes as NaN. */
 typedef struct bfs_ctmx_desc {
     const uint8_t *w;
     const uint8_t *scale;
     int fp4;
     size_t cols;
+    int nan255; /* scale byte 255: 0 = +inf (U8 exponents), 1 = NaN (F8_E8M0) */
 } bfs_ctmx_desc;
 typedef void (*bfs_ctmx_fn)(const bfs_ctmx_desc *d, size_t i0, size_t i1, uint16_t *out);
 

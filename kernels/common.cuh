@@ -101,8 +101,8 @@ int bfs__cu_bnb4(const bfs_cu_bnb4_args *a, cudaStream_t stream);
  * of the whole tensor that is. Values as ref_formats.h computes them, bit for bit. */
 typedef struct bfs_cu_fp8_args {
     const uint8_t *w;     /* [0] = element e0 */
-    const uint8_t *scale; /* [0] = grid row g0: [..][ceil(cols / bw)] F32 or BF16 */
-    int scale_bf16;
+    const uint8_t *scale; /* [0] = grid row g0: [..][ceil(cols / bw)] F32, BF16 or E8M0 */
+    int scale_type;       /* bfs_scale_type */
     uint64_t e0, g0;
     size_t n, cols, bh, bw;
     uint16_t *out;        /* n bf16 */
@@ -139,6 +139,7 @@ typedef struct bfs_cu_ctmx_args {
     const uint8_t *w;     /* [0] = byte b0 of the whole w array (b0 = e0, or e0 / 2 for fp4) */
     const uint8_t *scale; /* [0] = scale byte s0 = e0 / 32 */
     int fp4;
+    int nan255;           /* E8M0 byte 255: 0 = +inf (U8), 1 = NaN (F8_E8M0) */
     uint64_t e0, b0, s0;
     size_t n, cols;
     uint16_t *out;

@@ -303,7 +303,7 @@ void bfs__fp8_avx2(const bfs_fp8_desc *d, size_t i0, size_t i1, uint16_t *out)
         size_t g = c0 / bw;
         for (size_t c = c0; c < cend; g++) {
             const size_t ce = (g + 1) * bw < cend ? (g + 1) * bw : cend;
-            const float s = bfs_scale_at(d->scale, srow + g, d->scale_bf16);
+            const float s = bfs_scale_at(d->scale, srow + g, d->scale_type);
             fp8_tab *const t = &cache[g % FP8_SLOTS];
             if (t->key != bfs_f32_bits(s))
                 fp8_tab_build(s, t);

@@ -17,7 +17,8 @@
  *    is not the reference (subnormal results, overflow, the +inf of 255) multiply, element by
  *    element. Measured (one thread, AMD EPYC, medians of 3 processes): MXFP8 with an integer
  *    exponent add per element was 1.05x memcpy; by table it is the figure in README.md.
- * Groups never straddle rows (cols % 32 == 0): element i is byte i (i / 2 for MXFP4) and
+ * DeepSeek-V4's FP4 experts take the MXFP4 path; with nan255 (F8_E8M0 scales) byte 255 is
+ * NaN, a 257th table row. Groups never straddle rows (cols % 32 == 0): element i is byte i (i / 2 for MXFP4) and
  * scale byte i / 32. Heads and tails go through the reference element (bfs_ctmx_elem).
  * No FTZ/DAZ, no float arithmetic but the reference's.
  */
@@ -28,20 +29,25 @@
 
 /* ---- MXFP4 ------------------------------------------------------------------------ */
 
-/* ct_lo[s][code], ct_hi[s][code]: low and high byte of bfs_ctmx_value(e2m1[code], s). */
-static _Alignas(64) uint8_t ct_lo[256][16];
-static _Alignas(64) uint8_t ct_hi[256][16];
+/* ct_lo[s][code], ct_hi[s][code]: low and high byte of the reference value of e2m1[code]
+ * under scale byte s (255: +inf); row 256 is byte 255 as NaN (nan255, F8_E8M0 scales). */
+static _Alignas(64) uint8_t ct_lo[257][16];
+static _Alignas(64) uint8_t ct_hi[257][16];
 static pthread_once_t ct_once = PTHREAD_ONCE_INIT;
 
 static void ct_init(void)
 {
-    for (unsigned s = 0; s < 256; s++)
+    for (unsigned s = 0; s < 257; s++)
         for (unsigned code = 0; code < 16; code++) {
-            const uint16_t v = bfs_ctmx_value(bfs_e2m1_ct_to_f32(code), (uint8_t)s);
+            const float sc = bfs_e8m0_scale((uint8_t)(s > 255 ? 255 : s), s > 255);
+            const uint16_t v = bfs_scaled_value(bfs_e2m1_ct_to_f32(code), sc);
             ct_lo[s][code] = (uint8_t)(v & 0xFF);
             ct_hi[s][code] = (uint8_t)(v >> 8);
         }
 }
+
+/* The table row of scale byte s: s, or 256 for a NaN 255. */
+static inline unsigned ct_row(const bfs_ctmx_desc *d, uint8_t s) { return s + (unsigned)(d->nan255 && s == 255); }
 
 /* ng whole groups from group g0 -> ng * 32 bf16 at o. Low nibble = even element. */
 static void ct4_groups(const bfs_ctmx_desc *d, size_t g0, size_t ng, uint16_t *o)
@@ -51,15 +57,17 @@ static void ct4_groups(const bfs_ctmx_desc *d, size_t g0, size_t ng, uint16_t *o
     for (; g + 2 <= ng; g += 2) { /* two groups, one per lane */
         __m256i c0, c1;
         x86_codes64(_mm256_loadu_si256((const __m256i *)(blk + g * 16)), X86_MX, &c0, &c1);
-        const __m256i tl = _mm256_loadu2_m128i((const __m128i *)ct_lo[sc[g + 1]], (const __m128i *)ct_lo[sc[g]]);
-        const __m256i th = _mm256_loadu2_m128i((const __m128i *)ct_hi[sc[g + 1]], (const __m128i *)ct_hi[sc[g]]);
+        const unsigned s0 = ct_row(d, sc[g]), s1 = ct_row(d, sc[g + 1]);
+        const __m256i tl = _mm256_loadu2_m128i((const __m128i *)ct_lo[s1], (const __m128i *)ct_lo[s0]);
+        const __m256i th = _mm256_loadu2_m128i((const __m128i *)ct_hi[s1], (const __m128i *)ct_hi[s0]);
         lut_expand64(c0, c1, tl, th, o + g * 32);
     }
     if (g < ng) {
         __m128i c0, c1;
         x86_codes32(_mm_loadu_si128((const __m128i *)(blk + g * 16)), X86_MX, &c0, &c1);
-        lut_expand32(c0, c1, _mm_load_si128((const __m128i *)ct_lo[sc[g]]),
-                     _mm_load_si128((const __m128i *)ct_hi[sc[g]]), o + g * 32);
+        const unsigned s0 = ct_row(d, sc[g]);
+        lut_expand32(c0, c1, _mm_load_si128((const __m128i *)ct_lo[s0]),
+                     _mm_load_si128((const __m128i *)ct_hi[s0]), o + g * 32);
     }
 }
 
@@ -104,7 +112,7 @@ static void ct8_init(void)
                 v = (uint16_t)(v + (((hn & 7) + (hn & 8) * 16u) << 8)); /* ADJ: h, the sign */
             ok = v == bfs_ctmx_value(bfs_e4m3_to_f32((uint8_t)b), (uint8_t)s);
         }
-        ct8_ok[s] = (uint8_t)ok;
+        ct8_ok[s] = (uint8_t)(ok && s != 255); /* 255 depends on nan255: always multiplied */
     }
 }
 
@@ -114,9 +122,10 @@ static void ct8_groups(const bfs_ctmx_desc *d, size_t g0, size_t ng, uint16_t *o
     for (size_t g = g0; g < g0 + ng; g++, o += 32) {
         const uint8_t s = d->scale[g];
         const uint8_t *const w = d->w + g * 32;
-        if (!ct8_ok[s]) {
+        if (!ct8_ok[s]) { /* ct8_ok[255] is 0: byte 255 (+inf, or NaN with nan255) multiplies */
+            const float sf = bfs_e8m0_scale(s, d->nan255);
             for (size_t j = 0; j < 32; j++)
-                o[j] = bfs_ctmx_value(bfs_e4m3_to_f32(w[j]), s);
+                o[j] = bfs_scaled_value(bfs_e4m3_to_f32(w[j]), sf);
             continue;
         }
         const ct8_tab *const t = &ct8[s];

@@ -4,9 +4,10 @@
  * fp4 = 1), one E8M0 scale byte per 32 elements.
  *
  * Values as the CPU reference bfs_ctmx_elem (ref_formats.h), through its primitives
- * bfs_e4m3_to_f32 / bfs_e2m1_ct_to_f32 and bfs_ctmx_value (the E8M0 byte as float32, +inf
- * for 255; one float32 multiply, mul.rn with --fmad=false, no FTZ: the 2^-127 scale and
- * subnormal products stay exact).
+ * bfs_e4m3_to_f32 / bfs_e2m1_ct_to_f32, bfs_e8m0_scale (the E8M0 byte as float32, +inf
+ * for 255, or NaN with nan255: DeepSeek-V4's F8_E8M0 scales) and bfs_scaled_value (one
+ * float32 multiply, mul.rn with --fmad=false, no FTZ: the 2^-127 scale and subnormal
+ * products stay exact).
  *
  * One thread makes 8 consecutive elements (one 16-byte store); the chunk may start on an
  * odd element (the high nibble of its first byte) and inside a 32-element group.
@@ -26,7 +27,7 @@ BFS_HD void ctmx_eight(const bfs_cu_ctmx_args &a, size_t k0)
         } else {
             v = bfs_e4m3_to_f32(a.w[i - a.b0]);
         }
-        return bfs_ctmx_value(v, a.scale[i / 32 - a.s0]);
+        return bfs_scaled_value(v, bfs_e8m0_scale(a.scale[i / 32 - a.s0], a.nan255));
     });
 }
 

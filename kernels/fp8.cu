@@ -18,7 +18,7 @@ BFS_HD void fp8_eight(const bfs_cu_fp8_args &a, size_t k0)
 {
     const size_t gcols = (a.cols + a.bw - 1) / a.bw;
     bfs_cu_rows8(a.out, a.e0, a.cols, a.n, k0, [&](uint64_t r, uint64_t c, size_t k) {
-        const float s = bfs_scale_at(a.scale, (r / a.bh - a.g0) * gcols + c / a.bw, a.scale_bf16);
+        const float s = bfs_scale_at(a.scale, (r / a.bh - a.g0) * gcols + c / a.bw, a.scale_type);
         return bfs_scaled_value(bfs_e4m3_to_f32(a.w[k]), s);
     });
 }

@@ -20,6 +20,9 @@
  *    2^-127, s = 255 +inf: there is no NaN scale); bf16(f32(v * scale)) with v the E4M3 value
  *    (mxfp8-quantized) or the E2M1 value, code 8 = -0.0 (mxfp4-pack-quantized). So 0 * inf is
  *    NaN, unlike gpt-oss MXFP4 (ref.h bfs_mxfp4_value, an exact ldexp).
+ *  - DeepSeek-V4 (docs/FORMATS.md 8): FP8 block weights are the FP8 scaled rule with E8M0
+ *    block scales (bfs_scale_at), FP4 experts the compressed-tensors MXFP4 rule; an F8_E8M0
+ *    scale byte 255 is NaN there (torch.float8_e8m0fnu), a U8 one +inf (bfs_e8m0_scale).
  * Every product and quotient is one float32 operation: build with -ffp-contract=off.
  */
 #ifndef BFS_KERNELS_REF_FORMATS_H
@@ -123,10 +126,20 @@ static inline void bfs_ref_nvfp4_rows(const uint8_t *packed, const uint8_t *scal
 /* ---- per element over the kernel descriptors (bfs_kernels.h): the scalar ops, the SIMD
  * tails and the CUDA kernels all compute an element through these ---------------------- */
 
-/* Scale i of an F32 or BF16 scale array, read unaligned, as float32 (exact). */
-BFS_HD float bfs_scale_at(const uint8_t *p, size_t i, int bf16)
+/* E8M0 byte s as float32: 2^(s-127) exactly; 255 is +inf (U8 exponents, exp2(255 - 127.0)
+ * in float32) or NaN (nan255: torch.float8_e8m0fnu -> float32). */
+BFS_HD float bfs_e8m0_scale(uint8_t s, int nan255)
 {
-    if (bf16) {
+    return nan255 && s == 255 ? bfs_bits_f32(0x7FC00000u) : bfs_e8m0_to_f32(s);
+}
+
+/* Scale i of a scale array of type t (bfs_scale_type; F32 and BF16 read unaligned), as
+ * float32 (exact). */
+BFS_HD float bfs_scale_at(const uint8_t *p, size_t i, int t)
+{
+    if (t == BFS_SCALE_E8M0 || t == BFS_SCALE_E8M0_NAN)
+        return bfs_e8m0_scale(p[i], t == BFS_SCALE_E8M0_NAN);
+    if (t == BFS_SCALE_BF16) {
         uint16_t h;
         memcpy(&h, p + 2 * i, 2);
         return bfs_f32_from_bf16(h);
@@ -140,7 +153,7 @@ BFS_HD float bfs_scale_at(const uint8_t *p, size_t i, int bf16)
 BFS_HD uint16_t bfs_fp8_elem(const bfs_fp8_desc *d, size_t r, size_t c)
 {
     const size_t gcols = (d->cols + d->bw - 1) / d->bw;
-    const float s = bfs_scale_at(d->scale, (r / d->bh) * gcols + c / d->bw, d->scale_bf16);
+    const float s = bfs_scale_at(d->scale, (r / d->bh) * gcols + c / d->bw, d->scale_type);
     return bfs_scaled_value(bfs_e4m3_to_f32(d->w[r * d->cols + c]), s);
 }
 
@@ -200,7 +213,7 @@ BFS_HD uint16_t bfs_ctmx_elem(const bfs_ctmx_desc *d, size_t i)
     } else {
         v = bfs_e4m3_to_f32(d->w[i]);
     }
-    return bfs_ctmx_value(v, d->scale[i / 32]);
+    return bfs_scaled_value(v, bfs_e8m0_scale(d->scale[i / 32], d->nan255));
 }
 
 #endif

@@ -521,6 +521,7 @@ static void check_all_units(const bfs_ltensor *t, size_t rows, const uint64_t *b
     }
 }
 
+/* bf16: a bfs_scale_type (F32, BF16; E8M0 as U8 or F8_E8M0: DeepSeek-V4, every byte) */
 static void fp8_case(size_t rows, size_t cols, size_t bh, size_t bw, int bf16)
 {
     const size_t gr = (rows + bh - 1) / bh, gc = (cols + bw - 1) / bw;
@@ -528,11 +529,18 @@ static void fp8_case(size_t rows, size_t cols, size_t bh, size_t bw, int bf16)
     fill_random(w, rows * cols);
     for (size_t i = 0; i < 256 && i < rows * cols; i++) /* every E4M3 code: NaN 0x7F/0xFF, subnormals */
         w[i] = (uint8_t)i;
-    uint8_t *scale = mk_scales(gr * gc, bf16);
+    uint8_t *scale;
+    if (bf16 >= BFS_SCALE_E8M0) {
+        scale = xmalloc(gr * gc);
+        for (size_t i = 0; i < gr * gc; i++)
+            scale[i] = (uint8_t)(i % 2 ? 255 - i / 2 : i / 2);
+    } else {
+        scale = mk_scales(gr * gc, bf16);
+    }
     char name[96];
-    snprintf(name, sizeof name, "fp8.%zux%zu.b%zux%zu%s.weight", rows, cols, bh, bw, bf16 ? ".bf16" : "");
+    snprintf(name, sizeof name, "fp8.%zux%zu.b%zux%zu.s%d.weight", rows, cols, bh, bw, bf16);
     bfs_ltensor t = mk_2d(name, BFS_K_FP8, rows, cols);
-    t.fp8 = (bfs_fp8_desc){.w = w, .scale = scale, .scale_bf16 = bf16, .cols = cols, .bh = bh, .bw = bw};
+    t.fp8 = (bfs_fp8_desc){.w = w, .scale = scale, .scale_type = bf16, .cols = cols, .bh = bh, .bw = bw};
     const uint64_t budgets[] = {0, 16 * 1024, 40 * 1024 + 512};
     check_all_units(&t, rows, budgets, 3);
     free(w);
@@ -551,6 +559,9 @@ static void test_fp8(void **state)
     fp8_case(3, 8, 1, 8, 0);         /* tiny */
     fp8_case(19, 1, 2, 1, 0);        /* one column */
     fp8_case(5, 5001, 128, 128, 0);  /* rows wider than a 16 KiB budget's chunk: chunks start mid-row */
+    fp8_case(300, 333, 128, 128, BFS_SCALE_E8M0);     /* DeepSeek-V4: U8 E8M0 block scales, 255 = +inf */
+    fp8_case(300, 333, 128, 128, BFS_SCALE_E8M0_NAN); /* F8_E8M0 block scales, 255 = NaN */
+    fp8_case(40, 700, 2, 3, BFS_SCALE_E8M0_NAN);      /* every E8M0 byte (7 x 234 blocks) */
 }
 
 /* 4-bit fields of int32 words, random. */
@@ -626,7 +637,7 @@ static void test_nvfp4(void **state)
 }
 
 /* ---- issue-23 compressed-tensors MX: MXFP8 (fp4 = 0) and MXFP4 (fp4 = 1) ---------------------- */
-static void ctmx_case(size_t rows, size_t cols, int fp4)
+static void ctmx_case(size_t rows, size_t cols, int fp4, int nan255)
 {
     const size_t wb = fp4 ? rows * cols / 2 : rows * cols, ns = rows * cols / 32;
     uint8_t *w = xmalloc(wb), *scale = xmalloc(ns);
@@ -637,9 +648,9 @@ static void ctmx_case(size_t rows, size_t cols, int fp4)
     for (size_t i = 0; i < 256 && i < wb; i++) /* every E4M3 code / every pair of E2M1 codes */
         w[i] = (uint8_t)(i * 7);
     char name[96];
-    snprintf(name, sizeof name, "ctmx.%s.%zux%zu.weight", fp4 ? "mxfp4" : "mxfp8", rows, cols);
+    snprintf(name, sizeof name, "ctmx.%s%s.%zux%zu.weight", fp4 ? "mxfp4" : "mxfp8", nan255 ? ".nan255" : "", rows, cols);
     bfs_ltensor t = mk_2d(name, BFS_K_CTMX, rows, cols);
-    t.ctmx = (bfs_ctmx_desc){.w = w, .scale = scale, .fp4 = fp4, .cols = cols};
+    t.ctmx = (bfs_ctmx_desc){.w = w, .scale = scale, .fp4 = fp4, .cols = cols, .nan255 = nan255};
     const uint64_t budgets[] = {0, 16 * 1024, 40 * 1024 + 512};
     check_all_units(&t, rows, budgets, 3);
     free(w);
@@ -652,9 +663,10 @@ static void test_ctmx(void **state)
     if (g_ndev == 0)
         skip();
     for (int fp4 = 0; fp4 < 2; fp4++) {
-        ctmx_case(260, 288, fp4); /* 9 groups a row, every scale byte in rows 0..28 */
-        ctmx_case(33, 32, fp4);   /* one group a row */
-        ctmx_case(3, 8000, fp4);  /* rows wider than a chunk: chunks start mid-row, mid-group, mid-byte */
+        ctmx_case(260, 288, fp4, 0); /* 9 groups a row, every scale byte in rows 0..28 */
+        ctmx_case(33, 32, fp4, 0);   /* one group a row */
+        ctmx_case(3, 8000, fp4, 0);  /* rows wider than a chunk: chunks start mid-row, mid-group, mid-byte */
+        ctmx_case(260, 288, fp4, 1); /* DeepSeek-V4 F8_E8M0 scales: byte 255 is NaN */
     }
 }
 
@@ -692,7 +704,7 @@ static void test_fp8_multi_gpu(void **state)
     fill_random(w, rows * cols);
     uint8_t *scale = mk_scales(((rows + 127) / 128) * ((cols + 127) / 128), 0);
     bfs_ltensor t = mk_2d("fp8.multi.weight", BFS_K_FP8, rows, cols);
-    t.fp8 = (bfs_fp8_desc){.w = w, .scale = scale, .scale_bf16 = 0, .cols = cols, .bh = 128, .bw = 128};
+    t.fp8 = (bfs_fp8_desc){.w = w, .scale = scale, .scale_type = 0, .cols = cols, .bh = 128, .bw = 128};
     bfs_backend *b = make_backend("cuda:0,1", 16 * MiB, rows * cols * 2);
     check_unit(b, &t, 0, rows, NULL);
     check_unit(b, &t, 5, rows - 1, NULL);

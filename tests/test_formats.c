@@ -37,7 +37,11 @@ static void table_invariants(void **s)
         for (const char *const *m = bfs__formats[i]->methods; m && *m; m++) {
             assert_non_null(bfs__formats[i]->supports);
             assert_non_null(bfs__formats[i]->layout);
-            assert_true(bfs__formats[i]->kinds != 0);
+            assert_true((bfs__formats[i]->kinds | bfs__formats[i]->borrows) != 0);
+            /* what it borrows, another row owns */
+            for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++)
+                if (bfs__formats[i]->borrows & BFS_KIND_BIT(kinds[k]))
+                    assert_true(bfs__format_of(kinds[k]) != bfs__formats[i] && bfs__format_of(kinds[k]) != NULL);
             for (size_t j = 0; j < n; j++)
                 for (const char *const *o = bfs__formats[j]->methods; o && *o; o++)
                     if (o != m && strcasecmp(*o, *m) == 0) {

@@ -23,6 +23,7 @@ static const char *const fixtures[] = {
     "ct-int4-group", "ct-int4-asym", "ct-nvfp4", "modelopt-nvfp4", "ct-moe-mixed",
     /* issue 23 (fixtures/gen_mx_fixtures.py) */
     "fp8-tensor", "ct-mxfp8", "ct-mxfp4", "ct-mx-mixed",
+    "dsv4-tiny", /* DeepSeek-V4 (fixtures/gen_dsv4_fixtures.py) */
 };
 #define NFIX (sizeof fixtures / sizeof *fixtures)
 
@@ -565,6 +566,55 @@ static void ct_mixed_matching(void **s)
            S("re:.*\\bexperts", "not supported"));
 }
 
+/* ---- DeepSeek-V4 (src/formats/dsv4.c, fixture dsv4-tiny: layer 0 F8_E8M0 scales, layer 1 U8) ---- */
+#define A0 "layers.0.attn."
+#define X0 "layers.0.ffn.experts.0."
+static void dsv4_rules(void **s)
+{
+    (void)s;
+    /* the same E8M0 bytes stored U8 instead of F8_E8M0 (no byte 255 in this scale): same output */
+    accept("dsv4-tiny", E({A0 "wo_a.scale", NULL, "U8", 0, {0}}), NULL);
+    /* expert_dtype where V4.1 puts it, in quantization_config, as well as at the top */
+    accept("dsv4-tiny", NULL, S("expert_dtype=\"fp4\""));
+    /* scale of the wrong dtype, shape or count */
+    refuse("dsv4-tiny", E({A0 "wkv.scale", NULL, "I8", 0, {0}}), NULL, S(A0 "wkv.scale", "I8", "F8_E8M0 or U8", A0 "wkv.weight"));
+    refuse("dsv4-tiny", E({A0 "wkv.scale", NULL, "F8_E4M3", 0, {0}}), NULL, S(A0 "wkv.scale", "F8_E4M3"));
+    refuse("dsv4-tiny", E({A0 "wq_a.scale", NULL, NULL, 2, {4, 1}}), NULL, S(A0 "wq_a.scale", "[4, 1]", "[2, 2]", "weight_block_size"));
+    refuse("dsv4-tiny", E({X0 "w1.scale", NULL, NULL, 2, {128, 4}}), NULL, S(X0 "w1.scale", "[128, 4]", "[64, 8]"));
+    refuse("dsv4-tiny", E({X0 "w1.scale", NULL, "I8", 0, {0}}), NULL, S(X0 "w1.scale", "I8", "F8_E8M0 or U8"));
+    refuse("dsv4-tiny", E({A0 "wkv.scale", "zz.unrelated", NULL, 0, {0}}), NULL, S(A0 "wkv.weight", "without its scale"));
+    refuse("dsv4-tiny", E({X0 "w1.scale", "zz.unrelated", NULL, 0, {0}}), NULL, S(X0 "w1.weight", "I8"));
+    /* V3's scale name under V4's keys */
+    refuse("dsv4-tiny", E({A0 "wkv.scale", A0 "wkv.weight_scale_inv", NULL, 0, {0}}), NULL,
+           S(A0 "wkv.weight_scale_inv", "scale_fmt \"ue8m0\"", "not supported"));
+    /* I8 outside the routed experts; FP8 routed experts under expert_dtype fp4 */
+    refuse("dsv4-tiny", E({A0 "wo_a.weight", NULL, "I8", 0, {0}}), NULL, S(A0 "wo_a.weight", "outside the routed experts"));
+    refuse("dsv4-tiny", E({X0 "w1.weight", NULL, "F8_E4M3", 0, {0}}), NULL, S(X0 "w1.weight", "expert_dtype is \"fp4\""));
+    /* the config disagrees with the tensors */
+    refuse("dsv4-tiny", NULL, S("scale_fmt=\"float\""), S(".scale\"", "F8_E8M0", "expected F32", "scale_fmt \"float\""));
+    refuse("dsv4-tiny", NULL, S("scale_fmt="), S(".scale\"", "expected F32"));
+    refuse("dsv4-tiny", NULL, S("scale_fmt=\"mx\""), S("scale_fmt \"mx\"", "not supported"));
+    refuse("dsv4-tiny", NULL, S("expert_dtype=\"fp8\""), S("expert_dtype", "\"fp4\"", "\"fp8\"", "disagrees"));
+    refuse("dsv4-tiny", NULL, S("weight_block_size=[64, 64]"), S(".scale\"", "weight_block_size [64, 64]"));
+    refuse("dsv4-tiny", NULL, S("weight_block_size="), S(".scale\"", "weight_block_size"));
+    refuse("dsv4-tiny", NULL, S("-"), S(".weight\"", ".scale\"", "expected \"fp8\""));
+    /* inspect and the manifest name the format and the action; the float32-upstream tensors are
+     * cast, said so, and kept by --keep-dtype; the config drops V4's quantization keys */
+    assert_int_equal(tu_sh("%s inspect fixtures/dsv4-tiny | grep -q 'layers.0.attn.wq_a.weight .*dsv4-fp8-ue8m0 .*dequantized'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("%s inspect fixtures/dsv4-tiny | grep -q 'experts.1.w2.weight .*dsv4-fp4-ue8m0 .*dequantized'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("%s inspect fixtures/dsv4-tiny | grep -q '^note: 32 float32 tensor(s) .*keeps in float32'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("%s inspect fixtures/dsv4-tiny --keep-dtype | grep -q 'layers.1.hc_ffn_fn .*F32'", tu_bfshard()), 0);
+    char *tmp = tu_tmpdir("dsv4");
+    char out[4096];
+    snprintf(out, sizeof out, "%s/o", tmp);
+    convert_ok("fixtures/dsv4-tiny", out, 2, BFS_LAYOUT_DCP, -1);
+    assert_int_equal(tu_sh("grep -q -e quantization_config -e expert_dtype -e scale_fmt %s/config.json", out), 1);
+    assert_int_equal(tu_sh("grep -q '\"dsv4-fp4-ue8m0\"' %s/bfshard.manifest.json", out), 0);
+    assert_int_equal(tu_sh("grep -q 'float32 upstream' %s/bfshard.manifest.json", out), 0);
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -580,6 +630,7 @@ int main(void)
         cmocka_unit_test(fp8_tensor_dropped),
         cmocka_unit_test(refuse_ctmx),
         cmocka_unit_test(ct_mixed_matching),
+        cmocka_unit_test(dsv4_rules),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -838,6 +838,19 @@ static void test_q12_ops(void **state)
                 q12_sweep(k, &c, cols, bf ? "fp8 bf16 scale" : "fp8 f32 scale");
                 free(sc);
             }
+        /* DeepSeek-V4: E8M0 block scales, U8 (255 = +inf) and F8_E8M0 (255 = NaN); every byte
+         * over the grids of the odd blocks, 0 and 255 in the 128 x 128 grid */
+        for (size_t bi = 0; bi < 4; bi += 3)
+            for (int st = BFS_SCALE_E8M0; st <= BFS_SCALE_E8M0_NAN; st++) {
+                const size_t bh = blocks[bi][0], bw = blocks[bi][1], ns = ((rows + bh - 1) / bh) * ((cols + bw - 1) / bw);
+                uint8_t *sc = xmalloc(ns);
+                for (size_t j = 0; j < ns; j++)
+                    sc[j] = (uint8_t)(j % 4 == 0 ? 255 : j % 4 == 1 ? 0 : (j * 37 + si) % 256);
+                const bfs_fp8_desc d = {w, sc, st, cols, bh, bw};
+                const q12_case c = {0, &d, n};
+                q12_sweep(k, &c, cols, st == BFS_SCALE_E8M0 ? "fp8 e8m0 u8 scale" : "fp8 e8m0 f8 scale");
+                free(sc);
+            }
         /* INT4: group sizes dividing cols, symmetric and asymmetric */
         const size_t wpr = (cols + 7) / 8;
         uint8_t *packed = xmalloc(rows * wpr * 4);
@@ -1127,7 +1140,7 @@ static void test_backend_ops(void **state)
         }
         for (int fp4 = 0; fp4 < 2; fp4++) { /* issue 23: compressed-tensors MX, E8M0 scales e4 */
             bfs_ltensor tm = unit_tensor(BFS_K_CTMX, fp4 ? "ctmx mxfp4" : "ctmx mxfp8", QR, 256);
-            tm.ctmx = (bfs_ctmx_desc){w, e4, fp4, 256};
+            tm.ctmx = (bfs_ctmx_desc){w, e4, fp4, 256, 0};
             unit_sweep(level, &tm, 2);
         }
         free(w);
@@ -1265,6 +1278,41 @@ static void test_q12_fp8_table(void **state)
  * every E4M3 code and every pair of E2M1 codes; ranges starting and ending inside groups and
  * bytes, unaligned output, whole groups in ones and twos (the MXFP4 pair step), shapes of
  * one group a row and many. */
+/* DeepSeek-V4's E8M0 scale decoding (ref_formats.h bfs_e8m0_scale, bfs_scale_at): bytes 0..254
+ * are 2^(s-127) in both storages; 255 is +inf stored U8, NaN stored F8_E8M0 (as torch decodes
+ * them: transformers' exp2(255 - 127.0), float8_e8m0fnu -> float32). */
+static void test_ref_dsv4_e8m0(void **state)
+{
+    (void)state;
+    for (unsigned s = 0; s < 255; s++) {
+        const uint8_t b = (uint8_t)s;
+        assert_int_equal(bfs_f32_bits(bfs_scale_at(&b, 0, BFS_SCALE_E8M0)), bfs_f32_bits(bfs_e8m0_to_f32(b)));
+        assert_int_equal(bfs_f32_bits(bfs_scale_at(&b, 0, BFS_SCALE_E8M0_NAN)), bfs_f32_bits(bfs_e8m0_to_f32(b)));
+    }
+    const uint8_t ff[2] = {0xFF, 0x38}; /* scale byte 255; E4M3 1.0 */
+    assert_int_equal(bfs_f32_bits(bfs_scale_at(ff, 0, BFS_SCALE_E8M0)), 0x7F800000);
+    assert_true(isnan(bfs_scale_at(ff, 0, BFS_SCALE_E8M0_NAN)));
+    assert_int_equal(bfs_scale_size(BFS_SCALE_E8M0), 1);
+    assert_int_equal(bfs_scale_size(BFS_SCALE_E8M0_NAN), 1);
+    const uint8_t w[2] = {0x00, 0x38}; /* +0, 1.0 */
+    bfs_fp8_desc d = {w, ff, BFS_SCALE_E8M0, 2, 1, 2};
+    assert_int_equal(bfs_fp8_elem(&d, 0, 0), 0x7FC0); /* 0 * inf */
+    assert_int_equal(bfs_fp8_elem(&d, 0, 1), 0x7F80);
+    d.scale_type = BFS_SCALE_E8M0_NAN;
+    assert_int_equal(bfs_fp8_elem(&d, 0, 0), 0x7FC0);
+    assert_int_equal(bfs_fp8_elem(&d, 0, 1), 0x7FC0);
+    /* FP4 experts: code 8 (high nibble of 0x80) is -0.0 under a normal scale, NaN under F8_E8M0's 255 */
+    uint8_t pk[16] = {0x80}, sc[1] = {127};
+    bfs_ctmx_desc x = {pk, sc, 1, 32, 1};
+    assert_int_equal(bfs_ctmx_elem(&x, 1), 0x8000);
+    sc[0] = 255;
+    assert_int_equal(bfs_ctmx_elem(&x, 0), 0x7FC0);
+    x.nan255 = 0;
+    assert_int_equal(bfs_ctmx_elem(&x, 0), 0x7FC0); /* 0 * inf */
+    pk[0] = 0x12;
+    assert_int_equal(bfs_ctmx_elem(&x, 0), 0x7F80); /* 1.0 * inf */
+}
+
 static void test_ctmx_ops(void **state)
 {
     const bfs_kernel_ops *k = level_ops(state);
@@ -1276,10 +1324,10 @@ static void test_ctmx_ops(void **state)
             w[i] = (uint8_t)(i % 32 * 8 + i / 32 * 7 + (i / 256));
         for (size_t g = 0; g < ng; g++)
             sc[g] = (uint8_t)(g * (si == 0 ? 1 : 37) + si);
-        for (int fp4 = 0; fp4 < 2; fp4++) {
-            const bfs_ctmx_desc d = {w, sc, fp4, cols};
+        for (int fp4 = 0; fp4 < 4; fp4++) { /* 2, 3: nan255 (DeepSeek-V4's F8_E8M0 scales) */
+            const bfs_ctmx_desc d = {w, sc, fp4 & 1, cols, fp4 >> 1};
             const q12_case c = {3, &d, n};
-            const char *tag = fp4 ? "ctmx mxfp4" : "ctmx mxfp8";
+            const char *tag = fp4 == 1 ? "ctmx mxfp4" : fp4 == 0 ? "ctmx mxfp8" : fp4 == 3 ? "dsv4 fp4 f8_e8m0" : "mxfp8 f8_e8m0";
             q12_sweep(k, &c, cols, tag);
             q12_starts(k, &c, 70, 131, tag);
             q12_compare(k, &c, 33, n - 31, 1, tag);
@@ -1321,6 +1369,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ref_bf16_rounding),
         cmocka_unit_test(test_ref_e8m0_e2m1),
+        cmocka_unit_test(test_ref_dsv4_e8m0),
         cmocka_unit_test(test_ref_bnb_tables),
         cmocka_unit_test(test_ref_dq_two_roundings),
         cmocka_unit_test(test_ref_scalar_kernels),

@@ -71,7 +71,7 @@ uint64_t bfs__cu_layout(const cu_job *j, uint64_t pos, uint64_t n, cu_chunk *ch)
     case J_FP8: { /* elements [pos, pos + n); grid rows of their rows */
         const bfs_fp8_desc *d = &t->fp8;
         const uint64_t ra = pos / d->cols, rb = (pos + n - 1) / d->cols, gcols = (d->cols + d->bw - 1) / d->bw;
-        const uint64_t ss = d->scale_bf16 ? 2 : 4, g0 = ra / d->bh, g1 = rb / d->bh;
+        const uint64_t ss = bfs_scale_size(d->scale_type), g0 = ra / d->bh, g1 = rb / d->bh;
         cu_add(ch, d->w + pos, n, 1, 0);
         cu_add(ch, d->scale + g0 * gcols * ss, (g1 - g0 + 1) * gcols * ss, 1, 0);
         ch->out_bytes = n * 2;
@@ -346,7 +346,7 @@ int bfs__cu_launch(const cu_job *j, const cu_chunk *ch, const cu_dev *d, uint8_t
         memset(&a, 0, sizeof a);
         a.w = ds + ch->g[0].off;
         a.scale = ds + ch->g[1].off;
-        a.scale_bf16 = q->scale_bf16;
+        a.scale_type = q->scale_type;
         a.e0 = ch->pos;
         a.g0 = (ch->pos / q->cols) / q->bh;
         a.n = ch->n;
@@ -399,6 +399,7 @@ int bfs__cu_launch(const cu_job *j, const cu_chunk *ch, const cu_dev *d, uint8_t
         a.w = ds + ch->g[0].off;
         a.scale = ds + ch->g[1].off;
         a.fp4 = q->fp4;
+        a.nan255 = q->nan255;
         a.e0 = ch->pos;
         a.b0 = q->fp4 ? ch->pos / 2 : ch->pos;
         a.s0 = ch->pos / 32;

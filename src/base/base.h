@@ -96,7 +96,9 @@ static inline bool bfs__shape_ok(const uint64_t *shape, int ndim, uint64_t elsiz
 typedef enum bfs_dtype {
     BFS_DT_BOOL, BFS_DT_U8, BFS_DT_I8, BFS_DT_U16, BFS_DT_I16, BFS_DT_F16, BFS_DT_BF16,
     BFS_DT_U32, BFS_DT_I32, BFS_DT_F32, BFS_DT_U64, BFS_DT_I64, BFS_DT_F64,
-    BFS_DT_F8_E4M3, BFS_DT_F8_E5M2, BFS_DT_COUNT
+    BFS_DT_F8_E4M3, BFS_DT_F8_E5M2,
+    BFS_DT_F8_E8M0, /* power-of-two scale bytes (torch.float8_e8m0fnu): DeepSeek-V4 block scales */
+    BFS_DT_COUNT
 } bfs_dtype;
 
 int bfs__dtype_parse(const char *s, bfs_dtype *out); /* 0, or -1 when unknown */

@@ -20,7 +20,7 @@ static const struct {
     [BFS_DT_BF16] = {"BF16", 2}, [BFS_DT_U32] = {"U32", 4},   [BFS_DT_I32] = {"I32", 4},
     [BFS_DT_F32] = {"F32", 4},   [BFS_DT_U64] = {"U64", 8},   [BFS_DT_I64] = {"I64", 8},
     [BFS_DT_F64] = {"F64", 8},   [BFS_DT_F8_E4M3] = {"F8_E4M3", 1},
-    [BFS_DT_F8_E5M2] = {"F8_E5M2", 1},
+    [BFS_DT_F8_E5M2] = {"F8_E5M2", 1}, [BFS_DT_F8_E8M0] = {"F8_E8M0", 1},
 };
 
 int bfs__dtype_parse(const char *s, bfs_dtype *out)

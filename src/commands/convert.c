@@ -145,6 +145,10 @@ static int bfs__write_config(bfs_run *r)
     if (!cfg || !json_is_object(cfg))
         BFS_FAIL(BFS_EINPUT, "%s/config.json: not a JSON object (line %d: %s)", r->in->root, cfg ? 0 : jerr.line,
                  cfg ? "not an object" : jerr.text);
+    if (json_object_get(cfg, "quantization_config")) { /* DeepSeek-V4 says its experts' format at the top too */
+        json_object_del(cfg, "expert_dtype");
+        json_object_del(cfg, "scale_fmt");
+    }
     json_object_del(cfg, "quantization_config");
     json_object_set_new(cfg, "torch_dtype", json_string("bfloat16"));
     if (json_object_get(cfg, "dtype"))
@@ -516,6 +520,12 @@ static int bfs__run_start(bfs_run *r, const char *input)
     bfs__log(r, "%s -> %s: %zu tensors, %d file(s), %.3f GB of output, backend %s, host buffers %d x %llu bytes "
              "(units of ~%llu)", input, r->outdir, r->plan->nt, r->plan->nfiles, (double)r->plan->total_bytes / 1e9,
              r->be->name, r->ring.n, (unsigned long long)r->ring.slot, (unsigned long long)r->ring.unit);
+    size_t nfp32 = 0; /* float32 upstream (DeepSeek-V4's _keep_in_fp32_modules_strict) */
+    for (size_t i = 0; i < r->plan->nt; i++)
+        nfp32 += r->plan->t[i].keep_fp32;
+    if (nfp32)
+        bfs__log(r, "%zu float32 tensor(s) the model keeps in float32 upstream (DeepSeek-V4: hc_*, attn_sink, ape, gate bias, norms) %s",
+                 nfp32, o->keep_dtype ? "kept as float32 (--keep-dtype)" : "cast to BF16 like every F32 tensor (--keep-dtype keeps them)");
     if (r->be->device_bytes)
         bfs__log(r, "GPU memory: %llu bytes allocated once from --gpu-mem %llu (the peak; it does not grow with the model)",
                  (unsigned long long)r->be->device_bytes,

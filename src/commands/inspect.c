@@ -74,6 +74,17 @@ static int bfs__inspect_part(const bfs_input *in, const bfs_plan *p, const bfs_c
     return 0;
 }
 
+/* The float32 tensors upstream keeps in float32 (DeepSeek-V4, src/formats/dsv4.c): one note line. */
+static void bfs__fp32_note(FILE *out, const bfs_plan *p, const bfs_convert_opts *o)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < p->nt; i++)
+        n += p->t[i].keep_fp32;
+    if (n)
+        fprintf(out, "\nnote: %zu float32 tensor(s) the model keeps in float32 upstream (DeepSeek-V4: hc_*, attn_sink, ape, gate bias, norms) are %s\n",
+                n, o->keep_dtype ? "kept as float32 (--keep-dtype)" : "cast to BF16 like every F32 tensor (--keep-dtype keeps them)");
+}
+
 int bfs_inspect(const char *input_arg, const bfs_convert_opts *o_arg, int as_json, FILE *out)
 {
     int rc = 0;
@@ -191,6 +202,7 @@ int bfs_inspect(const char *input_arg, const bfs_convert_opts *o_arg, int as_jso
             fprintf(out, "%-60s %-14s %-11s (activation or KV-cache scale: no meaning in BF16)\n",
                     bfs__esc(p->dropped[i], en, sizeof en), "-", "dropped");
         }
+        bfs__fp32_note(out, p, o);
         fprintf(out, "\nplan: --layout %s --world-size %d, %.3f MB of output\n", o->layout == BFS_LAYOUT_HF ? "hf" : "dcp",
                 o->world_size, (double)p->total_bytes / 1e6);
         if (pp.mine)

@@ -176,7 +176,7 @@ int bfs__quant_check_groups(const bfs_fctx *c, const bfs_ltensor *t, size_t nt)
     bfs__supported_list(sup, sizeof sup);
     bfs__esc64(c->method ? c->method : "", m, sizeof m);
     for (size_t i = 0; i < nt; i++) {
-        const bfs_format *f = bfs__format_of(t[i].kind);
+        const bfs_format *f = t[i].by ? t[i].by : bfs__format_of(t[i].kind);
         if (!f || !f->methods)
             continue; /* passthrough */
         if (f == c->claim || (c->claim && bfs__lists(f, c->method))) {

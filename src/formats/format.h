@@ -49,6 +49,9 @@ typedef struct bfs_fctx {
 typedef struct bfs_format {
     const char *name;   /* short, for messages and tests: "mxfp4", "bnb4", "passthrough" */
     unsigned kinds;     /* BFS_KIND_BIT() of every bfs_kind this format plans */
+    /* BFS_KIND_BIT() of kinds it also plans but another row owns (that row's sources and
+     * kind_name serve them; the planner records the claimer in t->by): dsv4.c's FP8 and MX */
+    unsigned borrows;
     /* The quant_method values (quantization_config.quant_method, compared ignoring
      * ASCII case) this format converts, NULL-terminated; NULL for a format that
      * no config claims (passthrough). A claimed method that no format of the table

@@ -47,16 +47,10 @@ static int bfs__fp8_detect(const bfs_fctx *c)
     uint64_t bh, bw;
     if (!bfs__qc_is(c, "fp8"))
         return 0;
-    const char *fmt = bfs__qc_str(c->qconfig, "fmt"), *sf = bfs__qc_str(c->qconfig, "scale_fmt");
-    const char *ed = bfs__qc_str(c->qconfig, "expert_dtype");
+    const char *fmt = bfs__qc_str(c->qconfig, "fmt");
     if (fmt && strcmp(fmt, "e4m3") != 0)
         return bfs__err(BFS_EINPUT, "config.json: quantization_config.fmt \"%s\" is not supported (FP8 \"e4m3\" is)", fmt);
-    if (sf && strcmp(sf, "float") != 0)
-        return bfs__err(BFS_EINPUT, "config.json: quantization_config.scale_fmt \"%s\" (E8M0 block scales) of quant_method \"fp8\" is not supported (float32 scales, \"float\", are)",
-                        sf);
-    if (ed && strcmp(ed, "fp8") != 0)
-        return bfs__err(BFS_EINPUT, "config.json: quantization_config.expert_dtype \"%s\" of quant_method \"fp8\" is not supported (FP8 experts, \"fp8\", are)",
-                        ed);
+    /* scale_fmt and expert_dtype: dsv4.c's detect (DeepSeek-V4's keys) */
     return bfs__fp8_block_size(c, &bh, &bw);
 }
 
@@ -152,6 +146,18 @@ static int bfs__fp8_tensor_scale(const bfs_fctx *c, const bfs_raw *w, const bfs_
     return 0;
 }
 
+/* quant_method "fp8" with DeepSeek-V4's keys (scale_fmt "ue8m0", expert_dtype "fp4", in
+ * quantization_config or at the top of config.json): which, for a message; NULL otherwise. */
+static const char *bfs__fp8_v4_key(const bfs_fctx *c)
+{
+    if (!bfs__qc_is(c, "fp8"))
+        return NULL;
+    const char *sf = bfs__qc_str(c->qconfig, "scale_fmt"), *ed = bfs__qc_str(c->qconfig, "expert_dtype");
+    if (!ed && c->config)
+        ed = bfs__qc_str(c->config, "expert_dtype");
+    return sf && strcmp(sf, "ue8m0") == 0 ? "scale_fmt \"ue8m0\"" : ed && strcmp(ed, "fp4") == 0 ? "expert_dtype \"fp4\"" : NULL;
+}
+
 static int bfs__fp8_claim(const bfs_fctx *c, bfs_raw *w, bfs_ltensor *t)
 {
     const bfs_st_tensor *st = w->st;
@@ -166,6 +172,13 @@ static int bfs__fp8_claim(const bfs_fctx *c, bfs_raw *w, bfs_ltensor *t)
         return rc;
     const char *m = bfs__qc_method(c);
     if (!sinv && !sc) {
+        char *base = bfs__str_ndup(st->name, strlen(st->name) - strlen(".weight"));
+        if (!base)
+            return bfs__err(BFS_ENOMEM, "out of memory");
+        const bfs_raw *v4 = bfs__sibling(c->in, base, ".scale", &rc);
+        free(base);
+        if (rc < 0 || v4)
+            return rc; /* DeepSeek-V4's P.scale: dsv4.c's */
         if (!bfs__qc_is_scaled(c))
             return 0; /* not an FP8-scaled checkpoint: an FP8 tensor is copied as it is */
         return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): FP8 weight without its scale (\"%s_scale_inv\" or \"%s_scale\"; config.json quantization_config.quant_method \"%s\")",
@@ -185,6 +198,10 @@ static int bfs__fp8_claim(const bfs_fctx *c, bfs_raw *w, bfs_ltensor *t)
     uint64_t bh = 0, bw = 0;
     bfs_raw *s = sinv ? sinv : sc;
     bfs__shape_str(s->st->shape, s->st->ndim, ss, sizeof ss);
+    const char *v4 = bfs__fp8_v4_key(c);
+    if (v4)
+        return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): quant_method \"fp8\" with %s is DeepSeek-V4's layout (P.weight + P.scale); a V3-style scale \"%s\" under it is not supported",
+                        AT(s), v4, s->st->name);
     if (sinv) {
         if (!bfs__qc_is(c, "fp8"))
             return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): DeepSeek-style FP8 scale, but config.json quantization_config.quant_method is \"%s\" (expected \"fp8\")",
@@ -231,7 +248,7 @@ static int bfs__fp8_claim(const bfs_fctx *c, bfs_raw *w, bfs_ltensor *t)
     t->ndim = 2;
     t->shape[0] = M;
     t->shape[1] = N;
-    t->fp8 = (bfs_fp8_desc){.w = w->data, .scale = s->data, .scale_bf16 = s->st->dtype == BFS_DT_BF16,
+    t->fp8 = (bfs_fp8_desc){.w = w->data, .scale = s->data, .scale_type = s->st->dtype == BFS_DT_BF16 ? BFS_SCALE_BF16 : BFS_SCALE_F32,
                             .cols = (size_t)N, .bh = (size_t)bh, .bw = (size_t)bw};
     t->transform = "fp8 * scale -> bf16";
     bfs__finish_shape(t);
@@ -244,7 +261,7 @@ static int bfs__fp8_sources(const bfs_unit *u, bfs_srange out[BFS_UNIT_MAX_SRC])
 {
     const bfs_ltensor *t = u->t;
     const bfs_fp8_desc *d = &t->fp8;
-    const uint64_t gcols = (d->cols + d->bw - 1) / d->bw, ss = d->scale_bf16 ? 2 : 4;
+    const uint64_t gcols = (d->cols + d->bw - 1) / d->bw, ss = bfs_scale_size(d->scale_type);
     const uint64_t g0 = u->row0 / d->bh, g1 = u->row1 == u->row0 ? g0 : (u->row1 - 1) / d->bh + 1;
     out[0] = (bfs_srange){t->src[0], u->row0 * d->cols, (u->row1 - u->row0) * d->cols};
     out[1] = (bfs_srange){t->src[1], g0 * gcols * ss, (g1 - g0) * gcols * ss};

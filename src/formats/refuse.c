@@ -5,7 +5,8 @@
  * converts (bfs_fctx.supported).
  *
  * The leftovers (this row, second to last, before passthrough), refused in name order:
- *   R1 FP8 data (F8_E4M3, F8_E5M2): no format of the table left it unconverted;
+ *   R1 FP8 data (F8_E4M3, F8_E5M2) or E8M0 scales (F8_E8M0): no format of the table left
+ *      it unconverted;
  *   R2 a name only quantizers write (the last component): qweight, qzeros, g_idx,
  *      SCB, weight_format, W_q, weight_packed, weight_zero_point, weight_shape,
  *      weight_g_idx, weight_scale_inv, weight_global_scale, input_global_scale,
@@ -34,7 +35,7 @@ static bool bfs__dt_int(bfs_dtype d)
            d == BFS_DT_I32 || d == BFS_DT_U64 || d == BFS_DT_I64;
 }
 
-static bool bfs__dt_f8(bfs_dtype d) { return d == BFS_DT_F8_E4M3 || d == BFS_DT_F8_E5M2; }
+static bool bfs__dt_f8(bfs_dtype d) { return d == BFS_DT_F8_E4M3 || d == BFS_DT_F8_E5M2 || d == BFS_DT_F8_E8M0; }
 
 /* R2: names only quantizers write, and whose. */
 static const struct {
@@ -91,7 +92,7 @@ static int bfs__refuse_leftover(const bfs_fctx *c, bfs_raw *r, bfs_ltensor *t)
     char why[256];
     why[0] = '\0';
     if (bfs__dt_f8(dt))
-        snprintf(why, sizeof why, "%s data (FP8-quantized) that no supported format claims; it would not come out BF16",
+        snprintf(why, sizeof why, "%s data (FP8-quantized, or FP8 scales) that no supported format claims; it would not come out BF16",
                  bfs__dtype_name(dt));
     for (size_t k = 0; !why[0] && k < sizeof bfs__quant_leaves / sizeof *bfs__quant_leaves; k++)
         if (strcmp(leaf, bfs__quant_leaves[k].leaf) == 0)

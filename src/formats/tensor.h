@@ -30,6 +30,8 @@ typedef struct bfs_ltensor {
     const char *transform; /* "mxfp4->bf16 transpose(1,2)", "nf4->bf16", "cast f32->bf16", "copy" */
     bfs_dtype src_dtype;  /* PASS/CAST: input dtype; BNB4: the blob's dtype */
     const char *qname;    /* FP8/INT4/NVFP4/CTMX: the name inspect and the manifest give it (static) */
+    const struct bfs_format *by; /* the format whose claim made it (pass 1; NULL for leftovers) */
+    bool keep_fp32;       /* a float32 tensor upstream keeps in float32 (DeepSeek-V4: dsv4.c) */
     /* kind-specific: one kind's members only (a plan holds one of these per tensor; the
      * plan zeroes the entry before each format's claim) */
     union {

@@ -96,6 +96,7 @@ int bfs__plan_tensors(const bfs_input *in, const bfs_convert_opts *o, bfs_plan *
             memset(&p->t[p->nt], 0, sizeof p->t[p->nt]); /* nothing of a claim that did not take it */
             BFS_TRY(fmt->claim(&c, r, &p->t[p->nt]));
             if (rc > 0) {
+                p->t[p->nt].by = fmt;
                 p->nt++;
                 break;
             }
