@@ -120,6 +120,10 @@ int bfs__mf_write_streamed(int dirfd, const char *outdir, const char *name, cons
      * value of another length or with escapes, one before "tensors", or a nested
      * "manifest_xxh3_128" after it would each be taken for the seal (issue 26's fuzzing) */
     json_t *h = json_copy((json_t *)head); /* shallow: only the seal member is its own */
+    if (h && json_object_size(h) != json_object_size(head)) { /* json_copy drops a key it failed to add */
+        json_decref(h);
+        h = NULL;
+    }
     if (h)
         json_object_del(h, BFS_MF_SEAL);
     if (!h || json_object_set_new(h, BFS_MF_SEAL, json_string(BFS_MF_ZERO_SEAL)) != 0 || !(text = bfs__json_text(h, flags, &len)))
