@@ -45,6 +45,7 @@ void bfs__plan_free(bfs_plan *p)
     }
     free(p->files);
     free(p->dropped);
+    free(p->name_jlen);
     free(p);
 }
 
@@ -187,6 +188,7 @@ typedef struct {
     bool oom;
     bool count; /* count the bytes only (p stays NULL) */
     bool esc;   /* inside a JSON string: '"' and '\\' escaped (DCP_SHARDING_INFO) */
+    const uint32_t *jl; /* counting: each tensor's name as JSON, its length outside [0] and inside [1] a string */
 } bfs_sbuf;
 
 static void bfs__sb_raw(bfs_sbuf *b, const char *s, size_t n)
@@ -282,6 +284,16 @@ static void bfs__sb_shape(bfs_sbuf *b, const uint64_t *shape, int ndim)
     bfs__sb_raw(b, "]", 1);
 }
 
+/* tensor i's name as a JSON string; counted from the cache when there is one (issue 22:
+ * the layout counts every file's header, W x tensors names escaped over and over) */
+static void bfs__sb_name(bfs_sbuf *b, const bfs_plan *p, int i)
+{
+    if (b->count && b->jl && !b->oom)
+        b->n += b->jl[2 * (size_t)i + b->esc];
+    else
+        bfs__sb_json_str(b, p->t[i].name, strlen(p->t[i].name));
+}
+
 /* File f's header up to its closing '}' (the pieces' nbytes set; their offsets counted
  * from the data section here). */
 static void bfs__emit_header(const bfs_plan *p, const bfs_outfile *f, bfs_sbuf *b)
@@ -299,7 +311,7 @@ static void bfs__emit_header(const bfs_plan *p, const bfs_outfile *f, bfs_sbuf *
             so[0] = pc->row0;
             if (i)
                 bfs__sb_put(b, ",", 1);
-            bfs__sb_json_str(b, t->name, strlen(t->name));
+            bfs__sb_name(b, p, pc->tensor);
             bfs__sb_str(b, ":{\"saved_offsets\":");
             bfs__sb_shape(b, so, t->ndim);
             bfs__sb_put(b, "}", 1);
@@ -318,7 +330,7 @@ static void bfs__emit_header(const bfs_plan *p, const bfs_outfile *f, bfs_sbuf *
         if (t->ndim > 0)
             shape[0] = pc->row1 - pc->row0;
         bfs__sb_put(b, ",", 1);
-        bfs__sb_json_str(b, t->name, strlen(t->name));
+        bfs__sb_name(b, p, pc->tensor);
         bfs__sb_str(b, ":{\"dtype\":\"");
         bfs__sb_str(b, bfs__dtype_name(t->out_dtype));
         bfs__sb_str(b, "\",\"shape\":");
@@ -382,7 +394,22 @@ static int bfs__finish_file(bfs_plan *p, bfs_outfile *f)
                             (unsigned long long)BFS_MAX_EXTENT);
         pos = end;
     }
-    bfs_sbuf b = {.count = true};
+    if (!p->name_jlen && !p->name_jlen_failed) { /* once a plan: each name's JSON length, both ways */
+        p->name_jlen = malloc((p->nt + 1) * 2 * sizeof *p->name_jlen);
+        for (size_t i = 0; p->name_jlen && i < p->nt; i++)
+            for (int e = 0; e < 2 && p->name_jlen; e++) {
+                bfs_sbuf c = {.count = true, .esc = e != 0};
+                bfs__sb_json_str(&c, p->t[i].name, strlen(p->t[i].name));
+                if (c.oom || c.n > UINT32_MAX) {
+                    free(p->name_jlen);
+                    p->name_jlen = NULL;
+                } else {
+                    p->name_jlen[2 * i + (size_t)e] = (uint32_t)c.n;
+                }
+            }
+        p->name_jlen_failed = !p->name_jlen;
+    }
+    bfs_sbuf b = {.count = true, .jl = p->name_jlen}; /* no cache (out of memory): every name counted */
     bfs__emit_header(p, f, &b);
     if (b.oom)
         return bfs__err(BFS_ENOMEM, "out of memory");

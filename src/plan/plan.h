@@ -32,6 +32,9 @@ typedef struct bfs_plan {
     uint64_t total_bytes; /* tensor bytes over all files */
     uint64_t max_row_bytes; /* largest single dim-0 row (smallest indivisible unit) */
     size_t ndropped;
+    uint32_t *name_jlen;  /* the layout's cache: tensor i's name as JSON, [2i] bytes outside, [2i+1]
+                           * inside a JSON string (DCP_SHARDING_INFO) */
+    bool name_jlen_failed; /* no cache (out of memory): the layout counts each name */
     const char **dropped; /* input tensors dropped (activation / KV-cache scales), by name
                            * (pointers into the input's headers), sorted */
 } bfs_plan;
