@@ -159,7 +159,7 @@ def read_inputs(d):
 # activation / KV-cache scales: bfshard drops them (no meaning in a BF16 model)
 DROPPED_SUFFIXES = (".input_scale", ".input_global_scale", ".k_scale", ".v_scale")
 QUANT_METHODS = ("fp8", "compressed-tensors", "modelopt")
-QUANT_KIND_PREFIXES = ("fp8-", "ct-", "modelopt-")  # the kinds upstream_quant gives
+QUANT_KIND_PREFIXES = ("fp8-", "ct-", "modelopt-", "dsv4-")  # the kinds upstream_quant gives
 
 
 def quant_config(d):
