@@ -103,17 +103,21 @@ typedef void (*bfs_nvfp4_fn)(const bfs_nvfp4_desc *d, size_t i0, size_t i1, uint
 
 /* ---- issue-23 formats (docs/FORMATS.md section 7) -------------------------------------- */
 
-/* compressed-tensors MX, mxfp8-quantized (fp4 = 0) and mxfp4-pack-quantized (fp4 = 1): one
- * E8M0 scale byte per 32 elements of a row (cols % 32 == 0), scale [rows][cols / 32];
- * fp4 = 0: w is [rows][cols] E4M3; fp4 = 1: w is [rows][cols / 2] E2M1 pairs (low nibble =
- * even element, code 8 = -0.0). Element i of the tensor is w byte i (i / 2 for fp4) and scale
+/* compressed-tensors MX, mxfp8-quantized (elem BFS_CTMX_E4M3), mxfp4-pack-quantized
+ * (BFS_CTMX_E2M1) and mxfp6-pack-quantized (BFS_CTMX_E2M3): one E8M0 scale byte per 32
+ * elements of a row (cols % 32 == 0), scale [rows][cols / 32]. E4M3: w is [rows][cols];
+ * E2M1: w is [rows][cols / 2] pairs (low nibble = even element, code 8 = -0.0); E2M3: w is
+ * [rows][3 * cols / 4], four 6-bit codes per 3 bytes (the little-endian 24-bit word of bytes
+ * 3k..3k+2 holds element 4k + j in bits 6j..6j+5; bit 5 of a code is the sign, code 32 =
+ * -0.0). Element i of the tensor is w byte i / i / 2 / 3 * (i / 4) (bfs_ctmx_byte) and scale
  * byte i / 32. Value: ref_formats.h bfs_ctmx_value (scale byte 255 is +inf, not NaN).
- * DeepSeek-V4's FP4 experts (I8 pairs, the same nibbles and code 8) are this with fp4 = 1;
+ * DeepSeek-V4's FP4 experts (I8 pairs, the same nibbles and code 8) are this with E2M1;
  * nan255 = 1 when their scales are F8_E8M0, whose byte 255 torch decodes as NaN. */
+enum { BFS_CTMX_E4M3 = 0, BFS_CTMX_E2M1 = 1, BFS_CTMX_E2M3 = 2 };
 typedef struct bfs_ctmx_desc {
     const uint8_t *w;
     const uint8_t *scale;
-    int fp4;
+    int elem; /* BFS_CTMX_E4M3, _E2M1 or _E2M3 */
     size_t cols;
     int nan255; /* scale byte 255: 0 = +inf (U8 exponents), 1 = NaN (F8_E8M0) */
 } bfs_ctmx_desc;

@@ -133,12 +133,12 @@ typedef struct bfs_cu_nvfp4_args {
 int bfs__cu_nvfp4(const bfs_cu_nvfp4_args *a, cudaStream_t stream);
 
 /* Issue-23 compressed-tensors MX (docs/FORMATS.md section 7): elements [e0, e0 + n) of one
- * weight [rows][cols] (cols % 32 == 0), flat: element i is w byte i (fp4: i / 2) and E8M0
- * scale byte i / 32. */
+ * weight [rows][cols] (cols % 32 == 0), flat: element i is in w byte bfs_ctmx_byte(elem, i)
+ * (i, i / 2, or the 3-byte word at 3 (i / 4) for E2M3) and E8M0 scale byte i / 32. */
 typedef struct bfs_cu_ctmx_args {
-    const uint8_t *w;     /* [0] = byte b0 of the whole w array (b0 = e0, or e0 / 2 for fp4) */
+    const uint8_t *w;     /* [0] = byte b0 = bfs_ctmx_byte(elem, e0) of the whole w array */
     const uint8_t *scale; /* [0] = scale byte s0 = e0 / 32 */
-    int fp4;
+    int elem;             /* BFS_CTMX_E4M3, _E2M1, _E2M3 (bfs_kernels.h) */
     int nan255;           /* E8M0 byte 255: 0 = +inf (U8), 1 = NaN (F8_E8M0) */
     uint64_t e0, b0, s0;
     size_t n, cols;

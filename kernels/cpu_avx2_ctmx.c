@@ -1,6 +1,6 @@
 /*
- * AVX2 compressed-tensors MX (level BFS_CPU_AVX2, also the AVX-512 level's): mxfp8-quantized
- * and mxfp4-pack-quantized (docs/FORMATS.md 7.2, 7.3), the bytes of cpu_scalar.c's
+ * AVX2 compressed-tensors MX (level BFS_CPU_AVX2, also the AVX-512 level's): mxfp8-quantized,
+ * mxfp4-pack-quantized and mxfp6-pack-quantized (docs/FORMATS.md 7.2, 7.3, 7.6), the bytes of cpu_scalar.c's
  * bfs__ctmx_scalar. Built with -mavx2 -mf16c -mbmi2 (the Makefile's KAVX2_SRC); the ops
  * tables of cpu_avx2.c and cpu_avx512.c point here (bfs__ctmx_avx2, cpu_x86.h).
  *
@@ -17,6 +17,8 @@
  *    is not the reference (subnormal results, overflow, the +inf of 255) multiply, element by
  *    element. Measured (one thread, AMD EPYC, medians of 3 processes): MXFP8 with an integer
  *    exponent add per element was 1.05x memcpy; by table it is the figure in README.md.
+ *  - MXFP6: a value depends only on (scale byte, 6-bit code): a 257 x 64 table by the
+ *    reference, the codes of a group's eight 24-bit words shifted out and gathered (ct6_groups).
  * DeepSeek-V4's FP4 experts take the MXFP4 path; with nan255 (F8_E8M0 scales) byte 255 is
  * NaN, a 257th table row. Groups never straddle rows (cols % 32 == 0): element i is byte i (i / 2 for MXFP4) and
  * scale byte i / 32. Heads and tails go through the reference element (bfs_ctmx_elem).
@@ -137,6 +139,46 @@ static void ct8_groups(const bfs_ctmx_desc *d, size_t g0, size_t ng, uint16_t *o
     }
 }
 
+/* ---- MXFP6 ------------------------------------------------------------------------ */
+
+/* ct6[row][code]: the reference value of E2M3 code (0..63, sign included) under scale row
+ * (ct_row: byte s, 256 = 255 as NaN), as a 32-bit gather entry. */
+static _Alignas(64) uint32_t ct6[257][64];
+static pthread_once_t ct6_once = PTHREAD_ONCE_INIT;
+
+static void ct6_init(void)
+{
+    for (unsigned s = 0; s < 257; s++)
+        for (unsigned code = 0; code < 64; code++)
+            ct6[s][code] = bfs_scaled_value(bfs_e2m3_to_f32(code), bfs_e8m0_scale((uint8_t)(s > 255 ? 255 : s), s > 255));
+}
+
+/* ng whole groups from group g0 -> ng * 32 bf16 at o. A group is 24 bytes, eight 24-bit
+ * words: bytes 0..15 and 8..23 (never past the group) are loaded into the two lanes, vpshufb
+ * puts word k in dword k; the 8 elements 8q.. are codes 0..3 of words 2q, 2q + 1, shifted
+ * out by vpsrlvd and looked up by vpgatherdd in the group's row. */
+static void ct6_groups(const bfs_ctmx_desc *d, size_t g0, size_t ng, uint16_t *o)
+{
+    const __m256i words = _mm256_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1,
+                                           4, 5, 6, -1, 7, 8, 9, -1, 10, 11, 12, -1, 13, 14, 15, -1);
+    const __m256i shifts = _mm256_setr_epi32(0, 6, 12, 18, 0, 6, 12, 18), m63 = _mm256_set1_epi32(63);
+    for (size_t g = g0; g < g0 + ng; g++, o += 32) {
+        const uint8_t *const p = d->w + g * 24;
+        const __m256i raw = _mm256_loadu2_m128i((const __m128i *)(p + 8), (const __m128i *)p);
+        const __m256i w = _mm256_shuffle_epi8(raw, words);
+        const int *const tab = (const int *)ct6[ct_row(d, d->scale[g])];
+        __m256i r[4];
+        for (int q = 0; q < 4; q++) {
+            const __m256i sel = _mm256_setr_epi32(2 * q, 2 * q, 2 * q, 2 * q, 2 * q + 1, 2 * q + 1, 2 * q + 1, 2 * q + 1);
+            const __m256i code = _mm256_and_si256(_mm256_srlv_epi32(_mm256_permutevar8x32_epi32(w, sel), shifts), m63);
+            r[q] = _mm256_i32gather_epi32(tab, code, 4);
+        }
+        /* packus interleaves the lanes: [r0 lo, r1 lo, r0 hi, r1 hi] -> r0, r1 in order */
+        _mm256_storeu_si256((__m256i *)o, _mm256_permute4x64_epi64(_mm256_packus_epi32(r[0], r[1]), 0xD8));
+        _mm256_storeu_si256((__m256i *)(o + 16), _mm256_permute4x64_epi64(_mm256_packus_epi32(r[2], r[3]), 0xD8));
+    }
+}
+
 void bfs__ctmx_avx2(const bfs_ctmx_desc *d, size_t i0, size_t i1, uint16_t *out)
 {
     assert(i0 <= i1 && d->cols > 0 && d->cols % 32 == 0);
@@ -145,9 +187,12 @@ void bfs__ctmx_avx2(const bfs_ctmx_desc *d, size_t i0, size_t i1, uint16_t *out)
     for (; i < i1 && (i & 31); i++) /* head: to a group boundary */
         *o++ = bfs_ctmx_elem(d, i);
     const size_t ng = (i1 - i) / 32;
-    if (d->fp4) {
+    if (d->elem == BFS_CTMX_E2M1) {
         pthread_once(&ct_once, ct_init);
         ct4_groups(d, i / 32, ng, o);
+    } else if (d->elem == BFS_CTMX_E2M3) {
+        pthread_once(&ct6_once, ct6_init);
+        ct6_groups(d, i / 32, ng, o);
     } else {
         pthread_once(&ct8_once, ct8_init);
         ct8_groups(d, i / 32, ng, o);

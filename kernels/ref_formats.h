@@ -18,8 +18,9 @@
  *  - compressed-tensors MX (issue 23, docs/FORMATS.md 7.2, 7.3): E8M0 scale byte s per 32
  *    elements decoded as decompress_mx_scale does (2^(s-127) exactly, s = 0 the subnormal
  *    2^-127, s = 255 +inf: there is no NaN scale); bf16(f32(v * scale)) with v the E4M3 value
- *    (mxfp8-quantized) or the E2M1 value, code 8 = -0.0 (mxfp4-pack-quantized). So 0 * inf is
- *    NaN, unlike gpt-oss MXFP4 (ref.h bfs_mxfp4_value, an exact ldexp).
+ *    (mxfp8-quantized), the E2M1 value, code 8 = -0.0 (mxfp4-pack-quantized), or the FP6 E2M3
+ *    value, code 32 = -0.0 (mxfp6-pack-quantized, docs/FORMATS.md 7.6). So 0 * inf is NaN,
+ *    unlike gpt-oss MXFP4 (ref.h bfs_mxfp4_value, an exact ldexp).
  *  - DeepSeek-V4 (docs/FORMATS.md 8): FP8 block weights are the FP8 scaled rule with E8M0
  *    block scales (bfs_scale_at), FP4 experts the compressed-tensors MXFP4 rule; an F8_E8M0
  *    scale byte 255 is NaN there (torch.float8_e8m0fnu), a U8 one +inf (bfs_e8m0_scale).
@@ -203,16 +204,50 @@ BFS_HD uint16_t bfs_nvfp4_elem(const bfs_nvfp4_desc *d, size_t r, size_t c)
  * product is exact but for overflow; 0 * inf (s = 255) is NaN. */
 BFS_HD uint16_t bfs_ctmx_value(float v, uint8_t s) { return bfs_scaled_value(v, bfs_e8m0_to_f32(s)); }
 
+/* FP6 E2M3 code (6 bits, compressed-tensors compressors/mxfp6/helpers.py kE2M3ToFloat) ->
+ * float32, exact: bit 5 the sign (code 32 is -0.0), then 2 exponent bits e and 3 mantissa bits
+ * m: m / 8 for e = 0, (1 + m / 8) * 2^(e-1) otherwise (0 .. 7.5). */
+BFS_HD float bfs_e2m3_to_f32(unsigned code)
+{
+    const uint32_t sign = (uint32_t)(code & 0x20u) << 26, e = (code >> 3) & 3u, m = code & 7u;
+    if (e == 0) {
+        const float v = (float)m * 0.125f; /* exact */
+        return bfs_bits_f32(bfs_f32_bits(v) | sign);
+    }
+    return bfs_bits_f32(sign | ((e + 126u) << 23) | (m << 20));
+}
+
+/* Code j (0..3) of the MXFP6 word at p: bits 6j..6j+5 of the little-endian 24-bit word
+ * p[0] | p[1] << 8 | p[2] << 16 (element 4k + j of a row is code j of its word k). */
+BFS_HD unsigned bfs_fp6_code(const uint8_t *p, unsigned j)
+{
+    const uint32_t word = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16;
+    return (unsigned)(word >> (6 * j)) & 0x3Fu;
+}
+
+/* The first byte of w that holds element i (element type elem, BFS_CTMX_*). */
+BFS_HD uint64_t bfs_ctmx_byte(int elem, uint64_t i)
+{
+    return elem == BFS_CTMX_E4M3 ? i : elem == BFS_CTMX_E2M1 ? i / 2 : (i / 4) * 3;
+}
+
+/* The value (float32, exact) of element i of w, whose byte 0 is byte bfs_ctmx_byte(elem, e0)
+ * of the tensor (e0 = 0: the whole tensor); the chunks of ctmx.cu start anywhere. */
+BFS_HD float bfs_ctmx_code_value(const uint8_t *w, int elem, uint64_t i, uint64_t e0)
+{
+    if (elem == BFS_CTMX_E2M1) {
+        const uint8_t b = w[i / 2 - e0 / 2];
+        return bfs_e2m1_ct_to_f32((i & 1) ? (unsigned)(b >> 4) : (unsigned)(b & 0x0Fu));
+    }
+    if (elem == BFS_CTMX_E2M3)
+        return bfs_e2m3_to_f32(bfs_fp6_code(w + (i / 4 - e0 / 4) * 3, (unsigned)(i % 4)));
+    return bfs_e4m3_to_f32(w[i - e0]);
+}
+
 /* Element i of a compressed-tensors MX weight (flat: rows are whole groups). */
 BFS_HD uint16_t bfs_ctmx_elem(const bfs_ctmx_desc *d, size_t i)
 {
-    float v;
-    if (d->fp4) {
-        const uint8_t b = d->w[i / 2];
-        v = bfs_e2m1_ct_to_f32((i & 1) ? (unsigned)(b >> 4) : (unsigned)(b & 0x0Fu));
-    } else {
-        v = bfs_e4m3_to_f32(d->w[i]);
-    }
+    const float v = bfs_ctmx_code_value(d->w, d->elem, i, 0);
     return bfs_scaled_value(v, bfs_e8m0_scale(d->scale[i / 32], d->nan255));
 }
 

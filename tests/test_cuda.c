@@ -636,21 +636,23 @@ static void test_nvfp4(void **state)
     nvfp4_case(3, 8000, 0x44C00000u, 1);
 }
 
-/* ---- issue-23 compressed-tensors MX: MXFP8 (fp4 = 0) and MXFP4 (fp4 = 1) ---------------------- */
-static void ctmx_case(size_t rows, size_t cols, int fp4, int nan255)
+/* ---- issue-23 compressed-tensors MX: MXFP8, MXFP4, MXFP6 (elem BFS_CTMX_E4M3, _E2M1, _E2M3) ---- */
+static void ctmx_case(size_t rows, size_t cols, int elem, int nan255)
 {
-    const size_t wb = fp4 ? rows * cols / 2 : rows * cols, ns = rows * cols / 32;
+    static const char *const names[3] = {"mxfp8", "mxfp4", "mxfp6"};
+    const size_t n = rows * cols, ns = n / 32;
+    const size_t wb = elem == BFS_CTMX_E4M3 ? n : elem == BFS_CTMX_E2M1 ? n / 2 : n / 4 * 3;
     uint8_t *w = xmalloc(wb), *scale = xmalloc(ns);
     fill_random(w, wb);
     fill_random(scale, ns);
     for (size_t i = 0; i < 256 && i < ns; i++) /* every E8M0 byte: 0 (2^-127), 254, 255 (+inf) */
         scale[i] = (uint8_t)i;
-    for (size_t i = 0; i < 256 && i < wb; i++) /* every E4M3 code / every pair of E2M1 codes */
+    for (size_t i = 0; i < 256 && i < wb; i++) /* every E4M3 code / pair of E2M1 codes / E2M3 code */
         w[i] = (uint8_t)(i * 7);
     char name[96];
-    snprintf(name, sizeof name, "ctmx.%s%s.%zux%zu.weight", fp4 ? "mxfp4" : "mxfp8", nan255 ? ".nan255" : "", rows, cols);
+    snprintf(name, sizeof name, "ctmx.%s%s.%zux%zu.weight", names[elem], nan255 ? ".nan255" : "", rows, cols);
     bfs_ltensor t = mk_2d(name, BFS_K_CTMX, rows, cols);
-    t.ctmx = (bfs_ctmx_desc){.w = w, .scale = scale, .fp4 = fp4, .cols = cols, .nan255 = nan255};
+    t.ctmx = (bfs_ctmx_desc){.w = w, .scale = scale, .elem = elem, .cols = cols, .nan255 = nan255};
     const uint64_t budgets[] = {0, 16 * 1024, 40 * 1024 + 512};
     check_all_units(&t, rows, budgets, 3);
     free(w);
@@ -662,11 +664,11 @@ static void test_ctmx(void **state)
     (void)state;
     if (g_ndev == 0)
         skip();
-    for (int fp4 = 0; fp4 < 2; fp4++) {
-        ctmx_case(260, 288, fp4, 0); /* 9 groups a row, every scale byte in rows 0..28 */
-        ctmx_case(33, 32, fp4, 0);   /* one group a row */
-        ctmx_case(3, 8000, fp4, 0);  /* rows wider than a chunk: chunks start mid-row, mid-group, mid-byte */
-        ctmx_case(260, 288, fp4, 1); /* DeepSeek-V4 F8_E8M0 scales: byte 255 is NaN */
+    for (int el = 0; el < 3; el++) {
+        ctmx_case(260, 288, el, 0); /* 9 groups a row, every scale byte in rows 0..28 */
+        ctmx_case(33, 32, el, 0);   /* one group a row */
+        ctmx_case(3, 8000, el, 0);  /* rows wider than a chunk: chunks start mid-row, mid-group, mid-byte (word) */
+        ctmx_case(260, 288, el, 1); /* DeepSeek-V4 F8_E8M0 scales: byte 255 is NaN */
     }
 }
 

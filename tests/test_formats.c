@@ -143,10 +143,10 @@ static void unit_sources(void **s)
     assert_int_equal(r[0].off, 8);
     assert_int_equal(r[0].len, 16);
 
-    t.kind = BFS_K_CTMX; /* rows of 64 elements: 64 E4M3 bytes or 32 packed bytes, 2 scale bytes */
+    t.kind = BFS_K_CTMX; /* rows of 64 elements: 64 E4M3 bytes, 32 E2M1 or 48 E2M3 bytes, 2 scale bytes */
     t.row_elems = 64;
     t.ctmx.cols = 64;
-    t.ctmx.fp4 = 0;
+    t.ctmx.elem = BFS_CTMX_E4M3;
     assert_int_equal(bfs__unit_sources(&u, r), 2);
     assert_ptr_equal(r[0].r, &a);
     assert_int_equal(r[0].off, 64);
@@ -154,11 +154,17 @@ static void unit_sources(void **s)
     assert_ptr_equal(r[1].r, &b);
     assert_int_equal(r[1].off, 2);
     assert_int_equal(r[1].len, 4);
-    t.ctmx.fp4 = 1;
+    t.ctmx.elem = BFS_CTMX_E2M1;
     assert_int_equal(bfs__unit_sources(&u, r), 2);
     assert_int_equal(r[0].off, 32);
     assert_int_equal(r[0].len, 64);
     assert_int_equal(r[1].off, 2);
+    t.ctmx.elem = BFS_CTMX_E2M3; /* four 6-bit codes per 3 bytes */
+    assert_int_equal(bfs__unit_sources(&u, r), 2);
+    assert_int_equal(r[0].off, 48);
+    assert_int_equal(r[0].len, 96);
+    assert_int_equal(r[1].off, 2);
+    assert_int_equal(r[1].len, 4);
 }
 
 /* compressed-tensors' target matching (src/formats/ctmatch.c): Python re.match patterns run

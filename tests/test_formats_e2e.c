@@ -23,6 +23,7 @@ static const char *const fixtures[] = {
     "ct-int4-group", "ct-int4-asym", "ct-nvfp4", "modelopt-nvfp4", "ct-moe-mixed",
     /* issue 23 (fixtures/gen_mx_fixtures.py) */
     "fp8-tensor", "ct-mxfp8", "ct-mxfp4", "ct-mx-mixed",
+    "ct-mxfp6", "ct-mx6-mixed", /* fixtures/gen_mxfp6_fixtures.py */
     "dsv4-tiny", /* DeepSeek-V4 (fixtures/gen_dsv4_fixtures.py) */
 };
 #define NFIX (sizeof fixtures / sizeof *fixtures)
@@ -488,8 +489,8 @@ static void refuse_ctmx(void **s)
     refuse("ct-mxfp4", NULL, S(mx4_f8e8), S("scale_dtype", "float8_e8m0fnu"));
     refuse("ct-mxfp8", NULL, S("quant_method=\"fp8\"", "weight_block_size=[128, 128]"), S(".weight\"", "\"fp8\"", "weight_scale_inv"));
     refuse("ct-mxfp4", NULL, S("-"), S(".weight_packed\"", "compressed-tensors"));
-    /* not converted: MXFP6, asymmetric (a zero point) */
-    refuse("ct-mxfp4", NULL, S("format=\"mxfp6-pack-quantized\""), S("mxfp6-pack-quantized", "not supported"));
+    /* MXFP4 tensors under an MXFP6 config (num_bits 4 there); not converted: asymmetric (a zero point) */
+    refuse("ct-mxfp4", NULL, S("format=\"mxfp6-pack-quantized\""), S("mxfp6-pack-quantized", "num_bits 6", "not supported"));
     refuse("ct-mxfp4", E({"model.layers.0.input_layernorm.weight", Q "weight_zero_point", NULL, 0, {0}}), NULL,
            S(Q "weight_packed", "zero point"));
     /* mixed formats in one tensor: an MXFP4 weight with an NVFP4 global scale */
@@ -497,6 +498,62 @@ static void refuse_ctmx(void **s)
            S(Q "weight"));
     /* the scale gone */
     refuse("ct-mxfp8", E({Q "weight_scale", "zz.s", NULL, 0, {0}}), NULL, S(Q "weight"));
+}
+
+/* compressed-tensors MXFP6 (fixtures ct-mxfp6, ct-mx6-mixed; docs/FORMATS.md 7.6): the same
+ * tensor names and dtypes as MXFP4, the config group decides; the tensors must agree. */
+static void refuse_ctmx6(void **s)
+{
+    (void)s;
+    static const char *const mx6_b4 = "config_groups={\"group_0\": {\"targets\": [\"Linear\"], \"weights\": "
+                                      "{\"type\": \"float\", \"num_bits\": 4, \"group_size\": 32, \"strategy\": \"group\", "
+                                      "\"symmetric\": true, \"scale_dtype\": \"torch.uint8\"}}}";
+    static const char *const mx6_g16 = "config_groups={\"group_0\": {\"targets\": [\"Linear\"], \"weights\": "
+                                       "{\"type\": \"float\", \"num_bits\": 6, \"group_size\": 16, \"strategy\": \"group\", "
+                                       "\"symmetric\": true, \"scale_dtype\": \"torch.uint8\"}}}";
+    static const char *const mx6_f8e8 = "config_groups={\"group_0\": {\"targets\": [\"Linear\"], \"weights\": "
+                                        "{\"type\": \"float\", \"num_bits\": 6, \"group_size\": 32, \"strategy\": \"group\", "
+                                        "\"symmetric\": true, \"scale_dtype\": \"torch.float8_e8m0fnu\"}}}";
+    /* scale of the wrong dtype, shape or count (q_proj: packed [128, 96], scale [128, 4]) */
+    refuse("ct-mxfp6", E({Q "weight_scale", NULL, "I8", 0, {0}}), NULL, S(Q "weight_scale", "I8", "U8", Q "weight_packed"));
+    refuse("ct-mxfp6", E({Q "weight_scale", NULL, NULL, 2, {64, 8}}), NULL, S(Q "weight_scale", "MXFP6", "[64, 8]", "[128, 4]"));
+    refuse("ct-mxfp6", E({Q "weight_packed", NULL, NULL, 2, {256, 48}}), NULL, S(Q "weight_scale", "[128, 4]", "[256, 2]"));
+    /* a packed row that is not whole 3-byte words of whole groups */
+    refuse("ct-mxfp6", E({Q "weight_packed", NULL, NULL, 2, {96, 128}}), NULL, S(Q "weight_packed", "MXFP6 packed", "[96, 128]", "% 32"));
+    /* the config disagrees: MXFP6 tensors read as MXFP4 (the scale count gives it away), another
+     * num_bits or group size, E8M0 as a float8 dtype, no compressed-tensors */
+    refuse("ct-mxfp6", NULL, S("format=\"mxfp4-pack-quantized\""), S("mxfp4-pack-quantized", "num_bits 4"));
+    refuse("ct-mxfp6", NULL, S(mx6_b4), S("mxfp6-pack-quantized", "num_bits 6"));
+    refuse("ct-mxfp6", NULL, S(mx6_g16), S("mxfp6-pack-quantized", "group_size 32"));
+    refuse("ct-mxfp6", NULL, S(mx6_f8e8), S("scale_dtype", "float8_e8m0fnu"));
+    refuse("ct-mxfp6", NULL, S("format=\"nvfp4-pack-quantized\""), S(".weight_packed\"", "mxfp6-pack-quantized"));
+    refuse("ct-mxfp6", NULL, S("-"), S(".weight_packed\"", "MXFP4/MXFP6", "compressed-tensors"));
+    refuse("ct-mxfp6", E({"model.layers.0.input_layernorm.weight", Q "weight_zero_point", NULL, 0, {0}}), NULL,
+           S(Q "weight_packed", "zero point"));
+    refuse("ct-mxfp6", E({Q "weight_scale", "zz.s", NULL, 0, {0}}), NULL, S(Q "weight_packed"));
+    /* mixed-precision: the experts' MXFP6 group named MXFP4 -> their tensors disagree; the
+     * exact-name MXFP4 group gone -> layer-1 o_proj falls to the MXFP8 regex */
+    refuse("ct-mx6-mixed", NULL,
+           S("config_groups={\"group_0\": {\"format\": \"mxfp4-pack-quantized\", \"targets\": [\"re:.*mlp\\\\.experts\\\\.\\\\d+\\\\.(gate|up|down)_proj$\"], "
+             "\"weights\": {\"type\": \"float\", \"num_bits\": 4, \"group_size\": 32, \"strategy\": \"group\", \"symmetric\": true}}, "
+             "\"group_1\": {\"format\": \"mxfp8-quantized\", \"targets\": [\"re:.*self_attn\\\\.(q|k|v|o)_proj$\"], "
+             "\"weights\": {\"type\": \"float\", \"num_bits\": 8, \"group_size\": 32, \"strategy\": \"group\", \"symmetric\": true}}, "
+             "\"group_2\": {\"format\": \"mxfp4-pack-quantized\", \"targets\": [\"model.layers.1.self_attn.o_proj\"], "
+             "\"weights\": {\"type\": \"float\", \"num_bits\": 4, \"group_size\": 32, \"strategy\": \"group\", \"symmetric\": true}}}"),
+           S(".mlp.experts.", "MXFP4 scale shape"));
+    refuse("ct-mx6-mixed", NULL,
+           S("config_groups={\"group_0\": {\"format\": \"mxfp6-pack-quantized\", \"targets\": [\"re:.*mlp\\\\.experts\\\\.\\\\d+\\\\.(gate|up|down)_proj$\"], "
+             "\"weights\": {\"type\": \"float\", \"num_bits\": 6, \"group_size\": 32, \"strategy\": \"group\", \"symmetric\": true}}, "
+             "\"group_1\": {\"format\": \"mxfp8-quantized\", \"targets\": [\"re:.*self_attn\\\\.(q|k|v|o)_proj$\"], "
+             "\"weights\": {\"type\": \"float\", \"num_bits\": 8, \"group_size\": 32, \"strategy\": \"group\", \"symmetric\": true}}}"),
+           S("model.layers.1.self_attn.o_proj.weight_packed\"", "config group 1", "mxfp8-quantized"));
+    /* AMD Quark (quant_method "quark", not converted yet: docs/FORMATS.md 7.7): refused, never copied */
+    refuse("ct-mxfp6", NULL, S("quant_method=\"quark\""), S("config.json", "quant_method \"quark\"", "not supported"));
+    /* inspect names each tensor's format, as matched */
+    assert_int_equal(tu_sh("%s inspect fixtures/ct-mx6-mixed | grep -q 'layers.1.self_attn.o_proj.weight .*ct-mxfp4 .*dequantized'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("%s inspect fixtures/ct-mx6-mixed | grep -q 'layers.0.self_attn.o_proj.weight .*ct-mxfp8 .*dequantized'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("%s inspect fixtures/ct-mx6-mixed | grep -q 'experts.1.down_proj.weight .*ct-mxfp6 .*dequantized'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("%s inspect fixtures/ct-mxfp6 --json | grep -q '\"ct-mxfp6\"'", tu_bfshard()), 0);
 }
 
 /* mixed-precision: each module's config group as compressed-tensors matches it
@@ -629,6 +686,7 @@ int main(void)
         cmocka_unit_test(fp8_tensor_rules),
         cmocka_unit_test(fp8_tensor_dropped),
         cmocka_unit_test(refuse_ctmx),
+        cmocka_unit_test(refuse_ctmx6),
         cmocka_unit_test(ct_mixed_matching),
         cmocka_unit_test(dsv4_rules),
     };

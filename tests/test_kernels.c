@@ -1138,9 +1138,10 @@ static void test_backend_ops(void **state)
             tn.nv = (bfs_nvfp4_desc){w, e4, 0.37f, mo, QC};
             unit_sweep(level, &tn, 2);
         }
-        for (int fp4 = 0; fp4 < 2; fp4++) { /* issue 23: compressed-tensors MX, E8M0 scales e4 */
-            bfs_ltensor tm = unit_tensor(BFS_K_CTMX, fp4 ? "ctmx mxfp4" : "ctmx mxfp8", QR, 256);
-            tm.ctmx = (bfs_ctmx_desc){w, e4, fp4, 256, 0};
+        for (int el = 0; el < 3; el++) { /* issue 23: compressed-tensors MX, E8M0 scales e4 */
+            static const char *const tags[3] = {"ctmx mxfp8", "ctmx mxfp4", "ctmx mxfp6"};
+            bfs_ltensor tm = unit_tensor(BFS_K_CTMX, tags[el], QR, 256);
+            tm.ctmx = (bfs_ctmx_desc){w, e4, el, 256, 0};
             unit_sweep(level, &tm, 2);
         }
         free(w);
@@ -1324,10 +1325,12 @@ static void test_ctmx_ops(void **state)
             w[i] = (uint8_t)(i % 32 * 8 + i / 32 * 7 + (i / 256));
         for (size_t g = 0; g < ng; g++)
             sc[g] = (uint8_t)(g * (si == 0 ? 1 : 37) + si);
-        for (int fp4 = 0; fp4 < 4; fp4++) { /* 2, 3: nan255 (DeepSeek-V4's F8_E8M0 scales) */
-            const bfs_ctmx_desc d = {w, sc, fp4 & 1, cols, fp4 >> 1};
+        for (int v = 0; v < 6; v++) { /* element type v % 3; v >= 3: nan255 (DeepSeek-V4's F8_E8M0 scales) */
+            static const char *const tags[6] = {"ctmx mxfp8", "ctmx mxfp4", "ctmx mxfp6",
+                                                "mxfp8 f8_e8m0", "dsv4 fp4 f8_e8m0", "mxfp6 f8_e8m0"};
+            const bfs_ctmx_desc d = {w, sc, v % 3, cols, v / 3};
             const q12_case c = {3, &d, n};
-            const char *tag = fp4 == 1 ? "ctmx mxfp4" : fp4 == 0 ? "ctmx mxfp8" : fp4 == 3 ? "dsv4 fp4 f8_e8m0" : "mxfp8 f8_e8m0";
+            const char *tag = tags[v];
             q12_sweep(k, &c, cols, tag);
             q12_starts(k, &c, 70, 131, tag);
             q12_compare(k, &c, 33, n - 31, 1, tag);
@@ -1351,6 +1354,50 @@ static void test_ctmx_ops(void **state)
         }
 }
 
+/* MXFP6 (compressed-tensors mxfp6-pack-quantized, docs/FORMATS.md 7.6): the E2M3 values are
+ * compressed-tensors' kE2M3ToFloat (compressors/mxfp6/helpers.py), code 32 is -0.0; four codes
+ * per 3 bytes, code j of word k in bits 6j.. of b0 | b1 << 8 | b2 << 16; every code under every
+ * scale byte is the exact product rounded once (+inf for byte 255: 0 * inf = NaN). */
+static void test_ref_mxfp6(void **state)
+{
+    (void)state;
+    static const float mag[32] = {0, 0.125f, 0.25f, 0.375f, 0.5f, 0.625f, 0.75f, 0.875f, 1, 1.125f, 1.25f,
+                                  1.375f, 1.5f, 1.625f, 1.75f, 1.875f, 2, 2.25f, 2.5f, 2.75f, 3, 3.25f, 3.5f,
+                                  3.75f, 4, 4.5f, 5, 5.5f, 6, 6.5f, 7, 7.5f};
+    for (unsigned code = 0; code < 64; code++) {
+        const float want = code & 32 ? -mag[code & 31] : mag[code & 31];
+        assert_int_equal(bfs_f32_bits(bfs_e2m3_to_f32(code)), bfs_f32_bits(want));
+    }
+    /* codes 1, 2, 3, 4: word 0x103081 (bytes 0x81 0x30 0x10), then 63, 32, 0, 5 */
+    const uint8_t pk[6] = {0x81, 0x30, 0x10, 0x3F, 0x08, 0x14};
+    assert_int_equal(bfs_fp6_code(pk, 0), 1);
+    assert_int_equal(bfs_fp6_code(pk, 1), 2);
+    assert_int_equal(bfs_fp6_code(pk, 2), 3);
+    assert_int_equal(bfs_fp6_code(pk, 3), 4);
+    assert_int_equal(bfs_fp6_code(pk + 3, 0), 63);
+    assert_int_equal(bfs_fp6_code(pk + 3, 1), 32);
+    assert_int_equal(bfs_fp6_code(pk + 3, 2), 0);
+    assert_int_equal(bfs_fp6_code(pk + 3, 3), 5);
+    uint8_t w[24] = {0}, sc[1] = {127};
+    memcpy(w, pk, sizeof pk);
+    const bfs_ctmx_desc d = {w, sc, BFS_CTMX_E2M3, 32, 0};
+    assert_int_equal(bfs_ctmx_elem(&d, 3), 0x3F00);  /* code 4: 0.5 */
+    assert_int_equal(bfs_ctmx_elem(&d, 4), 0xC0F0);  /* -7.5 */
+    assert_int_equal(bfs_ctmx_elem(&d, 5), 0x8000);  /* -0.0 */
+    for (unsigned s = 0; s < 256; s++)
+        for (unsigned code = 0; code < 64; code++) {
+            const float v = bfs_e2m3_to_f32(code);
+            uint16_t want;
+            if (s == 255)
+                want = bfs_bf16_from_f32(v == 0.0f ? NAN : v > 0 ? INFINITY : -INFINITY);
+            else
+                want = bfs_bf16_from_f32((float)ldexp((double)v, (int)s - 127));
+            const uint16_t got = bfs_ctmx_value(v, (uint8_t)s);
+            if (got != want && !((got & 0x7FFF) > 0x7F80 && (want & 0x7FFF) > 0x7F80))
+                fail_msg("bfs_ctmx_value(e2m3 %u, scale %u) = 0x%04x, want 0x%04x", code, s, got, want);
+        }
+}
+
 #define LEVEL_TESTS(tag, lv)                                                      \
     {"mxfp4_exhaustive/" tag, test_mxfp4_exhaustive, NULL, NULL, &(lv)},          \
         {"mxfp4_shapes/" tag, test_mxfp4_shapes, NULL, NULL, &(lv)},              \
@@ -1368,6 +1415,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ref_bf16_rounding),
+        cmocka_unit_test(test_ref_mxfp6),
         cmocka_unit_test(test_ref_e8m0_e2m1),
         cmocka_unit_test(test_ref_dsv4_e8m0),
         cmocka_unit_test(test_ref_bnb_tables),

@@ -16,6 +16,7 @@
 
 #include "../../kernels/common.cuh"
 #include "../../kernels/ref.h"
+#include "../../kernels/ref_formats.h"
 
 #include <inttypes.h>
 #include <pthread.h>

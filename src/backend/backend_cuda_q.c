@@ -107,7 +107,7 @@ uint64_t bfs__cu_layout(const cu_job *j, uint64_t pos, uint64_t n, cu_chunk *ch)
     case J_CTMX: { /* the element bytes and E8M0 scales of elements [pos, pos + n) */
         const bfs_ctmx_desc *d = &t->ctmx;
         const uint64_t last = pos + n - 1;
-        const uint64_t b0 = d->fp4 ? pos / 2 : pos, b1 = d->fp4 ? last / 2 : last;
+        const uint64_t b0 = bfs_ctmx_byte(d->elem, pos), b1 = bfs_ctmx_byte(d->elem, last) + (d->elem == BFS_CTMX_E2M3 ? 2 : 0);
         cu_add(ch, d->w + b0, b1 - b0 + 1, 1, 0);
         cu_add(ch, d->scale + pos / 32, last / 32 - pos / 32 + 1, 1, 0);
         ch->out_bytes = n * 2;
@@ -289,7 +289,7 @@ int bfs__cu_job_init(const cu_backend *b, const bfs_unit *u, cu_job *j)
     case BFS_K_CTMX: {
         const bfs_ctmx_desc *d = &t->ctmx;
         j->mode = J_CTMX;
-        if (!d->w || !d->scale || d->cols == 0 || d->cols % 32 != 0 || (d->fp4 != 0 && d->fp4 != 1) ||
+        if (!d->w || !d->scale || d->cols == 0 || d->cols % 32 != 0 || (d->elem != BFS_CTMX_E4M3 && d->elem != BFS_CTMX_E2M1 && d->elem != BFS_CTMX_E2M3) ||
             t->row_elems != d->cols)
             return bfs__err(BFS_EINTERNAL, "tensor %s: bad MX descriptor", t->name);
         break;
@@ -398,10 +398,10 @@ int bfs__cu_launch(const cu_job *j, const cu_chunk *ch, const cu_dev *d, uint8_t
         memset(&a, 0, sizeof a);
         a.w = ds + ch->g[0].off;
         a.scale = ds + ch->g[1].off;
-        a.fp4 = q->fp4;
+        a.elem = q->elem;
         a.nan255 = q->nan255;
         a.e0 = ch->pos;
-        a.b0 = q->fp4 ? ch->pos / 2 : ch->pos;
+        a.b0 = bfs_ctmx_byte(q->elem, ch->pos);
         a.s0 = ch->pos / 32;
         a.n = ch->n;
         a.cols = q->cols;

@@ -6,7 +6,7 @@
  *     -> the FP8 kernel (BFS_K_FP8, scale type E8M0 / E8M0_NAN / F32).
  *   FP4 routed experts (expert_dtype "fp4", in quantization_config or, V4, at the top of
  *     config.json): P.weight I8 [out, in/2] (E2M1 pairs, low nibble = even element) +
- *     P.scale E8M0 [out, in/32] -> the compressed-tensors MXFP4 kernel (BFS_K_CTMX, fp4 = 1),
+ *     P.scale E8M0 [out, in/32] -> the compressed-tensors MXFP4 kernel (BFS_K_CTMX, elem E2M1),
  *     whose rule is transformers' Fp8Dequantize._dequantize_one for these (code 8 = -0.0).
  * Byte 255 of an E8M0 scale is NaN when stored F8_E8M0 (torch.float8_e8m0fnu) and +inf
  * when stored U8 (transformers' exp2(s - 127.0)); byte 0 is 2^-127 in both.
@@ -121,7 +121,7 @@ static int bfs__dsv4_fp4(const bfs_fctx *c, const bfs_raw *w, const bfs_raw *s, 
     t->kind = BFS_K_CTMX;
     t->shape[0] = out;
     t->shape[1] = in;
-    t->ctmx = (bfs_ctmx_desc){.w = w->data, .scale = s->data, .fp4 = 1, .cols = (size_t)in, .nan255 = sdt == BFS_DT_F8_E8M0};
+    t->ctmx = (bfs_ctmx_desc){.w = w->data, .scale = s->data, .elem = BFS_CTMX_E2M1, .cols = (size_t)in, .nan255 = sdt == BFS_DT_F8_E8M0};
     t->qname = "dsv4-fp4-ue8m0";
     t->transform = sdt == BFS_DT_F8_E8M0 ? "fp4 e2m1 * 2^(s-127) [F8_E8M0 scale per 32, 255 = NaN] -> bf16"
                                           : "fp4 e2m1 * 2^(s-127) [U8 scale per 32, 255 = +inf] -> bf16";

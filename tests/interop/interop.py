@@ -246,9 +246,10 @@ def upstream_quant(d, sd, ref, consumed):
         from compressed_tensors.quantization import QuantizationConfig
         from compressed_tensors.compressors.mxfp4.base import MXFP4PackedCompressor
         from compressed_tensors.compressors.mxfp8.base import MXFP8QuantizationCompressor
+        from compressed_tensors.compressors.mxfp6.base import MXFP6PackedCompressor
         classes = {"float-quantized": FloatQuantizationCompressor, "pack-quantized": PackedQuantizationCompressor,
                    "nvfp4-pack-quantized": NVFP4PackedCompressor, "mxfp8-quantized": MXFP8QuantizationCompressor,
-                   "mxfp4-pack-quantized": MXFP4PackedCompressor}
+                   "mxfp4-pack-quantized": MXFP4PackedCompressor, "mxfp6-pack-quantized": MXFP6PackedCompressor}
         qcfg = QuantizationConfig.model_validate(qc)
         parts = ("weight", "weight_packed", "weight_scale", "weight_zero_point", "weight_shape",
                  "weight_global_scale")
@@ -1006,7 +1007,7 @@ def main():
     fixtures += qfix
     # FSDP2 / DCP loads: one fixture per format (Llama-shaped: a transformers model is built from the output config)
     q_dcp = [f for f in ("fp8-block", "ct-fp8-channel", "ct-int4-asym", "ct-nvfp4", "modelopt-nvfp4",
-                         "fp8-tensor", "ct-mxfp8", "ct-mxfp4") if f in qfix]
+                         "fp8-tensor", "ct-mxfp8", "ct-mxfp4", "ct-mxfp6") if f in qfix]
     inputs = {f: os.path.join(args.fixtures, f) for f in fixtures}
     scalar_in = os.path.join(work, "scalar0d-input")
     os.makedirs(scalar_in, exist_ok=True)
