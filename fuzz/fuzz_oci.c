@@ -32,7 +32,8 @@
  *   - checking twice gives the same verdict, message, report and bytes checked;
  *   - an accepted layout is one whose every manifest the index names, and every config and
  *     layer of a bfshard artifact among them, is a blob of its descriptor's size that
- *     hashes to its digest (checked here with OpenSSL, independently);
+ *     hashes to its digest (checked here with OpenSSL, independently), and whose layers'
+ *     org.bfshard.rank are as pack writes them ("%d" of 0..999999);
  *   - index_set keeps every other entry and key of the index as they were, puts its entry
  *     at the first of its tag (else appends it), and leaves index.json as it was when it
  *     refuses.
@@ -349,6 +350,19 @@ static bool fzo_blob_good(const json_t *d, json_t **j)
     return ok;
 }
 
+/* an org.bfshard.rank as pack writes it ("%d", 0..999999), or none */
+static bool fzo_rank_ok(const json_t *r)
+{
+    const char *s = json_string_value(r);
+    char buf[16];
+    if (!r)
+        return true;
+    if (!s || strlen(s) > 6)
+        return false;
+    snprintf(buf, sizeof buf, "%d", atoi(s));
+    return !strcmp(buf, s) && s[0] != '-';
+}
+
 /* an accepted layout, checked independently: every blob its bfshard artifacts name is good */
 static void fzo_oracle(void)
 {
@@ -368,12 +382,14 @@ static void fzo_oracle(void)
             ours++;
             const json_t *ls = json_object_get(man, "layers");
             ok = fzo_blob_good(json_object_get(man, "config"), NULL) && json_array_size(ls) > 0;
-            for (size_t l = 0; ok && l < json_array_size(ls); l++)
-                ok = fzo_blob_good(json_array_get(ls, l), NULL);
+            for (size_t l = 0; ok && l < json_array_size(ls); l++) {
+                const json_t *ann = json_object_get(json_array_get(ls, l), "annotations");
+                ok = fzo_blob_good(json_array_get(ls, l), NULL) && fzo_rank_ok(json_object_get(ann, BFS_OCI_ANN_RANK));
+            }
         }
         json_decref(man);
         if (!ok) {
-            fprintf(stderr, "fuzz: verify accepted a layout with a bad blob (manifests[%zu] or its config/layers)\n", i);
+            fprintf(stderr, "fuzz: verify accepted a layout with a bad blob or rank annotation (manifests[%zu], its config or layers)\n", i);
             abort();
         }
     }
@@ -468,6 +484,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (a.rc == 0)
         fzo_oracle();
     fz_oci_last_rc = a.rc;
+    if (getenv("FZ_OCI_VERBOSE")) /* what verify said, when reproducing an input */
+        fprintf(stderr, "fuzz_oci: %d (%s) %s\n%.*s", a.rc, bfs_err_name(a.rc), a.msg, (int)a.len, a.report);
     fzo_free(&a);
     fzo_free(&b);
     if (sel & 32)

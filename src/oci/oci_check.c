@@ -273,11 +273,14 @@ static int bfs__layer_get(bfs_oci_chk *c, const json_t *e, size_t i, const char 
     L->mt = json_string_value(json_object_get(e, "mediaType"));
     L->xann = json_string_value(json_object_get(ann, BFS_OCI_ANN_XXH3));
     L->rank = -1;
-    char *end = NULL;
-    const long r = rank ? strtol(rank, &end, 10) : -1;
-    if (rank && (!end || *end || r < 0 || r >= 1000000 || !rank[0]))
+    /* as pack writes it: "%d" of 0..999999 (no sign, space or leading zero: strtol took " +07") */
+    const size_t rl = rank ? strspn(rank, "0123456789") : 0;
+    if (json_object_get(ann, BFS_OCI_ANN_RANK) && !rank) /* annotations are strings (image-spec) */
         L->mt = NULL;
-    L->rank = (int)r;
+    else if (rank && (rl == 0 || rank[rl] || rl > 6 || (rank[0] == '0' && rl > 1)))
+        L->mt = NULL;
+    else if (rank)
+        L->rank = atoi(rank);
     if (!bfs__plain(L->name) || !L->hex || !L->mt || !json_is_integer(js) || json_integer_value(js) < 0 ||
         (strcmp(L->mt, BFS_MP_MT_WEIGHT) && strcmp(L->mt, BFS_MP_MT_WCONFIG) && strcmp(L->mt, BFS_MP_MT_DOC))) {
         bfs__bad(c, "%s: layers[%zu]: BAD descriptor (a ModelPack raw media type, digest, size, a plain %s, a "
