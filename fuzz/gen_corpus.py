@@ -12,10 +12,12 @@ without double quant, casts, passthrough, scalars, empty tensors), plus hand-mad
 edge cases. Code tables are copied from the fixtures (bitsandbytes' own bytes).
 Input formats: see the comment at the top of each fuzz/fuzz_<target>.c.
 
-The seeds of manifest, sums and claim are real outputs: build/bfshard (make) converts
+The seeds of manifest, sums, claim and oci are real outputs: build/bfshard (make) converts
 the fixtures into the OUTDIRs of fuzz_common.c's fz_outdirs[] (and a few more: W = 1,
 3, 8, both layouts, parts, compressed); each manifest's "revision" is set to "seed" and
-the manifest sealed again (xxh128sum), so they do not change with the commit.
+the manifest sealed again (xxh128sum), so they do not change with the commit. oci's are
+layouts `bfshard pack` wrote of such OUTDIRs (fuzz_oci.c's fz_oci_bases[]: W = 1, 2, 8, dcp
+and hf, --sha256 or not, compressed copies beside), their JSON blobs and small files as parts.
 """
 import json
 import os
@@ -333,15 +335,17 @@ def normalize(m):
     return reseal(re.sub(rb'"revision": "[^"]*"', b'"revision": "seed"', m, count=1))
 
 
-def convert(tmp, fixture, w, layout="dcp", compress=None, max_shard=None, ranks=None):
+def convert(tmp, fixture, w, layout="dcp", compress=None, max_shard=None, ranks=None, sha256=False):
     """OUTDIR of one conversion (in parts when ranks)"""
-    out = os.path.join(tmp, "%s-w%d-%s-%s-%s" % (fixture.replace("/", "_"), w, layout, compress, ranks and "parts"))
+    out = os.path.join(tmp, "%s-w%d-%s-%s-%s%s" % (fixture.replace("/", "_"), w, layout, compress, ranks and "parts",
+                                                   "-sha256" if sha256 else ""))
     for r in (ranks or [None]):
         cmd = [BFSHARD, "convert", os.path.join(ROOT, "fixtures", fixture), out, "--world-size", str(w),
                "--layout", layout, "--device", "cpu", "-T", "1"]
         cmd += ["--compress", compress] if compress else []
         cmd += ["--max-shard-size", str(max_shard)] if max_shard else []
         cmd += ["--ranks", r] if r else []
+        cmd += ["--sha256"] if sha256 else []
         subprocess.run(cmd, check=True, capture_output=True)
     return out
 
@@ -397,6 +401,110 @@ def gen_manifest_sums(tmp):
     for k, v in edge.items():
         # the seal as written (bit 3 clear) where the harness's re-seal would change what is tested
         write("manifest", "edge_" + k, bytes([5 if k.startswith("part") else 0 if k.startswith("seal") else 8]) + v)
+
+# fuzz_oci.c's fz_oci_bases[], in order: fixture, W, layout, --sha256, compress, max shard size
+OCI_BASES = [("ct-fp8-block", 1, "dcp", True, None, None),
+             ("ct-int4-group", 2, "dcp", False, None, None),
+             ("bnb-fp4-dq", 1, "hf", True, None, 40000),
+             ("modelopt-nvfp4", 8, "dcp", True, "zstd:3", None)]
+OCI_SMALL = ("bfshard.manifest.json", "xxh128sums.txt", "sha256sums.txt", "config.json")
+
+
+def oci_parts(oci):
+    """a layout bfshard packed as fuzz_oci's parts: oci-layout, index.json, the manifest, the
+    config, then the small layers (OCI_SMALL; the OUTDIR manifest normalized), each named by
+    placeholder (@D<n> its digest, @S<n> its size); the rank files stay the harness's blobs"""
+    rd = lambda h: open(os.path.join(oci, "blobs", "sha256", h), "rb").read()
+    idx = open(os.path.join(oci, "index.json"), "rb").read()
+    md = json.loads(idx)["manifests"][0]
+    man_b = rd(md["digest"][7:])
+    man = json.loads(man_b)
+    cfg_b = rd(man["config"]["digest"][7:])
+    small = [l for l in man["layers"] if l["annotations"]["org.cncf.model.filepath"] in OCI_SMALL]
+    parts = [open(os.path.join(oci, "oci-layout"), "rb").read(), idx, man_b, cfg_b]
+    ref = lambda d, n: (b'"digest":"%s","size":%d' % (d["digest"].encode(), d["size"]),
+                        b'"digest":"@D%d","size":@S%d' % (n, n))
+    for l in small:
+        n = len(parts)
+        b = rd(l["digest"][7:])
+        if l["annotations"]["org.cncf.model.filepath"] == "bfshard.manifest.json":
+            b = normalize(b)
+            seal = b[b.rfind(SEAL_KEY) + len(SEAL_KEY):][:32]
+            old = man["annotations"]["org.bfshard.manifest.xxh3_128"].encode()
+            parts[2] = parts[2].replace(b'"org.bfshard.manifest.xxh3_128":"%s"' % old,
+                                        b'"org.bfshard.manifest.xxh3_128":"%s"' % seal)
+        parts.append(b)
+        parts[2] = parts[2].replace(*ref(l, n))
+        parts[3] = parts[3].replace(b'"%s"' % l["digest"].encode(), b'"@D%d"' % n)
+    parts[2] = parts[2].replace(*ref(man["config"], 3))
+    parts[1] = parts[1].replace(*ref(md, 2))
+    return parts
+
+
+def gen_oci(tmp):
+    """fuzz_oci: selector (bits 0-1 base layout, 2 no base blobs, 3 first blob corrupt, 4 bfs_verify,
+    5 index_set, 6 empty part = no file, 7 last blob a symlink) + parts (oci-layout, index.json, blobs)"""
+    seeds = {}
+    for k, (fx, w, layout, sha, comp, ms) in enumerate(OCI_BASES):
+        out = convert(tmp, fx, w, layout, comp, ms, None, sha)
+        oci = out + ".oci"
+        subprocess.run([BFSHARD, "pack", out, oci], check=True, capture_output=True)
+        seeds[k] = oci_parts(oci)
+        write("oci", "pack_k%d" % k, bytes([k]) + SEP.join(seeds[k]))
+    p = seeds[0]
+    j = lambda parts: SEP.join(parts)
+    for name, sel in (("public", 16), ("index_set", 32), ("corrupt_manifest", 8), ("symlink_last", 128),
+                      ("no_base_blobs", 4)):
+        write("oci", "pack_k0_" + name, bytes([sel]) + j(p))
+    entry = json.loads(p[1].replace(b"@S2", b'"@S2"'))["manifests"][0]
+    def idx(entries, extra=None):
+        d = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": entries}
+        d.update(extra or {})
+        return json.dumps(d, separators=(",", ":")).encode().replace(b'"@S2"', b"@S2")
+    tagged = lambda t, **kw: dict(entry, annotations={"org.opencontainers.image.ref.name": t}, **kw)
+    skopeo = {k: v for k, v in entry.items() if k != "mediaType"}
+    foreign = {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": "@D%d" % len(p),
+               "size": "@S%d" % len(p)}
+    fman = b'{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":' \
+           b'{"mediaType":"application/vnd.oci.empty.v1+json","digest":"sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a","size":2},"layers":[]}'
+    nested = {"mediaType": "application/vnd.oci.image.index.v1+json", "digest": "sha256:" + "0" * 64, "size": 2}
+    variants = {
+        "skopeo_no_media_type": [idx([skopeo])],
+        "two_tags_nested_foreign": [idx([tagged("v1"), nested, dict(foreign), tagged("latest")],
+                                        {"annotations": {"x": "y"}}).replace(b'"@S%d"' % len(p), b"@S%d" % len(p))],
+        "tag_control_chars": [idx([tagged("a\nb\u001b[31m")])],
+        "missing_manifest_blob": [idx([dict(entry, digest="sha256:" + "1" * 64)])],
+    }
+    for name, (ix,) in variants.items():
+        parts = [p[0], ix] + p[2:] + ([fman] if b"@D%d" % len(p) in ix else [])
+        write("oci", "edge_" + name, bytes([32 if "tags" in name else 0]) + j(parts))
+    man = p[2]
+    fp = b'"org.cncf.model.filepath":"xxh128sums.txt"'
+    layer_edits = {
+        "layer_name_newline": man.replace(fp, b'"org.cncf.model.filepath":"xxh128sums\\n.txt"'),
+        "layer_name_dotdot": man.replace(fp, b'"org.cncf.model.filepath":"../xxh128sums.txt"'),
+        "layer_rank_odd": man.replace(b'"org.bfshard.rank":"0"', b'"org.bfshard.rank":" +0"'),
+        "annotation_control_chars": man.replace(b'"org.bfshard.layout":"dcp"', b'"org.bfshard.layout":"d\\u0007cp"'),
+        "config_size_huge": man.replace(b'"size":@S3', b'"size":9223372036854775807'),
+    }
+    for name, m in layer_edits.items():
+        write("oci", "edge_" + name, bytes([0]) + j([p[0], p[1], m] + p[3:]))
+    cfg = json.loads(p[3])
+    cfg["config"]["quantization"] = "fp8\u001b[0m"
+    cfg["descriptor"]["extra"] = 1
+    write("oci", "edge_config_schema", bytes([0]) + j(p[:3] + [json.dumps(cfg, separators=(",", ":")).encode()] + p[4:]))
+    small = {
+        "layout_version_2": [b'{"imageLayoutVersion":"2.0.0"}', p[1]],
+        "layout_not_json": [b"{", p[1]],
+        "layout_absent": [b"", p[1]],
+        "index_not_json": [p[0], b'{"manifests":['],
+        "index_no_manifests": [p[0], b'{"schemaVersion":2}'],
+        "index_empty": [p[0], b'{"schemaVersion":2,"manifests":[]}'],
+        "index_schema_3": [p[0], b'{"schemaVersion":3,"manifests":[]}'],
+        "index_absent": [p[0], b""],
+    }
+    for name, parts in small.items():
+        write("oci", "edge_" + name, bytes([64 | 32 if "absent" in name else 32 if "index" in name else 0]) + j(parts))
 
 
 def gen_slices(tmp):
@@ -473,7 +581,7 @@ def gen_claim():
 
 def main():
     # files named by a 40-hex SHA-1 were grown by fuzzing (libFuzzer -merge=1): kept
-    for t in ("st_parse", "plan", "input", "bnb_blob", "manifest", "sums", "claim", "slices"):  # zst's are not ours
+    for t in ("st_parse", "plan", "input", "bnb_blob", "manifest", "sums", "claim", "slices", "oci"):  # zst's are not ours
         dp = os.path.join(OUT, t)
         if os.path.isdir(dp):
             for f in os.listdir(dp):
@@ -485,11 +593,12 @@ def main():
     gen_input(models)
     gen_bnb_blob()
     if not os.path.exists(BFSHARD) or not shutil.which("xxh128sum"):
-        raise SystemExit("gen_corpus.py: the manifest, sums and claim seeds need build/bfshard (make) and xxh128sum")
+        raise SystemExit("gen_corpus.py: the manifest, sums, claim and oci seeds need build/bfshard (make) and xxh128sum")
     tmp = tempfile.mkdtemp(prefix="bfs-corpus-")
     try:
         gen_manifest_sums(tmp)
         gen_slices(tmp)
+        gen_oci(tmp)
     finally:
         shutil.rmtree(tmp)
     gen_claim()

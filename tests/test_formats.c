@@ -190,11 +190,18 @@ static void ct_target_matching(void **s)
     }
     json_decref(v);
     static const char *const refused[] = {"re:.*\\bproj", "re:(?=x).*", "re:(?i)LM_HEAD", "re:(a)\\1",
-                                          "re:.*\\Aproj", "re:.*x{1,99999}"};
+                                          "re:.*\\Aproj", "re:.*x{1,99999}",
+                                          /* regcomp's memory is exponential in these (fuzz_claim's OOM) */
+                                          "re:.*proj++++++++++++++++++++++++++++++++$", "re:a{2}{3}", "re:x*??",
+                                          "re:(((a{99}){99}){99})", "re:((((((((((((((a+)+)+)+)+)+)+)+)+)+)+)+)+)+)+"};
     for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
         assert_int_equal(bfs__ct_target_matches(refused[i], "model.x"), -1);
         assert_non_null(strstr(bfs_last_error(), "not supported"));
     }
+    /* one lazy or possessive mark is no second quantifier; a group's may follow its atom's */
+    assert_int_equal(bfs__ct_target_matches("re:.*proj++$", "model.proj"), 1);
+    assert_int_equal(bfs__ct_target_matches("re:.*(pro+?j)+$", "model.proj"), 1);
+    assert_int_equal(bfs__ct_target_matches("re:.*\\.(\\d{1,4})\\.x", "m.12.x"), 1);
 }
 
 int main(void)

@@ -231,15 +231,35 @@ static long ct_bound(const char *p, sbuf *b)
     return (long)i + 1;
 }
 
+/* The copies regcomp makes of the atom before the quantifier at p: 2 for * + ?, else the
+ * bound's largest count ({m} m, {m,n} n, {m,} m + 1). */
+static uint64_t ct_copies(const char *p)
+{
+    if (*p != '{')
+        return 2;
+    char *end = NULL;
+    const uint64_t lo = strtoull(p + 1, &end, 10), hi = *end == ',' ? strtoull(end + 1, NULL, 10) : 0;
+    const uint64_t n = *end != ',' ? lo : end[1] == '}' ? lo + 1 : hi;
+    return n ? n : 1;
+}
+
+/* regcomp expands repetitions by copying their atoms, nested ones multiplied, and a
+ * quantifier of a quantifier ("a++++", which Python refuses: "multiple repeat") by copying
+ * the tree again each time: memory exponential in the pattern. Refused beyond this size. */
+#define CT_MAX_NODES 10000
+#define CT_MAX_DEPTH 64
+
 /* Python pattern py -> "^(" ERE ")" in out (cap bytes); 0, or -1 with why. */
 static int ct_translate(const char *py, char *out, size_t cap, const char **why)
 {
     sbuf b = {out, 0, cap};
+    uint64_t size[CT_MAX_DEPTH + 1] = {0}, last = 0; /* each open group's size so far; the last atom's */
+    int depth = 0, prev_quant = 0;
     out[0] = '\0';
     sb_puts(&b, "^(");
     for (size_t i = 0; py[i];) {
-        const char ch = py[i];
-        int quant = 0;
+        const char ch = py[i], *at = py + i;
+        int quant = 0, atom = 1;
         if (ch == '\\') {
             const unsigned char e = (unsigned char)py[i + 1];
             unsigned char set[256] = {0};
@@ -276,6 +296,16 @@ static int ct_translate(const char *py, char *out, size_t cap, const char **why)
                 i++;
             }
             sb_putc(&b, '(');
+            if (depth == CT_MAX_DEPTH)
+                return *why = "groups nested deeper than 64", -1;
+            size[++depth] = 0;
+            atom = 0;
+        } else if (ch == ')' && depth > 0) {
+            sb_putc(&b, ch);
+            i++;
+            last = size[depth--];
+            size[depth] += last;
+            atom = 0;
         } else if (ch == '{') {
             const long k = ct_bound(py + i, &b);
             if (k < 0)
@@ -293,8 +323,23 @@ static int ct_translate(const char *py, char *out, size_t cap, const char **why)
         } else {
             sb_putc(&b, ch);
             quant = ch == '*' || ch == '+' || ch == '?';
+            atom = ch != '|';
+            last = ch == '|' ? 0 : last;
             i++;
         }
+        if (quant && prev_quant)
+            return *why = "a quantifier of a quantifier (Python: multiple repeat)", -1;
+        if (quant) {
+            const uint64_t n = ct_copies(at);
+            size[depth] += last * (n - 1);
+            last *= n;
+        } else if (atom) {
+            size[depth]++;
+            last = 1;
+        }
+        if (size[depth] > CT_MAX_NODES || last > CT_MAX_NODES)
+            return *why = "a pattern larger than 10000 atoms once its repetitions are expanded", -1;
+        prev_quant = quant;
         if (quant && (py[i] == '?' || py[i] == '+'))
             i++; /* lazy or possessive: whether a match exists does not depend on it */
     }

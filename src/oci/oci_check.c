@@ -14,6 +14,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -34,18 +36,34 @@ typedef struct {
     XXH3_state_t *xst;
 } bfs_oci_chk;
 
+/* One problem, one line: the names and values it quotes come from the layout's files, so
+ * every control character (C0, DEL, C1) is written escaped as JSON writes it (\n, \u001b). */
 static void bfs__bad(bfs_oci_chk *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void bfs__bad(bfs_oci_chk *c, const char *fmt, ...)
 {
+    char *line = NULL;
     c->bad++;
     if (!c->report)
         return;
     va_list ap;
     va_start(ap, fmt);
-    fprintf(c->report, "%s: ", c->ocidir);
-    vfprintf(c->report, fmt, ap);
-    fputc('\n', c->report);
+    const int n = vasprintf(&line, fmt, ap);
     va_end(ap);
+    fprintf(c->report, "%s: ", c->ocidir);
+    for (const unsigned char *p = (const unsigned char *)line; n >= 0 && *p; p++) {
+        if (*p == '\n')
+            fputs("\\n", c->report);
+        else if (*p == '\t')
+            fputs("\\t", c->report);
+        else if (*p < 0x20 || *p == 0x7f)
+            fprintf(c->report, "\\u%04x", *p);
+        else if (*p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f)
+            fprintf(c->report, "\\u%04x", *++p);
+        else
+            fputc(*p, c->report);
+    }
+    fputs(n >= 0 ? "\n" : "(out of memory)\n", c->report);
+    free(line);
 }
 
 bool bfs__oci_is_layout(const char *path)
@@ -255,11 +273,14 @@ static int bfs__layer_get(bfs_oci_chk *c, const json_t *e, size_t i, const char 
     L->mt = json_string_value(json_object_get(e, "mediaType"));
     L->xann = json_string_value(json_object_get(ann, BFS_OCI_ANN_XXH3));
     L->rank = -1;
-    char *end = NULL;
-    const long r = rank ? strtol(rank, &end, 10) : -1;
-    if (rank && (!end || *end || r < 0 || r >= 1000000 || !rank[0]))
+    /* as pack writes it: "%d" of 0..999999 (no sign, space or leading zero: strtol took " +07") */
+    const size_t rl = rank ? strspn(rank, "0123456789") : 0;
+    if (json_object_get(ann, BFS_OCI_ANN_RANK) && !rank) /* annotations are strings (image-spec) */
         L->mt = NULL;
-    L->rank = (int)r;
+    else if (rank && (rl == 0 || rank[rl] || rl > 6 || (rank[0] == '0' && rl > 1)))
+        L->mt = NULL;
+    else if (rank)
+        L->rank = atoi(rank);
     if (!bfs__plain(L->name) || !L->hex || !L->mt || !json_is_integer(js) || json_integer_value(js) < 0 ||
         (strcmp(L->mt, BFS_MP_MT_WEIGHT) && strcmp(L->mt, BFS_MP_MT_WCONFIG) && strcmp(L->mt, BFS_MP_MT_DOC))) {
         bfs__bad(c, "%s: layers[%zu]: BAD descriptor (a ModelPack raw media type, digest, size, a plain %s, a "
@@ -419,7 +440,7 @@ cleanup:
 /* ---- the layout ---------------------------------------------------------------------------------- */
 static int bfs__read_json(const char *dir, const char *name, size_t max, json_t **out)
 {
-    char *p = bfs__path_join(dir, name), *text = NULL;
+    char *p = bfs__path_join(dir, name), *text = NULL, esc[2 * JSON_ERROR_TEXT_LENGTH];
     size_t len = 0;
     json_error_t je;
     *out = NULL;
@@ -427,7 +448,7 @@ static int bfs__read_json(const char *dir, const char *name, size_t max, json_t 
         return bfs__err(BFS_ENOMEM, "out of memory");
     int rc = bfs__read_small_file(p, max, &text, &len);
     if (rc == 0 && !(*out = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je)))
-        rc = bfs__err(BFS_EINPUT, "%s: not JSON (line %d: %s)", p, je.line, je.text);
+        rc = bfs__err(BFS_EINPUT, "%s: not JSON (line %d: %s)", p, je.line, bfs__esc(je.text, esc, sizeof esc));
     free(p);
     free(text);
     return rc;

@@ -452,7 +452,7 @@ static json_t *bfs__index_entry(const char *tag, const char *sha, size_t len)
 static int bfs__index_read(bfs_oci_dir *d, json_t **out)
 {
     int rc = 0;
-    char *p = bfs__path_join(d->path, BFS_OCI_INDEX_FILE), *text = NULL;
+    char *p = bfs__path_join(d->path, BFS_OCI_INDEX_FILE), *text = NULL, esc[2 * JSON_ERROR_TEXT_LENGTH];
     size_t len = 0;
     struct stat sb;
     json_error_t je;
@@ -467,7 +467,8 @@ static int bfs__index_read(bfs_oci_dir *d, json_t **out)
     *out = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
     const json_t *sv = json_object_get(*out, "schemaVersion");
     if (!*out)
-        BFS_FAIL(BFS_EINPUT, "%s: not an OCI image index (line %d: %s); it is left as it is", p, je.line, je.text);
+        BFS_FAIL(BFS_EINPUT, "%s: not an OCI image index (line %d: %s); it is left as it is", p, je.line,
+                 bfs__esc(je.text, esc, sizeof esc));
     if (!json_is_object(*out) || !json_is_array(json_object_get(*out, "manifests")) ||
         (sv && (!json_is_integer(sv) || json_integer_value(sv) != 2))) {
         json_decref(*out);
