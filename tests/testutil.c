@@ -30,6 +30,7 @@ uint8_t *tu_read_file(const char *path, size_t *len)
     if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n)
         goto fail;
     fclose(f);
+    buf[n] = 0; /* text files are strings to their readers (strstr): never past the end */
     *len = (size_t)n;
     return buf;
 fail:

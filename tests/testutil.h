@@ -13,7 +13,7 @@
 #include <cmocka.h>
 
 /* ---- files and directories -------------------------------------------------------------- */
-/* Read a whole file; returns malloc'd buffer (caller frees; one spare byte after len) or NULL. */
+/* Read a whole file; returns malloc'd buffer (caller frees; a NUL after len bytes) or NULL. */
 uint8_t *tu_read_file(const char *path, size_t *len);
 /* A whole file as a NUL-ended string (caller frees); "" when it is missing or unreadable. */
 char *tu_slurp(const char *path);
