@@ -573,6 +573,11 @@ static void quark_rules(void **s)
     accept("quark-mxfp4", NULL, S("global_quant_config=" QW_MX4));
     accept("quark-mxfp4", NULL, S("layer_quant_config={\"*self_attn.?_proj\": " QW_MX4 ", \"model.layers.0.mlp.up_proj\": " QW_MX4 "}"));
     accept("quark-fp8", NULL, S("export={\"weight_format\": \"real_quantized\", \"pack_method\": \"order\", \"weight_merge_groups\": null}"));
+    /* layer_type_quant_config decides by class, which the checkpoint does not name: any scheme it
+     * or the global config names is accepted, another refused */
+    accept("quark-mxfp4", NULL, S("layer_type_quant_config={\"Linear\": " QW_MX4 "}"));
+    refuse("quark-mxfp4", NULL, S("global_quant_config=" QW_NONE, "layer_type_quant_config={\"Linear\": " QW_F8 "}"),
+           S(".weight\"", "layer_type_quant_config", "per-tensor FP8"));
     /* other Quark schemes: refused naming the key */
     refuse("quark-mxfp4", NULL, S("global_quant_config=" QW_INT4), S("config.json", "global_quant_config.weight", "int4", "not supported"));
     refuse("quark-mxfp4", NULL, S("global_quant_config=" QW_FP6), S("global_quant_config.weight", "fp6_e2m3"));
@@ -610,6 +615,25 @@ static void quark_rules(void **s)
     assert_int_equal(tu_sh("%s inspect fixtures/quark-fp8 | grep -q 'k_proj.output_scale .* dropped'", tu_bfshard()), 0);
     assert_int_equal(tu_sh("%s inspect fixtures/quark-fp8 | grep -q 'down_proj.input_scale .* dropped'", tu_bfshard()), 0);
     assert_int_equal(tu_sh("%s inspect fixtures/quark-fp8 --json | grep -q '\"quark-fp8\"'", tu_bfshard()), 0);
+    /* the manifest lists the activation scales as dropped */
+    char *tmp = tu_tmpdir("quarkdrop");
+    char out[4096];
+    snprintf(out, sizeof out, "%s/o", tmp);
+    convert_ok("fixtures/quark-fp8", out, 2, BFS_LAYOUT_DCP, -1);
+    strcat(out, "/bfshard.manifest.json");
+    json_t *m = json_load_file(out, 0, NULL);
+    assert_non_null(m);
+    const json_t *d = json_object_get(m, "dropped");
+    size_t nd = 0;
+    for (size_t i = 0; i < json_array_size(d); i++) {
+        const char *n = json_string_value(json_array_get(d, i));
+        const size_t L = strlen(n);
+        nd += (L > 12 && strcmp(n + L - 12, ".input_scale") == 0) || (L > 13 && strcmp(n + L - 13, ".output_scale") == 0);
+    }
+    assert_int_equal(nd, 9); /* 7 input_scale, k_proj and v_proj output_scale */
+    json_decref(m);
+    tu_rmrf(tmp);
+    free(tmp);
 }
 
 /* mixed-precision: each module's config group as compressed-tensors matches it
