@@ -25,6 +25,7 @@ static const char *const fixtures[] = {
     "fp8-tensor", "ct-mxfp8", "ct-mxfp4", "ct-mx-mixed",
     "ct-mxfp6", "ct-mx6-mixed", /* fixtures/gen_mxfp6_fixtures.py */
     "dsv4-tiny", /* DeepSeek-V4 (fixtures/gen_dsv4_fixtures.py) */
+    "quark-mxfp4", "quark-fp8", /* AMD Quark 0.13 exports (fixtures/gen_quark_fixtures.py) */
 };
 #define NFIX (sizeof fixtures / sizeof *fixtures)
 
@@ -547,13 +548,92 @@ static void refuse_ctmx6(void **s)
              "\"group_1\": {\"format\": \"mxfp8-quantized\", \"targets\": [\"re:.*self_attn\\\\.(q|k|v|o)_proj$\"], "
              "\"weights\": {\"type\": \"float\", \"num_bits\": 8, \"group_size\": 32, \"strategy\": \"group\", \"symmetric\": true}}}"),
            S("model.layers.1.self_attn.o_proj.weight_packed\"", "config group 1", "mxfp8-quantized"));
-    /* AMD Quark (quant_method "quark", not converted yet: docs/FORMATS.md 7.7): refused, never copied */
-    refuse("ct-mxfp6", NULL, S("quant_method=\"quark\""), S("config.json", "quant_method \"quark\"", "not supported"));
+    /* compressed-tensors tensors and config under quant_method "quark" (no Quark export keys) */
+    refuse("ct-mxfp6", NULL, S("quant_method=\"quark\""), S("config.json", "export.weight_format", "not supported"));
     /* inspect names each tensor's format, as matched */
     assert_int_equal(tu_sh("%s inspect fixtures/ct-mx6-mixed | grep -q 'layers.1.self_attn.o_proj.weight .*ct-mxfp4 .*dequantized'", tu_bfshard()), 0);
     assert_int_equal(tu_sh("%s inspect fixtures/ct-mx6-mixed | grep -q 'layers.0.self_attn.o_proj.weight .*ct-mxfp8 .*dequantized'", tu_bfshard()), 0);
     assert_int_equal(tu_sh("%s inspect fixtures/ct-mx6-mixed | grep -q 'experts.1.down_proj.weight .*ct-mxfp6 .*dequantized'", tu_bfshard()), 0);
     assert_int_equal(tu_sh("%s inspect fixtures/ct-mxfp6 --json | grep -q '\"ct-mxfp6\"'", tu_bfshard()), 0);
+}
+
+/* AMD Quark (quant_method "quark", fixtures quark-mxfp4 and quark-fp8; docs/FORMATS.md 7.7): MXFP4
+ * and per-tensor FP8 weights converted; every other Quark scheme, a config that disagrees with the
+ * tensors and mis-shaped or mistyped scales refused, one line naming the file and the tensor. */
+#define QW_MX4 "{\"bias\": null, \"input_tensors\": null, \"output_tensors\": null, \"weight\": {\"dtype\": \"fp4\", \"qscheme\": \"per_group\", \"group_size\": 32, \"ch_axis\": -1, \"scale_format\": \"e8m0\", \"block_size\": null, \"mx_element_dtype\": null, \"is_scale_quant\": false}}"
+#define QW_F8 "{\"bias\": null, \"input_tensors\": null, \"output_tensors\": null, \"weight\": {\"dtype\": \"fp8_e4m3\", \"qscheme\": \"per_tensor\", \"group_size\": null, \"ch_axis\": null, \"scale_format\": null, \"block_size\": null, \"mx_element_dtype\": null, \"is_scale_quant\": false}}"
+#define QW_INT4 "{\"bias\": null, \"weight\": {\"dtype\": \"int4\", \"qscheme\": \"per_group\", \"group_size\": 128, \"ch_axis\": -1, \"scale_format\": null}}"
+#define QW_FP6 "{\"bias\": null, \"weight\": {\"dtype\": \"fp6_e2m3\", \"qscheme\": \"per_group\", \"group_size\": 32, \"ch_axis\": -1, \"scale_format\": \"e8m0\"}}"
+#define QW_NONE "{\"bias\": null, \"weight\": null}"
+#define QM "model.layers.0.mlp.gate_proj."
+static void quark_rules(void **s)
+{
+    (void)s;
+    /* the same config written out by hand converts; layer_quant_config by fnmatch and exact name */
+    accept("quark-mxfp4", NULL, S("global_quant_config=" QW_MX4));
+    accept("quark-mxfp4", NULL, S("layer_quant_config={\"*self_attn.?_proj\": " QW_MX4 ", \"model.layers.0.mlp.up_proj\": " QW_MX4 "}"));
+    accept("quark-fp8", NULL, S("export={\"weight_format\": \"real_quantized\", \"pack_method\": \"order\", \"weight_merge_groups\": null}"));
+    /* layer_type_quant_config decides by class, which the checkpoint does not name: any scheme it
+     * or the global config names is accepted, another refused */
+    accept("quark-mxfp4", NULL, S("layer_type_quant_config={\"Linear\": " QW_MX4 "}"));
+    refuse("quark-mxfp4", NULL, S("global_quant_config=" QW_NONE, "layer_type_quant_config={\"Linear\": " QW_F8 "}"),
+           S(".weight\"", "layer_type_quant_config", "per-tensor FP8"));
+    /* other Quark schemes: refused naming the key */
+    refuse("quark-mxfp4", NULL, S("global_quant_config=" QW_INT4), S("config.json", "global_quant_config.weight", "int4", "not supported"));
+    refuse("quark-mxfp4", NULL, S("global_quant_config=" QW_FP6), S("global_quant_config.weight", "fp6_e2m3"));
+    refuse("quark-fp8", NULL, S("layer_quant_config={\"*q_proj\": " QW_INT4 "}"), S("layer_quant_config[\"*q_proj\"]", "int4"));
+    refuse("quark-mxfp4", NULL, S("layer_quant_config={\"*q_proj\": {\"bias\": {\"dtype\": \"int8\"}, \"weight\": null}}"), S("bias", "not supported"));
+    /* config and tensors disagree: FP8 config over MXFP4 tensors; a module the config excludes or
+     * leaves unquantized stored quantized */
+    refuse("quark-mxfp4", NULL, S("global_quant_config=" QW_F8), S("model.layers.0.mlp.down_proj.weight\"", "MXFP4", "global_quant_config", "per-tensor FP8"));
+    refuse("quark-fp8", NULL, S("layer_quant_config={\"*q_proj\": " QW_MX4 "}"), S(Q "weight\"", "FP8", "layer_quant_config", "MXFP4"));
+    refuse("quark-mxfp4", NULL, S("exclude=[\"lm_head\", \"*gate_proj\"]"), S(QM "weight\"", "exclude", "no weight quantization"));
+    refuse("quark-fp8", NULL, S("layer_quant_config={\"*k_proj\": " QW_NONE "}"), S(K "weight\"", "no weight quantization"));
+    /* export variants and algorithms not measured */
+    refuse("quark-fp8", NULL, S("export={\"weight_format\": \"fake_quantized\"}"), S("config.json", "weight_format", "fake_quantized"));
+    refuse("quark-fp8", NULL, S("export="), S("config.json", "weight_format"));
+    refuse("quark-mxfp4", NULL, S("export={\"weight_format\": \"real_quantized\", \"weight_merge_groups\": [[\"*q_proj\", \"*k_proj\"]]}"), S("weight_merge_groups"));
+    refuse("quark-mxfp4", NULL, S("algo_config=[{\"name\": \"awq\"}]"), S("config.json", "algo_config"));
+    refuse("quark-mxfp4", NULL, S("global_quant_config="), S("global_quant_config"));
+    /* scales: dtype, shape */
+    refuse("quark-mxfp4", E({Q "weight_scale", NULL, "I8", 0, {0}}), NULL, S(Q "weight_scale\"", "I8", "U8"));
+    refuse("quark-mxfp4", E({Q "weight_scale", NULL, NULL, 2, {128, 16}}), NULL, S(Q "weight_scale\"", "[128, 16]", "[256, 8]"));
+    refuse("quark-mxfp4", E({Q "weight", NULL, NULL, 2, {512, 64}}), NULL, S(Q "weight_scale\"", "[256, 8]", "[512, 4]"));
+    refuse("quark-fp8", E({K "weight_scale", NULL, "F16", 0, {0}}), NULL, S(K "weight_scale\"", "F16", "BF16 or F32"));
+    refuse("quark-fp8", E({K "weight_scale", NULL, NULL, 1, {1}}), NULL, S(K "weight_scale\"", "[1]"));
+    /* a zero point (asymmetric), a stray scale, a weight without its scale */
+    refuse("quark-mxfp4", E({"model.layers.0.input_layernorm.weight", Q "weight_zero_point", NULL, 0, {0}}), NULL,
+           S(Q "weight\"", "zero point"));
+    refuse("quark-fp8", E({Q "weight", "zz.w", NULL, 0, {0}}), NULL, S(Q "weight_scale\"", "no quantized weight"));
+    refuse("quark-mxfp4", E({Q "weight_scale", "zz.s", NULL, 0, {0}}), NULL, S(Q "weight\"", "U8"));
+    /* Quark's U8 weights without the config: refused, never copied */
+    refuse("quark-mxfp4", NULL, S("-"), S(".weight\"", "looks quantized"));
+    refuse("quark-fp8", NULL, S("-"), S(".weight\"", "no quantization_config"));
+    /* inspect names the format; activation scales dropped */
+    assert_int_equal(tu_sh("%s inspect fixtures/quark-mxfp4 | grep -q 'gate_proj.weight .*quark-mxfp4 .*dequantized'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("%s inspect fixtures/quark-fp8 | grep -q 'q_proj.weight .*quark-fp8 .*dequantized'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("%s inspect fixtures/quark-fp8 | grep -q 'k_proj.output_scale .* dropped'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("%s inspect fixtures/quark-fp8 | grep -q 'down_proj.input_scale .* dropped'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("%s inspect fixtures/quark-fp8 --json | grep -q '\"quark-fp8\"'", tu_bfshard()), 0);
+    /* the manifest lists the activation scales as dropped */
+    char *tmp = tu_tmpdir("quarkdrop");
+    char out[4096];
+    snprintf(out, sizeof out, "%s/o", tmp);
+    convert_ok("fixtures/quark-fp8", out, 2, BFS_LAYOUT_DCP, -1);
+    strcat(out, "/bfshard.manifest.json");
+    json_t *m = json_load_file(out, 0, NULL);
+    assert_non_null(m);
+    const json_t *d = json_object_get(m, "dropped");
+    size_t nd = 0;
+    for (size_t i = 0; i < json_array_size(d); i++) {
+        const char *n = json_string_value(json_array_get(d, i));
+        const size_t L = strlen(n);
+        nd += (L > 12 && strcmp(n + L - 12, ".input_scale") == 0) || (L > 13 && strcmp(n + L - 13, ".output_scale") == 0);
+    }
+    assert_int_equal(nd, 9); /* 7 input_scale, k_proj and v_proj output_scale */
+    json_decref(m);
+    tu_rmrf(tmp);
+    free(tmp);
 }
 
 /* mixed-precision: each module's config group as compressed-tensors matches it
@@ -689,6 +769,7 @@ int main(void)
         cmocka_unit_test(refuse_ctmx6),
         cmocka_unit_test(ct_mixed_matching),
         cmocka_unit_test(dsv4_rules),
+        cmocka_unit_test(quark_rules),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,6 +9,7 @@
 
 extern const bfs_format bfs__format_mxfp4;
 extern const bfs_format bfs__format_bnb4;
+extern const bfs_format bfs__format_quark;
 extern const bfs_format bfs__format_ctmx;
 extern const bfs_format bfs__format_dsv4;
 extern const bfs_format bfs__format_fp8;
@@ -21,6 +22,7 @@ extern const bfs_format bfs__format_passthrough;
 const bfs_format *const bfs__formats[] = {
     &bfs__format_mxfp4,
     &bfs__format_bnb4,
+    &bfs__format_quark,       /* before ctmx and fp8: quant_method quark's U8 / F8_E4M3 weights (quark.c) */
     &bfs__format_ctmx,        /* before fp8 and nvfp4: U8 (E8M0) scales are its (ctmx.c) */
     &bfs__format_fp8,         /* the claim of quant_method fp8: it tries every tensor first */
     &bfs__format_dsv4,        /* after fp8: P.weight + P.scale, which fp8.c leaves to it (dsv4.c) */
