@@ -408,6 +408,37 @@ static void changed_blob_fails_verify(void **s)
     free(t);
 }
 
+/* A hostile manifest naming one blob 2000 times: verify reads each blob once (bytes_checked
+ * is at most the blobs' total, not 2000 x the rank file), and reports the manifest bad */
+static void one_blob_named_many_times(void **s)
+{
+    (void)s;
+    char *t = tu_tmpdir("pmany");
+    char out[4096], oci[4096], err[8192];
+    snprintf(out, sizeof out, "%s/out", t);
+    snprintf(oci, sizeof oci, "%s/oci", t);
+    convert("fixtures/mxfp4-tiny", out, "-w 2");
+    assert_int_equal(pack(out, oci, NULL, err, sizeof err), 0);
+    assert_int_equal(tu_sh("cd '%s' && python3 -c '\n"
+                           "import json, hashlib, os\n"
+                           "ix = json.load(open(\"index.json\"))\n"
+                           "d = ix[\"manifests\"][0]\n"
+                           "m = json.load(open(\"blobs/sha256/\" + d[\"digest\"][7:]))\n"
+                           "big = max(m[\"layers\"], key=lambda l: l[\"size\"])\n"
+                           "m[\"layers\"] += [big] * 2000\n"
+                           "b = json.dumps(m).encode()\n"
+                           "h = hashlib.sha256(b).hexdigest()\n"
+                           "open(\"blobs/sha256/\" + h, \"wb\").write(b)\n"
+                           "d[\"digest\"], d[\"size\"] = \"sha256:\" + h, len(b)\n"
+                           "json.dump(ix, open(\"index.json\", \"w\"))\n"
+                           "'", oci), 0);
+    assert_int_equal(tu_sh("'%s' verify '%s' --json > '%s/v.json'", tu_bfshard(), oci, t), 7);
+    assert_int_equal(tu_sh("cd '%s' && test $(python3 -c 'import json; print(json.load(open(\"v.json\"))[\"bytes_checked\"])') "
+                           "-le $(cat oci/blobs/sha256/* | wc -c)", t), 0);
+    tu_rmrf(t);
+    free(t);
+}
+
 static void outdir_that_does_not_verify(void **s)
 {
     (void)s;
@@ -505,6 +536,7 @@ int main(void)
         cmocka_unit_test(nested_directories_refused),
         cmocka_unit_test(foreign_files_kept),
         cmocka_unit_test(changed_blob_fails_verify),
+        cmocka_unit_test(one_blob_named_many_times),
         cmocka_unit_test(outdir_that_does_not_verify),
         cmocka_unit_test(crash_and_full_disk),
     };

@@ -34,6 +34,8 @@ typedef struct {
     uint8_t *buf;
     bfs_sha256 *sha;
     XXH3_state_t *xst;
+    json_t *good; /* blobs hashed good so far: hex -> [size, XXH3-128 hex]; a blob many layers or
+                   * manifests name is read once (a hostile manifest naming one blob 10^5 times) */
 } bfs_oci_chk;
 
 /* One problem, one line: the names and values it quotes come from the layout's files, so
@@ -90,8 +92,14 @@ static const char *bfs__digest_hex(const json_t *d)
 static int bfs__blob_hash(bfs_oci_chk *c, const char *hex, uint64_t size, const char *what, char xxh[33])
 {
     struct stat sb;
-    char got[65], path[PATH_MAX + 80];
+    char got[65], path[PATH_MAX + 80], xh[33];
     int rc = 0;
+    const json_t *seen = json_object_get(c->good, hex);
+    if (seen && (uint64_t)json_integer_value(json_array_get(seen, 0)) == size) {
+        if (xxh)
+            snprintf(xxh, 33, "%s", json_string_value(json_array_get(seen, 1)));
+        return 0;
+    }
     snprintf(path, sizeof path, "%s/%s", c->blobdir, hex);
     const int fd = openat(c->blobfd, hex, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
@@ -114,11 +122,14 @@ static int bfs__blob_hash(bfs_oci_chk *c, const char *hex, uint64_t size, const 
             rc = bfs__sha256_hex(c->sha, got);
         if (rc == 0) {
             c->checked += size;
+            bfs__hash_hex(XXH3_128bits_digest(c->xst), xh);
             if (xxh)
-                bfs__hash_hex(XXH3_128bits_digest(c->xst), xxh);
+                snprintf(xxh, 33, "%s", xh);
             if (strcmp(got, hex) != 0) {
                 bfs__bad(c, "blob %s (%s): BAD: its bytes hash to sha256:%s", hex, what, got);
                 rc = 1;
+            } else if (c->good) { /* out of memory here: it is hashed again, no harm */
+                json_object_set_new(c->good, hex, json_pack("[I, s]", (json_int_t)size, xh));
             }
         }
     }
@@ -463,7 +474,8 @@ int bfs__oci_check(const char *ocidir, FILE *report, uint64_t *bytes_checked)
     c.buf = malloc(BFS_OCI_BUF);
     c.sha = bfs__sha256_new();
     c.xst = XXH3_createState();
-    if (!c.buf || !c.sha || !c.xst)
+    c.good = json_object();
+    if (!c.buf || !c.sha || !c.xst || !c.good)
         BFS_FAIL(BFS_ENOMEM, "out of memory");
     BFS_TRY(bfs__read_json(ocidir, BFS_OCI_LAYOUT_FILE, 1u << 16, &lay));
     const char *v = json_string_value(json_object_get(lay, "imageLayoutVersion"));
@@ -512,5 +524,6 @@ cleanup:
     free(c.buf);
     bfs__sha256_free(c.sha);
     XXH3_freeState(c.xst);
+    json_decref(c.good);
     return rc;
 }
