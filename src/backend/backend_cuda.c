@@ -21,12 +21,18 @@
  *   bnb 4-bit, casts, FP8, INT4, NVFP4: element ranges (FP8/INT4/NVFP4: each input
  *                                      array from the first entry the range needs to the
  *                                      last: scale rows, packed words, zero-point rows)
- * Chunk k: host gathers its input from the mmapped source into pinned slot
- * k%2; H2D on the upload stream; kernel on the compute stream; D2H on the
- * download stream; events order them, so H2D of chunk k+1 overlaps the kernel
- * of chunk k and the D2H of chunk k-1. After enqueueing chunk k the host
- * drains chunk k-1 (waits for its D2H, copies pinned -> unit->out), which also
- * frees slot (k+1)%2 for the next chunk.
+ * Chunk k: its input gathered from the mmapped source into pinned slot k%2
+ * (by the device's gather helper thread, while the chunk before is enqueued);
+ * H2D on the upload stream; kernel on the compute stream; D2H on the download
+ * stream, straight into unit->out when it is pinned (host_alloc: convert's ring
+ * buffers); events order them, so H2D of chunk k+1 overlaps the kernel of chunk
+ * k and the D2H of chunk k-1. The host waits only for the H2D of chunk k-1
+ * before gathering chunk k+1 into its slot, for chunk k-1's D2H when it must
+ * copy it out of the staging (unit->out not pinned), and for the last D2H.
+ *
+ * run_batch(): convert's batches of small pieces, one pipeline on one device
+ * (each unit's chunks right after the one before's; bnb / NVFP4 tables go up
+ * after the last kernel that read the ones before), waited for once.
  *
  * Several devices ("cuda:0,1"): gpu_mem is the budget of each device. A large
  * unit is split into one contiguous share per device, each run by the same
