@@ -1547,9 +1547,9 @@ static void test_pipeline_overlaps(void **state)
         else
             free(out);
     }
-    /* a batch of small units (one chunk each): one after the other with no pause, the next
-     * unit's H2D during the unit before's kernel */
-    const size_t m = 2000, nu = 6;
+    /* a batch of units of one chunk each (over half a slot: not two in one): one after the
+     * other with no pause, the next unit's H2D during the unit before's kernel */
+    const size_t m = 3000, nu = 6;
     uint16_t *bout = b->host_alloc(b, nu * m * 2), *bwant = xmalloc(nu * m * 2);
     bfs_ltensor ts[6];
     bfs_raw raws[6];
@@ -1581,6 +1581,26 @@ static void test_pipeline_overlaps(void **state)
     assert_int_equal(L->n[L_KERNEL], (int)nu);
     for (size_t i = 0; i + 1 < nu; i++)
         assert_true(L->start[L_H2D][i + 1] > L->end[L_D2H][i]);
+    /* tiny units (convert's batches of norms and biases) share a slot: 20 units of 100
+     * elements, at most 16 a slot: 2 H2D, 20 kernels, 2 D2H; the same bytes */
+    const size_t tn = 100, tu = 20;
+    bfs_ltensor tt[20];
+    bfs_raw traw[20];
+    bfs_unit tus[20];
+    for (size_t i = 0; i < tu; i++) {
+        tt[i] = mk_cast_f32("overlap.tiny", &traw[i], data + i * tn * 4, tn);
+        tus[i] = (bfs_unit){&tt[i], 0, tn, bout + i * tn};
+        ref_unit(&tt[i], 0, tn, bwant + i * tn);
+    }
+    bfs__emu_set("log", 0, 1);
+    assert_int_equal(b->run_batch(b, tus, (int)tu), 0);
+    bfs__emu_set("log", 0, 0);
+    compare("tiny batch", bout, bwant, tu * tn);
+    read_log(L);
+    printf("  20 tiny units: %d H2D, %d kernels, %d D2H\n", L->n[L_H2D], L->n[L_KERNEL], L->n[L_D2H]);
+    assert_int_equal(L->n[L_KERNEL], (int)tu);
+    assert_int_equal(L->n[L_H2D], 2);
+    assert_int_equal(L->n[L_D2H], 2);
     b->host_free(b, bout);
     b->destroy(b);
     free(L);

@@ -32,7 +32,9 @@
  *
  * run_batch(): convert's batches of small pieces, one pipeline on one device
  * (each unit's chunks right after the one before's; bnb / NVFP4 tables go up
- * after the last kernel that read the ones before), waited for once.
+ * after the last kernel that read the ones before), waited for once. Small
+ * units share a slot whole (up to 16, 1 MiB: one H2D, a kernel each, one D2H
+ * into the staging, copied out).
  *
  * Several devices ("cuda:0,1"): gpu_mem is the budget of each device. A large
  * unit is split into one contiguous share per device, each run by the same

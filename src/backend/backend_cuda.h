@@ -54,7 +54,7 @@ typedef struct cu_dev {
     pthread_t g_th;
     pthread_mutex_t g_m;
     pthread_cond_t g_c;
-    const struct cu_chunk *g_work; /* posted, not yet gathered */
+    const struct cu_group *g_work; /* posted, not yet gathered */
     uint8_t *g_dst;
     bool g_stop;
 } cu_dev;
@@ -104,6 +104,7 @@ typedef struct cu_gather { /* nrows rows of row_bytes, stride apart in the sourc
 
 typedef struct cu_chunk {
     uint64_t pos, n;
+    uint64_t base;      /* where in the slot its layout starts (several small jobs share one) */
     int job;            /* which of the pipeline's jobs */
     bool first;         /* the job's first chunk (its constant tables go up before it) */
     int ngather;
@@ -112,6 +113,17 @@ typedef struct cu_chunk {
     uint64_t out_off, out_bytes;
     uint8_t *dst;       /* where the output goes in unit->out */
 } cu_chunk;
+
+/* What one slot holds at once: one chunk, or several small jobs whole (a batch's tiny pieces:
+ * one H2D, their kernels, one D2H). */
+#define CU_GROUP_MAX 16
+typedef struct cu_group {
+    cu_chunk ch[CU_GROUP_MAX];
+    int n;
+    uint64_t in_end;         /* H2D [0, in_end) of the slot */
+    uint64_t out_lo, out_hi; /* the outputs lie in [out_lo, out_hi) of the slot */
+    bool staged;             /* D2H into the staging, then copied out (not in place) */
+} cu_group;
 
 static inline uint64_t cu_al(uint64_t x) { return (x + CU_ALIGN - 1) / CU_ALIGN * CU_ALIGN; }
 

@@ -26,6 +26,7 @@ static uint8_t *cu_slot_d(const cu_dev *d, const cu_backend *b, int k)
 
 static void cu_gather_in(const cu_chunk *ch, uint8_t *h)
 {
+    h += ch->base;
     for (int i = 0; i < ch->ngather; i++) {
         const cu_gather *g = &ch->g[i];
         if (g->nrows == 1 || g->stride == g->row_bytes) {
@@ -35,6 +36,12 @@ static void cu_gather_in(const cu_chunk *ch, uint8_t *h)
                 memcpy(h + g->off + r * g->row_bytes, g->src + r * g->stride, g->row_bytes);
         }
     }
+}
+
+static void cu_gather_group(const cu_group *g, uint8_t *h)
+{
+    for (int i = 0; i < g->n; i++)
+        cu_gather_in(&g->ch[i], h);
 }
 
 const float bfs__cu_nf4[16] = BFS_NF4_TABLE_INIT;
@@ -79,10 +86,10 @@ static void *cu_gather_main(void *p)
             pthread_cond_wait(&d->g_c, &d->g_m);
         if (!d->g_work)
             break;
-        const cu_chunk *ch = d->g_work;
+        const cu_group *g = d->g_work;
         uint8_t *h = d->g_dst;
         pthread_mutex_unlock(&d->g_m);
-        cu_gather_in(ch, h);
+        cu_gather_group(g, h);
         pthread_mutex_lock(&d->g_m);
         d->g_work = NULL;
         pthread_cond_broadcast(&d->g_c);
@@ -124,15 +131,15 @@ void bfs__cu_gather_stop(cu_dev *d)
     d->g_run = false;
 }
 
-/* ch's input into h: on the helper (returns at once) when it is large enough, else here */
-static void cu_gather_post(cu_dev *d, const cu_chunk *ch, uint8_t *h)
+/* g's input into h: on the helper (returns at once) when it is large enough, else here */
+static void cu_gather_post(cu_dev *d, const cu_group *g, uint8_t *h)
 {
-    if (!d->g_run || ch->in_bytes < cu_handoff) {
-        cu_gather_in(ch, h);
+    if (!d->g_run || g->in_end < cu_handoff) {
+        cu_gather_group(g, h);
         return;
     }
     pthread_mutex_lock(&d->g_m);
-    d->g_work = ch;
+    d->g_work = g;
     d->g_dst = h;
     pthread_cond_broadcast(&d->g_c);
     pthread_mutex_unlock(&d->g_m);
@@ -150,12 +157,20 @@ static void cu_gather_wait(cu_dev *d)
 }
 
 /* ---- the pipeline ------------------------------------------------------------------------------ */
-/* The next chunk of jobs[*ji..nj) laid out in *ch (false in *have when none is left). */
-static int cu_cut(const cu_backend *b, cu_job *jobs, int nj, int *ji, int *cut_job, cu_chunk *ch, bool *have)
+/* A slot holds several small jobs whole (each at its own 256-aligned base) up to this many bytes. */
+#define CU_PACK_BYTES ((uint64_t)1 << 20)
+
+static bool cu_has_tables(const cu_job *j) { return j->mode == J_BNB || j->mode == J_NVFP4; }
+
+/* The next slot's load from jobs[*ji..nj) in *g (false in *have when none is left): the next
+ * chunk; when it ends its job and is small, the next jobs whole after it while they fit
+ * CU_PACK_BYTES (none with tables of its own: the const area holds one job's). */
+static int cu_cut(const cu_backend *b, cu_job *jobs, int nj, int *ji, int *cut_job, cu_group *g, bool *have)
 {
     while (*ji < nj && jobs[*ji].pos >= jobs[*ji].end)
         (*ji)++;
     *have = *ji < nj;
+    g->n = 0;
     if (!*have)
         return 0;
     cu_job *j = &jobs[*ji];
@@ -163,11 +178,39 @@ static int cu_cut(const cu_backend *b, cu_job *jobs, int nj, int *ji, int *cut_j
     const int rc = bfs__cu_choose(b, j, j->pos, j->cap, &n);
     if (rc < 0)
         return rc;
-    bfs__cu_layout(j, j->pos, n, ch);
-    ch->job = *ji;
-    ch->first = *cut_job != *ji;
+    cu_chunk *c0 = &g->ch[0];
+    uint64_t end = bfs__cu_layout(j, j->pos, n, c0);
+    c0->job = *ji;
+    c0->first = *cut_job != *ji;
     *cut_job = *ji;
     j->pos += n;
+    g->n = 1;
+    const uint64_t room = b->slot < CU_PACK_BYTES ? b->slot : CU_PACK_BYTES;
+    while (g->n < CU_GROUP_MAX && j->pos >= j->end && end <= room) {
+        int nx = *ji + 1;
+        while (nx < nj && jobs[nx].pos >= jobs[nx].end)
+            nx++;
+        if (nx >= nj || jobs[nx].mode == J_MX_GROUPS || cu_has_tables(&jobs[nx]))
+            break;
+        cu_job *x = &jobs[nx];
+        const uint64_t base = cu_al(end), fp = bfs__cu_fp(x, x->pos, x->end - x->pos);
+        if (base + fp > room)
+            break;
+        cu_chunk *c = &g->ch[g->n++];
+        bfs__cu_layout(x, x->pos, x->end - x->pos, c);
+        c->base = base;
+        c->job = nx;
+        c->first = true;
+        x->pos = x->end;
+        *ji = *cut_job = nx;
+        j = x;
+        end = base + fp;
+    }
+    const cu_chunk *last = &g->ch[g->n - 1];
+    g->in_end = last->base + last->in_bytes;
+    g->out_lo = c0->base + c0->out_off;
+    g->out_hi = last->base + last->out_off + last->out_bytes;
+    g->staged = g->n > 1 || !jobs[c0->job].in_place;
     return 0;
 }
 
@@ -177,9 +220,9 @@ static int cu_tables(const cu_backend *b, cu_dev *d, const cu_job *j, int c)
 {
     int rc = 0;
     (void)b;
-    if (j->mode != J_BNB && j->mode != J_NVFP4)
+    if (!cu_has_tables(j))
         return 0;
-    if (c > 0) { /* chunk c-1 is the last one enqueued: its H2D and kernel came after any earlier table */
+    if (c > 0) { /* load c-1 is the last one enqueued: its H2D and kernels came after any earlier table */
         CUDA_CHECK(cudaEventSynchronize(d->ev_up[(c - 1) & 1]));
         CUDA_CHECK(cudaStreamWaitEvent(d->s_up, d->ev_comp[(c - 1) & 1], 0));
     }
@@ -204,59 +247,67 @@ cleanup:
     return rc;
 }
 
-/* Chunk c (gathered in slot c%2) onto the streams: H2D, kernel, D2H, each after what it
- * must follow. prev: chunk c-2, the slot's last user (NULL for c < 2). */
-static int cu_enqueue(const cu_backend *b, cu_dev *d, const cu_job *j, const cu_chunk *ch, const cu_chunk *prev,
+/* Load c (gathered in slot c%2) onto the streams: one H2D, its kernels, one D2H, each after
+ * what it must follow. prev: load c-2, the slot's last user (NULL for c < 2). */
+static int cu_enqueue(const cu_backend *b, cu_dev *d, const cu_job *jobs, const cu_group *g, const cu_group *prev,
                       int c)
 {
     int rc = 0;
     const int k = c & 1;
     uint8_t *hs = cu_slot_h(d, b, k), *ds = cu_slot_d(d, b, k);
-    if (ch->first)
-        BFS_TRY(cu_tables(b, d, j, c));
-    CUDA_CHECK(cudaStreamWaitEvent(d->s_up, d->ev_comp[k], 0)); /* chunk c-2's kernel has read its input */
-    if (prev && ch->in_bytes > prev->out_off) /* ... and its output, which this input overwrites, is down */
+    const cu_chunk *c0 = &g->ch[0];
+    if (c0->first)
+        BFS_TRY(cu_tables(b, d, &jobs[c0->job], c));
+    CUDA_CHECK(cudaStreamWaitEvent(d->s_up, d->ev_comp[k], 0)); /* load c-2's kernels have read their input */
+    if (prev && g->in_end > prev->out_lo) /* ... and its output, which this input overwrites, is down */
         CUDA_CHECK(cudaStreamWaitEvent(d->s_up, d->ev_down[k], 0));
-    CUDA_CHECK(cudaMemcpyAsync(ds, hs, ch->in_bytes, cudaMemcpyHostToDevice, d->s_up));
+    CUDA_CHECK(cudaMemcpyAsync(ds, hs, g->in_end, cudaMemcpyHostToDevice, d->s_up));
     CUDA_CHECK(cudaEventRecord(d->ev_up[k], d->s_up));
     CUDA_CHECK(cudaStreamWaitEvent(d->s_comp, d->ev_up[k], 0));
     CUDA_CHECK(cudaStreamWaitEvent(d->s_comp, d->ev_down[k], 0));
-    BFS_TRY(bfs__cu_launch(j, ch, d, ds));
+    for (int i = 0; i < g->n; i++)
+        BFS_TRY(bfs__cu_launch(&jobs[g->ch[i].job], &g->ch[i], d, ds + g->ch[i].base));
     CUDA_CHECK(cudaEventRecord(d->ev_comp[k], d->s_comp));
     CUDA_CHECK(cudaStreamWaitEvent(d->s_down, d->ev_comp[k], 0));
     /* D2H straight into the unit's buffer when it is pinned (the ring's, from host_alloc) */
-    CUDA_CHECK(cudaMemcpyAsync(j->in_place ? ch->dst : hs + ch->out_off, ds + ch->out_off, ch->out_bytes,
-                               cudaMemcpyDeviceToHost, d->s_down));
+    if (g->staged)
+        CUDA_CHECK(cudaMemcpyAsync(hs + g->out_lo, ds + g->out_lo, g->out_hi - g->out_lo, cudaMemcpyDeviceToHost,
+                                   d->s_down));
+    else
+        CUDA_CHECK(cudaMemcpyAsync(c0->dst, ds + c0->out_off, c0->out_bytes, cudaMemcpyDeviceToHost, d->s_down));
     CUDA_CHECK(cudaEventRecord(d->ev_down[k], d->s_down));
 cleanup:
     return rc;
 }
 
-/* Chunk c's output in its unit's buffer: its D2H waited for; copied out of the staging
+/* Load c's output in its units' buffers: its D2H waited for; copied out of the staging
  * unless it landed in place. */
-static int cu_drain(const cu_backend *b, const cu_dev *d, const cu_job *jobs, int c, const cu_chunk *ch)
+static int cu_drain(const cu_backend *b, const cu_dev *d, int c, const cu_group *g)
 {
     CUDA_CHECK_RET(cudaEventSynchronize(d->ev_down[c & 1]));
-    if (!jobs[ch->job].in_place)
-        memcpy(ch->dst, cu_slot_h(d, b, c & 1) + ch->out_off, ch->out_bytes);
+    for (int i = 0; g->staged && i < g->n; i++) {
+        const cu_chunk *ch = &g->ch[i];
+        memcpy(ch->dst, cu_slot_h(d, b, c & 1) + ch->base + ch->out_off, ch->out_bytes);
+    }
     return 0;
 }
 
 /*
- * The chunks of jobs[0..nj), in order, through the two slots of d. Round c: chunk c (its input
- * gathered in slot c%2) is enqueued; chunk c+1 is cut and its gather posted to the helper once
- * the H2D of chunk c-1 (the slot's last user) has read the staging; chunk c-1 is drained
- * meanwhile (only a wait for its D2H, and a copy, when it did not land in place; first when
- * the next input would overwrite its staged output); then the gather is waited for. So the
- * next chunk's input is gathered while the device works on this one, and a batch's units
- * follow each other with no pause: only the last chunk is waited for before returning.
+ * The chunks of jobs[0..nj), in order, through the two slots of d, one load (a chunk, or
+ * small jobs whole) a slot. Round c: load c (its input gathered in slot c%2) is enqueued;
+ * load c+1 is cut and its gather posted to the helper once the H2D of load c-1 (the slot's
+ * last user) has read the staging; load c-1 is drained meanwhile (only a wait for its D2H,
+ * and a copy, when it did not land in place; first when the next input would overwrite its
+ * staged output); then the gather is waited for. So the next load's input is gathered while
+ * the device works on this one, and a batch's units follow each other with no pause: only
+ * the last load is waited for before returning.
  */
 int bfs__cu_pipeline_n(const cu_backend *b, cu_dev *d, cu_job *jobs, int nj)
 {
     int rc = 0, c = 0, prev_dev = -1, drained = 0, ji = 0, cut_job = -1;
-    cu_chunk ch[3]; /* chunk c is ch[c % 3]: c+1 is cut while c-1 is drained */
+    cu_group grp[3]; /* load c is grp[c % 3]: c+1 is cut while c-1 is drained */
     bool have = false, pending = false;
-    const cu_job *fj = jobs; /* for the fault message: the job of the last chunk enqueued */
+    const cu_job *fj = jobs; /* for the fault message: the job of the last load enqueued */
     uint64_t f0 = 0, f1 = 0;
     if (d->lost != cudaSuccess)
         return bfs__err(BFS_EDEVICE,
@@ -264,46 +315,44 @@ int bfs__cu_pipeline_n(const cu_backend *b, cu_dev *d, cu_job *jobs, int nj)
                         "(%s); rerun with --device cpu",
                         d->id, nj > 0 ? jobs[0].t->name : "?", d->lost_msg);
     BFS_TRY(bfs__cu_enter(d->id, &prev_dev));
-    BFS_TRY(cu_cut(b, jobs, nj, &ji, &cut_job, &ch[0], &have));
+    BFS_TRY(cu_cut(b, jobs, nj, &ji, &cut_job, &grp[0], &have));
     if (have)
-        cu_gather_in(&ch[0], cu_slot_h(d, b, 0));
+        cu_gather_group(&grp[0], cu_slot_h(d, b, 0));
     while (have) {
-        const cu_chunk *cur = &ch[c % 3], *prev = c >= 2 ? &ch[(c + 1) % 3] : NULL; /* (c-2) % 3 */
-        fj = &jobs[cur->job];
-        f1 = cur->pos + cur->n;
-        if (cur->first || c == 0)
-            f0 = cur->pos;
-        BFS_TRY(cu_enqueue(b, d, fj, cur, prev, c));
+        const cu_group *cur = &grp[c % 3], *prev = c >= 2 ? &grp[(c + 1) % 3] : NULL; /* (c-2) % 3 */
+        const cu_chunk *c0 = &cur->ch[0];
+        fj = &jobs[c0->job];
+        f1 = c0->pos + c0->n;
+        if (c0->first || c == 0)
+            f0 = c0->pos;
+        BFS_TRY(cu_enqueue(b, d, jobs, cur, prev, c));
         c++;
-        /* chunk c (the next) into slot c%2, whose last user was chunk c-2 */
-        cu_chunk *next = &ch[c % 3];
+        /* load c (the next) into slot c%2, whose last user was load c-2 */
+        cu_group *next = &grp[c % 3];
         BFS_TRY(cu_cut(b, jobs, nj, &ji, &cut_job, next, &have));
-        const cu_chunk *old = c >= 2 ? &ch[(c - 2) % 3] : NULL;
+        const cu_group *old = c >= 2 ? &grp[(c - 2) % 3] : NULL;
         bool old_done = old == NULL;
-        if (have && old && !jobs[old->job].in_place && next->in_bytes > old->out_off) {
-            BFS_TRY(cu_drain(b, d, jobs, c - 2, old)); /* its staged output is in the way */
+        if (have && old && old->staged && next->in_end > old->out_lo) {
+            BFS_TRY(cu_drain(b, d, c - 2, old)); /* its staged output is in the way */
             drained++;
             old_done = true;
         }
         if (have) {
             if (c >= 2)
-                CUDA_CHECK(cudaEventSynchronize(d->ev_up[c & 1])); /* chunk c-2's H2D has read the staging */
+                CUDA_CHECK(cudaEventSynchronize(d->ev_up[c & 1])); /* load c-2's H2D has read the staging */
             cu_gather_post(d, next, cu_slot_h(d, b, c & 1));
             pending = true;
         }
-        if (!old_done && !jobs[old->job].in_place) {
-            BFS_TRY(cu_drain(b, d, jobs, c - 2, old));
-            drained++;
-        } else if (!old_done) {
-            drained++; /* in place: its D2H is waited for with the last chunk's */
-        }
+        if (!old_done && old->staged)
+            BFS_TRY(cu_drain(b, d, c - 2, old));
+        drained += !old_done; /* in place: its D2H is waited for with the last load's */
         if (pending) {
             cu_gather_wait(d);
             pending = false;
         }
     }
-    if (c > 0) { /* the last chunk: its D2H follows every earlier one on the download stream */
-        BFS_TRY(cu_drain(b, d, jobs, c - 1, &ch[(c - 1) % 3]));
+    if (c > 0) { /* the last load: its D2H follows every earlier one on the download stream */
+        BFS_TRY(cu_drain(b, d, c - 1, &grp[(c - 1) % 3]));
         drained++;
     }
 cleanup:
