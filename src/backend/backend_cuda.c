@@ -22,7 +22,8 @@
  *                                      array from the first entry the range needs to the
  *                                      last: scale rows, packed words, zero-point rows)
  * Chunk k: its input gathered from the mmapped source into pinned slot k%2
- * (by the device's gather helper thread, while the chunk before is enqueued);
+ * (by this thread and the device's gather helper thread, half each, while the
+ * device works on the chunk before);
  * H2D on the upload stream; kernel on the compute stream; D2H on the download
  * stream, straight into unit->out when it is pinned (host_alloc: convert's ring
  * buffers); events order them, so H2D of chunk k+1 overlaps the kernel of chunk

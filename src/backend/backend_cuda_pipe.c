@@ -1,11 +1,11 @@
 /*
  * CUDA backend, the pipeline of one unit, or of a batch of units one after the other, on one
  * device (bfs__cu_pipeline_n): chunks through the two slots, gathered into pinned memory by
- * the device's gather helper thread while this thread enqueues the chunk before, H2D,
- * kernel, D2H on three streams ordered by events, drained into the unit's buffer
- * (backend_cuda.c's opening comment describes it), and a failed pipeline's error rewritten
- * when the device's context is lost. Uses backend_cuda_q.c (job, layout, launch) and
- * backend_cuda_dev.c (devices); run() and the start-up self-test call it.
+ * this thread and the device's gather helper thread (half each) while the device works on
+ * the chunk before, H2D, kernel, D2H on three streams ordered by events, drained into the
+ * unit's buffer (backend_cuda.c's opening comment describes it), and a failed pipeline's
+ * error rewritten when the device's context is lost. Uses backend_cuda_q.c (job, layout,
+ * launch) and backend_cuda_dev.c (devices); run() and the start-up self-test call it.
  */
 #include "backend/backend_cuda.h"
 #include "../../kernels/ref_formats.h"
@@ -24,24 +24,30 @@ static uint8_t *cu_slot_d(const cu_dev *d, const cu_backend *b, int k)
     return d->d_arena + CU_CONST_BYTES + (uint64_t)k * b->slot;
 }
 
-static void cu_gather_in(const cu_chunk *ch, uint8_t *h)
+/* ch's input into its place in slot h: whole (part -1), or half of it (part 0 or 1: half of
+ * each array's bytes, or of its rows when they are gathered row by row), so that two
+ * threads gather one load together. */
+static void cu_gather_in(const cu_chunk *ch, uint8_t *h, int part)
 {
     h += ch->base;
     for (int i = 0; i < ch->ngather; i++) {
         const cu_gather *g = &ch->g[i];
         if (g->nrows == 1 || g->stride == g->row_bytes) {
-            memcpy(h + g->off, g->src, g->row_bytes * g->nrows);
+            const uint64_t total = g->row_bytes * g->nrows;
+            const uint64_t lo = part == 1 ? total / 2 : 0, hi = part == 0 ? total / 2 : total;
+            memcpy(h + g->off + lo, g->src + lo, hi - lo);
         } else {
-            for (uint64_t r = 0; r < g->nrows; r++)
+            const uint64_t r0 = part == 1 ? g->nrows / 2 : 0, r1 = part == 0 ? g->nrows / 2 : g->nrows;
+            for (uint64_t r = r0; r < r1; r++)
                 memcpy(h + g->off + r * g->row_bytes, g->src + r * g->stride, g->row_bytes);
         }
     }
 }
 
-static void cu_gather_group(const cu_group *g, uint8_t *h)
+static void cu_gather_group(const cu_group *g, uint8_t *h, int part)
 {
     for (int i = 0; i < g->n; i++)
-        cu_gather_in(&g->ch[i], h);
+        cu_gather_in(&g->ch[i], h, part);
 }
 
 const float bfs__cu_nf4[16] = BFS_NF4_TABLE_INIT;
@@ -89,7 +95,7 @@ static void *cu_gather_main(void *p)
         const cu_group *g = d->g_work;
         uint8_t *h = d->g_dst;
         pthread_mutex_unlock(&d->g_m);
-        cu_gather_group(g, h);
+        cu_gather_group(g, h, 1); /* the second half; the pipeline's thread does the first */
         pthread_mutex_lock(&d->g_m);
         d->g_work = NULL;
         pthread_cond_broadcast(&d->g_c);
@@ -131,18 +137,20 @@ void bfs__cu_gather_stop(cu_dev *d)
     d->g_run = false;
 }
 
-/* g's input into h: on the helper (returns at once) when it is large enough, else here */
-static void cu_gather_post(cu_dev *d, const cu_group *g, uint8_t *h)
+/* g's input into h: when it is large enough, its second half posted to the helper (true:
+ * this thread gathers the first half, then cu_gather_wait), else all of it here (false) */
+static bool cu_gather_post(cu_dev *d, const cu_group *g, uint8_t *h)
 {
     if (!d->g_run || g->in_end < cu_handoff) {
-        cu_gather_group(g, h);
-        return;
+        cu_gather_group(g, h, -1);
+        return false;
     }
     pthread_mutex_lock(&d->g_m);
     d->g_work = g;
     d->g_dst = h;
     pthread_cond_broadcast(&d->g_c);
     pthread_mutex_unlock(&d->g_m);
+    return true;
 }
 
 /* the posted gather done: its slot's input is complete (and nothing writes it any more) */
@@ -295,12 +303,13 @@ static int cu_drain(const cu_backend *b, const cu_dev *d, int c, const cu_group 
 /*
  * The chunks of jobs[0..nj), in order, through the two slots of d, one load (a chunk, or
  * small jobs whole) a slot. Round c: load c (its input gathered in slot c%2) is enqueued;
- * load c+1 is cut and its gather posted to the helper once the H2D of load c-1 (the slot's
- * last user) has read the staging; load c-1 is drained meanwhile (only a wait for its D2H,
- * and a copy, when it did not land in place; first when the next input would overwrite its
- * staged output); then the gather is waited for. So the next load's input is gathered while
- * the device works on this one, and a batch's units follow each other with no pause: only
- * the last load is waited for before returning.
+ * load c+1 is cut and half its gather posted to the helper once the H2D of load c-1 (the
+ * slot's last user) has read the staging; load c-1 is drained meanwhile (only a wait for its
+ * D2H, and a copy, when it did not land in place; first when the next input would overwrite
+ * its staged output); then this thread gathers the other half and waits for the helper's.
+ * So the next load's input is gathered, by two threads, while the device works on this one,
+ * and a batch's units follow each other with no pause: only the last load is waited for
+ * before returning.
  */
 int bfs__cu_pipeline_n(const cu_backend *b, cu_dev *d, cu_job *jobs, int nj)
 {
@@ -317,7 +326,7 @@ int bfs__cu_pipeline_n(const cu_backend *b, cu_dev *d, cu_job *jobs, int nj)
     BFS_TRY(bfs__cu_enter(d->id, &prev_dev));
     BFS_TRY(cu_cut(b, jobs, nj, &ji, &cut_job, &grp[0], &have));
     if (have)
-        cu_gather_group(&grp[0], cu_slot_h(d, b, 0));
+        cu_gather_group(&grp[0], cu_slot_h(d, b, 0), -1);
     while (have) {
         const cu_group *cur = &grp[c % 3], *prev = c >= 2 ? &grp[(c + 1) % 3] : NULL; /* (c-2) % 3 */
         const cu_chunk *c0 = &cur->ch[0];
@@ -340,13 +349,13 @@ int bfs__cu_pipeline_n(const cu_backend *b, cu_dev *d, cu_job *jobs, int nj)
         if (have) {
             if (c >= 2)
                 CUDA_CHECK(cudaEventSynchronize(d->ev_up[c & 1])); /* load c-2's H2D has read the staging */
-            cu_gather_post(d, next, cu_slot_h(d, b, c & 1));
-            pending = true;
+            pending = cu_gather_post(d, next, cu_slot_h(d, b, c & 1));
         }
         if (!old_done && old->staged)
             BFS_TRY(cu_drain(b, d, c - 2, old));
         drained += !old_done; /* in place: its D2H is waited for with the last load's */
-        if (pending) {
+        if (pending) { /* this thread's half, then the helper's */
+            cu_gather_group(next, cu_slot_h(d, b, c & 1), 0);
             cu_gather_wait(d);
             pending = false;
         }
