@@ -32,6 +32,7 @@
 void bfs__emu_fail_at(long n);
 void bfs__emu_set(const char *key, int dev, long long value);
 long long bfs__emu_get(const char *key, int dev);
+long long bfs__emu_log(long i, int field);
 #endif
 #ifdef BFS_HAVE_CUDA
 #include "../kernels/common.cuh"
@@ -1097,6 +1098,100 @@ static void test_pinned_unit_buffers(void **state)
     free(scales);
 }
 
+/* An F32 tensor of n elements (a cast) over data (n * 4 bytes). */
+static bfs_ltensor mk_cast_f32(const char *name, bfs_raw *raw, uint8_t *data, size_t n)
+{
+    memset(raw, 0, sizeof *raw);
+    raw->data = data;
+    raw->nbytes = n * 4;
+    bfs_ltensor t;
+    memset(&t, 0, sizeof t);
+    t.name = (char *)name;
+    t.kind = BFS_K_CAST;
+    t.out_dtype = BFS_DT_BF16;
+    t.src_dtype = BFS_DT_F32;
+    t.ndim = 1;
+    t.shape[0] = n;
+    t.d0 = n;
+    t.row_elems = 1;
+    t.src[0] = raw;
+    t.nsrc = 1;
+    return t;
+}
+
+/* run_batch on units of every kind, mixed (NVFP4 with two global scales and bnb: their
+ * constant tables change between units of one batch), into one buffer as convert's batches
+ * are (pinned, and malloc'ed): the same bytes as the reference, under a tiny budget and the
+ * default. */
+static void test_run_batch_mixed(void **state)
+{
+    (void)state;
+    if (g_ndev == 0)
+        skip();
+    const size_t rows = 33, cols = 48, nn = rows * cols;
+    uint8_t *p1 = xmalloc(nn / 2), *s1 = xmalloc(nn / 16), *p2 = xmalloc(nn / 2), *s2 = xmalloc(nn / 16);
+    fill_random(p1, nn / 2);
+    fill_random(s1, nn / 16);
+    fill_random(p2, nn / 2);
+    fill_random(s2, nn / 16);
+    bfs_ltensor nv1 = mk_2d("batch.nvfp4.a", BFS_K_NVFP4, rows, cols), nv2 = mk_2d("batch.nvfp4.b", BFS_K_NVFP4, rows, cols);
+    nv1.nv = (bfs_nvfp4_desc){.packed = p1, .scale = s1, .global_scale = 1536.0f, .modelopt = 0, .cols = cols};
+    nv2.nv = (bfs_nvfp4_desc){.packed = p2, .scale = s2, .global_scale = 0.001f, .modelopt = 1, .cols = cols};
+    const size_t fr = 37, fc = 96;
+    uint8_t *w = xmalloc(fr * fc), *fs = mk_scales(fr, 1);
+    fill_random(w, fr * fc);
+    bfs_ltensor f8 = mk_2d("batch.fp8", BFS_K_FP8, fr, fc);
+    f8.fp8 = (bfs_fp8_desc){.w = w, .scale = fs, .scale_type = 1, .cols = fc, .bh = 1, .bw = fc};
+    uint8_t *blocks, *scales;
+    mx_random(3 * 20 * 2, &blocks, &scales);
+    const bfs_ltensor mx = mk_mx("batch.mx", blocks, scales, 3, 20, 2, 1, 1);
+    const size_t cn = 3001;
+    uint8_t *cd = xmalloc(cn * 4);
+    fill_random(cd, cn * 4);
+    bfs_raw craw;
+    const bfs_ltensor ct = mk_cast_f32("batch.cast", &craw, cd, cn);
+    const bfs_ltensor *order[] = {&nv1, &f8, &nv2, &mx, &ct, &nv1, &nv2};
+    const size_t nu = sizeof order / sizeof *order;
+    bfs_unit us[7];
+    size_t total = 0;
+    for (size_t i = 0; i < nu; i++)
+        total += order[i]->d0 * order[i]->row_elems;
+    uint16_t *want = xmalloc(total * 2);
+    const uint64_t budgets[] = {0, 16 * 1024};
+    for (size_t bi = 0; bi < 2; bi++) {
+        bfs_backend *b = make_backend("cuda", budgets[bi], total * 2);
+        for (int pinned = 0; pinned < 2; pinned++) {
+            uint16_t *out = pinned ? b->host_alloc(b, total * 2) : xmalloc(total * 2);
+            memset(out, 0x5A, total * 2);
+            size_t off = 0;
+            for (size_t i = 0; i < nu; i++) {
+                const uint64_t r0 = i == 5 ? 1 : 0; /* one unit not from row 0 */
+                us[i] = (bfs_unit){order[i], r0, order[i]->d0, out + off};
+                ref_unit(order[i], r0, order[i]->d0, want + off);
+                off += (order[i]->d0 - r0) * order[i]->row_elems;
+            }
+            bfs__err_clear();
+            if (b->run_batch(b, us, (int)nu) != 0)
+                fail_msg("run_batch: %s", bfs_last_error());
+            compare(pinned ? "mixed batch, pinned" : "mixed batch", out, want, off);
+            if (pinned)
+                b->host_free(b, out);
+            else
+                free(out);
+        }
+        b->destroy(b);
+    }
+    free(want);
+    free(cd);
+    free(blocks);
+    free(scales);
+    free(w);
+    free(fs);
+    free(p1);
+    free(s1);
+    free(p2);
+    free(s2);
+}
 #endif /* BFS_HAVE_CUDA */
 
 #ifdef BFS_CUDA_EMULATE
@@ -1128,6 +1223,26 @@ static void test_injected_fault(void **state)
         assert_int_equal(b->run(b, &u), BFS_EDEVICE); /* sticky: at once, with the cause */
         if (!strstr(bfs_last_error(), "lost by an earlier fault") || !strstr(bfs_last_error(), "fault.T"))
             fail_msg("second run: %s", bfs_last_error());
+        b->destroy(b);
+        bfs__emu_fail_at(0);
+    }
+    /* in a batch (its units one pipeline): the same error, naming a tensor of the batch; the
+     * pinned buffer is not written after run_batch returns */
+    for (long at = 2; at <= 12; at += 5) { /* 4 chunks: 12 copies and kernels */
+        bfs_backend *b = make_backend("cuda:0", 64 * 1024, E * t.row_elems * 2);
+        uint16_t *pin = b->host_alloc(b, E * t.row_elems * 2);
+        const bfs_unit us[3] = {{&t, 0, 1, pin}, {&t, 1, 3, pin + t.row_elems}, {&t, 3, 4, pin + 3 * t.row_elems}};
+        bfs__emu_fail_at(at);
+        bfs__err_clear();
+        assert_int_equal(b->run_batch(b, us, 3), BFS_EDEVICE);
+        const char *m = bfs_last_error();
+        if (!strstr(m, "cudaErrorIllegalAddress") || !strstr(m, "tensor fault.T") || !strstr(m, "context"))
+            fail_msg("batch, fault at op %ld: message: %s", at, m);
+        memset(pin, 0x33, E * t.row_elems * 2);
+        usleep(2000);
+        for (size_t i = 0; i < E * t.row_elems; i++)
+            assert_int_equal(pin[i], 0x3333);
+        b->host_free(b, pin);
         b->destroy(b);
         bfs__emu_fail_at(0);
     }
@@ -1327,6 +1442,173 @@ static void test_emu_catches_races(void **state)
     assert_int_equal(cudaFree(d), cudaSuccess);
     assert_int_equal(cudaStreamDestroy(s), cudaSuccess);
 }
+
+/* ---- the pipeline's stages overlap (the emulator's operation log) ----------------------------- */
+/* the log's codes (dev/cuda/emu/fake_cudart.c) */
+enum { L_ENQ = 1, L_START, L_END, L_HOST_WAIT, L_HOST_DONE };
+enum { L_H2D = 1, L_D2H, L_D2D, L_KERNEL };
+enum { L_T, L_WHAT, L_KIND, L_WHO, L_ID, L_BYTES };
+#define MAXOPS 256
+typedef struct oplog {
+    int n[5];                       /* per kind: operations, in the order they were enqueued */
+    long id[5][MAXOPS];
+    long long enq[5][MAXOPS], start[5][MAXOPS], end[5][MAXOPS];
+} oplog;
+
+static void read_log(oplog *L)
+{
+    memset(L, 0, sizeof *L);
+    const long n = (long)bfs__emu_log(-1, 0);
+    for (long i = 0; i < n; i++) {
+        const int what = (int)bfs__emu_log(i, L_WHAT), kind = (int)bfs__emu_log(i, L_KIND);
+        if (kind < L_H2D || kind > L_KERNEL || kind == L_D2D)
+            continue;
+        const long id = (long)bfs__emu_log(i, L_ID);
+        const long long t = bfs__emu_log(i, L_T);
+        if (what == L_ENQ) {
+            assert_true(L->n[kind] < MAXOPS);
+            L->id[kind][L->n[kind]] = id;
+            L->enq[kind][L->n[kind]++] = t;
+            continue;
+        }
+        for (int k = L->n[kind] - 1; k >= 0; k--)
+            if (L->id[kind][k] == id) {
+                if (what == L_START)
+                    L->start[kind][k] = t;
+                else if (what == L_END)
+                    L->end[kind][k] = t;
+                break;
+            }
+    }
+}
+
+/* Chunk c's H2D, kernel, D2H (no table uploads: casts): each stage after the one before
+ * (the events), and the next chunk's H2D enqueued and run while this chunk's kernel runs. */
+static void assert_overlap(const oplog *L, const char *what)
+{
+    const int n = L->n[L_KERNEL];
+    assert_int_equal(L->n[L_H2D], n);
+    assert_int_equal(L->n[L_D2H], n);
+    for (int c = 0; c < n; c++) {
+        assert_true(L->start[L_KERNEL][c] >= L->end[L_H2D][c]);
+        assert_true(L->start[L_D2H][c] >= L->end[L_KERNEL][c]);
+        if (c + 1 < n) {
+            if (!(L->enq[L_H2D][c + 1] < L->end[L_KERNEL][c] && L->start[L_H2D][c + 1] < L->end[L_KERNEL][c]))
+                fail_msg("%s: the H2D of chunk %d (enqueued at +%lld us, ran at +%lld us) did not overlap the "
+                         "kernel of chunk %d (ran +%lld..+%lld us)", what, c + 1,
+                         (L->enq[L_H2D][c + 1] - L->enq[L_H2D][0]) / 1000,
+                         (L->start[L_H2D][c + 1] - L->enq[L_H2D][0]) / 1000, c,
+                         (L->start[L_KERNEL][c] - L->enq[L_H2D][0]) / 1000,
+                         (L->end[L_KERNEL][c] - L->enq[L_H2D][0]) / 1000);
+            /* ... and the chunk before's D2H still overlaps the next kernel's slot: only two in flight */
+            assert_true(c < 1 || L->start[L_KERNEL][c + 1] >= L->end[L_D2H][c - 1]);
+        }
+    }
+    printf("  %s: %d chunks, each next H2D ran during the kernel before\n", what, n);
+}
+
+/* One unit of many chunks on a slow "device" (every kernel 20 ms): chunk c+1's input is
+ * gathered and its H2D runs while chunk c's kernel runs, into a malloc'ed buffer (drained
+ * from the staging) and into a pinned one (the D2H in place); same bytes as the reference. */
+static void test_pipeline_overlaps(void **state)
+{
+    (void)state;
+    if (g_ndev == 0)
+        skip();
+    const size_t n = 40000;
+    uint8_t *data = xmalloc(n * 4);
+    fill_random(data, n * 4);
+    bfs_raw raw;
+    const bfs_ltensor t = mk_cast_f32("overlap.f32", &raw, data, n);
+    uint16_t *want = xmalloc(n * 2);
+    ref_unit(&t, 0, n, want);
+    bfs_backend *b = make_backend("cuda:0", 64 * 1024, n * 2);
+    oplog *L = xmalloc(sizeof *L);
+    for (int pinned = 0; pinned < 2; pinned++) {
+        uint16_t *out = pinned ? b->host_alloc(b, n * 2) : xmalloc(n * 2);
+        assert_non_null(out);
+        memset(out, 0x5A, n * 2);
+        bfs__emu_set("kernel_us", 0, 20000);
+        bfs__emu_set("log", 0, 1);
+        const bfs_unit u = {&t, 0, n, out};
+        assert_int_equal(b->run(b, &u), 0);
+        bfs__emu_set("log", 0, 0);
+        bfs__emu_set("kernel_us", 0, 0);
+        compare("overlap", out, want, n);
+        read_log(L);
+        assert_true(L->n[L_KERNEL] >= 4);
+        assert_overlap(L, pinned ? "one unit, pinned buffer" : "one unit, malloc'ed buffer");
+        /* in place, nothing is drained: chunk c+1 is gathered and enqueued as soon as chunk c-1's
+         * H2D has read the staging, before chunk c-1's output is even down */
+        for (int c = 1; pinned && c + 1 < L->n[L_KERNEL]; c++)
+            assert_true(L->enq[L_H2D][c + 1] < L->end[L_D2H][c - 1]);
+        if (pinned)
+            b->host_free(b, out);
+        else
+            free(out);
+    }
+    /* a batch of units of one chunk each (over half a slot: not two in one): one after the
+     * other with no pause, the next unit's H2D during the unit before's kernel */
+    const size_t m = 3000, nu = 6;
+    uint16_t *bout = b->host_alloc(b, nu * m * 2), *bwant = xmalloc(nu * m * 2);
+    bfs_ltensor ts[6];
+    bfs_raw raws[6];
+    bfs_unit us[6];
+    for (size_t i = 0; i < nu; i++) {
+        ts[i] = mk_cast_f32("overlap.batch", &raws[i], data + i * m * 4, m);
+        us[i] = (bfs_unit){&ts[i], 0, m, bout + i * m};
+        ref_unit(&ts[i], 0, m, bwant + i * m);
+    }
+    assert_non_null(b->run_batch);
+    bfs__emu_set("kernel_us", 0, 20000);
+    bfs__emu_set("log", 0, 1);
+    assert_int_equal(b->run_batch(b, us, (int)nu), 0);
+    bfs__emu_set("log", 0, 0);
+    bfs__emu_set("kernel_us", 0, 0);
+    compare("batch", bout, bwant, nu * m);
+    read_log(L);
+    assert_int_equal(L->n[L_KERNEL], (int)nu);
+    assert_overlap(L, "a batch of 6 units");
+    /* the control: the same units through run() one by one do not overlap (each run()
+     * returns once its unit is down), so the check above can fail */
+    bfs__emu_set("kernel_us", 0, 20000);
+    bfs__emu_set("log", 0, 1);
+    for (size_t i = 0; i < nu; i++)
+        assert_int_equal(b->run(b, &us[i]), 0);
+    bfs__emu_set("log", 0, 0);
+    bfs__emu_set("kernel_us", 0, 0);
+    read_log(L);
+    assert_int_equal(L->n[L_KERNEL], (int)nu);
+    for (size_t i = 0; i + 1 < nu; i++)
+        assert_true(L->start[L_H2D][i + 1] > L->end[L_D2H][i]);
+    /* tiny units (convert's batches of norms and biases) share a slot: 20 units of 100
+     * elements, at most 16 a slot: 2 H2D, 20 kernels, 2 D2H; the same bytes */
+    const size_t tn = 100, tu = 20;
+    bfs_ltensor tt[20];
+    bfs_raw traw[20];
+    bfs_unit tus[20];
+    for (size_t i = 0; i < tu; i++) {
+        tt[i] = mk_cast_f32("overlap.tiny", &traw[i], data + i * tn * 4, tn);
+        tus[i] = (bfs_unit){&tt[i], 0, tn, bout + i * tn};
+        ref_unit(&tt[i], 0, tn, bwant + i * tn);
+    }
+    bfs__emu_set("log", 0, 1);
+    assert_int_equal(b->run_batch(b, tus, (int)tu), 0);
+    bfs__emu_set("log", 0, 0);
+    compare("tiny batch", bout, bwant, tu * tn);
+    read_log(L);
+    printf("  20 tiny units: %d H2D, %d kernels, %d D2H\n", L->n[L_H2D], L->n[L_KERNEL], L->n[L_D2H]);
+    assert_int_equal(L->n[L_KERNEL], (int)tu);
+    assert_int_equal(L->n[L_H2D], 2);
+    assert_int_equal(L->n[L_D2H], 2);
+    b->host_free(b, bout);
+    b->destroy(b);
+    free(L);
+    free(bwant);
+    free(want);
+    free(data);
+}
+
 #endif
 
 int main(void)
@@ -1363,6 +1645,7 @@ int main(void)
         cmocka_unit_test(test_grid_limits),
         cmocka_unit_test(test_two_backends_one_gpu),
         cmocka_unit_test(test_pinned_unit_buffers),
+        cmocka_unit_test(test_run_batch_mixed),
 #endif
 #ifdef BFS_CUDA_EMULATE
         cmocka_unit_test(test_injected_fault),
@@ -1370,6 +1653,7 @@ int main(void)
         cmocka_unit_test(test_driver_messages),
         cmocka_unit_test(test_selftest_refuses_ftz),
         cmocka_unit_test(test_full_gpu),
+        cmocka_unit_test(test_pipeline_overlaps),
         cmocka_unit_test(test_emu_catches_races),
 #endif
         cmocka_unit_test(test_mxfp4_gptoss_layer),

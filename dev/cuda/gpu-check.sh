@@ -8,7 +8,9 @@
 # device memory) and a 4x larger one (peak device memory against --gpu-mem); transformers'
 # convert_moe_packed_tensors on the same GPU when torch is importable; a negative control (kernels
 # built with -ftz=true must be refused by the start-up self-test, exit 6); the error messages of
-# the driver/device checks and of a device fault. On a machine without a GPU every GPU step
+# the driver/device checks and of a device fault; a summary of what issue 25 asks (kernel GB/s
+# vs HBM, end to end vs the CPU backend and vs transformers, peak device memory vs --gpu-mem,
+# which fails above --gpu-mem + 1 GiB of context or when it grows with the input). On a machine without a GPU every GPU step
 # prints "SKIP (no GPU): ..." and the rest (build, emulated checks) still runs.
 # Knobs: OUT, JOBS (make -j, default nproc), BIG_LAYERS (the 4x input, default 8),
 #        GPU_MEM (default 1G), KEEP=1 (keep the synthetic checkpoints).
@@ -96,6 +98,7 @@ if [ $GPU = 1 ] && [ -x build/dev-cuda/mxfp4_dev ]; then
     run 90 build/dev-cuda/mxfp4_dev 0 32 5760 90 | tee "$W/kernel.txt"
     grep -q MISMATCH "$W/kernel.txt" && fail "kernel checker: mismatch"
     best=$(grep -oE '[0-9.]+ GB/s' "$W/kernel.txt" | sort -n | tail -1 | cut -d' ' -f1)
+    KERNEL_GBS=$best
     [ -n "$best" ] && [ "$HBM" != unknown ] && awk -v b="$best" -v h="$HBM" \
         'BEGIN { printf "best kernel: %.0f GB/s = %.0f%% of HBM\n", b, 100 * b / (h * 1000) }'
 else skip "kernel checker (build/dev-cuda/mxfp4_dev)"; fi
@@ -133,6 +136,10 @@ peak_run() { # label cmd...
     /usr/bin/time -v "$@" > "$W/run_$label.json" 2> "$W/time_$label.txt"; local rc=$?
     kill $smi 2>/dev/null; wait $smi 2>/dev/null
     local peak; peak=$(sort -n "$W/smi_$label.txt" | tail -1)
+    # for the summary: peak device MiB, wall seconds, GB/s (bfshard's --json)
+    eval "PEAK_$label=$(( ${peak:-0} - ${base:-0} ))"
+    eval "WALL_$label=$(awk -F: '/Elapsed/ { n = split($0, a, ":"); s = 0; for (i = 5; i <= n; i++) s = s * 60 + a[i]; print s }' "$W/time_$label.txt")"
+    eval "GBS_$label=$(grep -oE '"gb_per_s": [0-9.]+' "$W/run_$label.json" | head -1 | awk '{print $2}')"
     echo "$label: rc $rc, $(grep -E 'Elapsed' "$W/time_$label.txt" | sed 's/.*: //') wall, peak RSS $(grep 'Maximum resident' "$W/time_$label.txt" | awk '{print $NF}') KB, peak device memory +$(( ${peak:-0} - ${base:-0} )) MiB (nvidia-smi, whole GPU), $(grep -oE '"gb_per_s": [0-9.]+' "$W/run_$label.json")"
     return $rc
 }
@@ -161,6 +168,7 @@ for name in sorted(k for k in idx if k.endswith("_blocks")):
     print(f"{name}: {out.numel() * 2 / dt / 1e9:.1f} GB/s of BF16 (device to device)")
 print(f"transformers convert_moe_packed_tensors: {tot_b / tot_t / 1e9:.1f} GB/s overall, {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB peak allocated")
 PY
+        TF_GBS=$(grep -oE 'convert_moe_packed_tensors: [0-9.]+' "$REPORT" | tail -1 | awk '{print $2}')
     else echo "SKIP: torch (with CUDA) + transformers not importable: no transformers baseline"; fi
     step "7c ${BIG_LAYERS} layers (4x the input) on cuda: peak device memory must stay at --gpu-mem ($GPU_MEM), not grow"
     rm -rf "$W/syn2"
@@ -216,6 +224,24 @@ if [ -x build/cuda-emu/bfshard ]; then
     BFS_EMU_DEVICES=2 BFS_TEST_GPTOSS_ITEMS=1 build/cuda-emu/test_cuda 2>/dev/null | grep -m1 "GPU faulted"
 fi
 rm -rf "$W/e"
+
+step "summary (issue 25: the GPU pipeline)"
+# --gpu-mem in MiB (K/M/G suffixes)
+gm_mib=$(echo "$GPU_MEM" | awk '{ v = $1 + 0; u = toupper(substr($1, length($1))); if (u == "K") v /= 1024; else if (u == "G") v *= 1024; else if (u != "M") v /= 1048576; printf "%d", v }')
+# MXFP4 reads 17 bytes per 64 written: the memory traffic is 1.27x the output
+echo "kernel alone:      ${KERNEL_GBS:-?} GB/s of BF16 output (HBM ~ $HBM TB/s$( [ -n "${KERNEL_GBS:-}" ] && [ "$HBM" != unknown ] && awk -v b="$KERNEL_GBS" -v h="$HBM" 'BEGIN { printf "; reads + writes: %.0f%% of it", 100 * 1.27 * b / (h * 1000) }'))"
+echo "end to end, cuda:  ${GBS_cuda2:-?} GB/s, ${WALL_cuda2:-?} s wall (2 gpt-oss layers, W=8)"
+echo "end to end, cpu:   ${GBS_cpu2:-?} GB/s, ${WALL_cpu2:-?} s wall$( [ -n "${WALL_cuda2:-}" ] && [ -n "${WALL_cpu2:-}" ] && awk -v a="$WALL_cpu2" -v b="$WALL_cuda2" 'BEGIN { if (b > 0) printf "  -> cuda is %.2fx the cpu backend", a / b }')"
+echo "transformers:      ${TF_GBS:-?} GB/s (convert_moe_packed_tensors, device to device, no I/O)$( [ -n "${TF_GBS:-}" ] && [ -n "${GBS_cuda2:-}" ] && awk -v a="$GBS_cuda2" -v b="$TF_GBS" 'BEGIN { if (b > 0) printf "  -> bfshard end to end at %.2fx it", a / b }')"
+for l in cuda2 cuda_big; do
+    eval "p=\${PEAK_$l:-}"
+    [ -n "$p" ] || continue
+    # the CUDA context itself takes a few hundred MiB besides the backend's buffers
+    echo "peak device memory, $l: +$p MiB (nvidia-smi) vs --gpu-mem $GPU_MEM = $gm_mib MiB (+ the context)"
+    [ "$p" -le $((gm_mib + 1024)) ] || fail "peak device memory of $l: $p MiB, more than --gpu-mem ($gm_mib MiB) + 1 GiB of context"
+done
+[ -n "${PEAK_cuda2:-}" ] && [ -n "${PEAK_cuda_big:-}" ] && [ "$PEAK_cuda_big" -gt $((PEAK_cuda2 + 256)) ] && \
+    fail "peak device memory grew with the input: $PEAK_cuda2 MiB (2 layers) -> $PEAK_cuda_big MiB ($BIG_LAYERS layers)"
 
 step "done: $FAILS failure(s); report: $REPORT"
 [ "${KEEP:-0}" = 1 ] || rm -rf "$W/syn2" "$W/synbig"

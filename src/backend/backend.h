@@ -12,6 +12,9 @@ struct bfs_backend {
     char name[64];
     /* Fill u->out. Synchronous: when it returns, u->out is complete. */
     int (*run)(bfs_backend *b, const bfs_unit *u);
+    /* Optional (NULL: run() for each): fill u[0..n)->out, the same bytes as run() on each in
+     * turn, which may overlap one unit's work with the next. Synchronous as run(). */
+    int (*run_batch)(bfs_backend *b, const bfs_unit *u, int n);
     void (*destroy)(bfs_backend *b);
     uint64_t device_bytes; /* allocated on the device at creation (0 for cpu) */
     /* Optional (NULL: use malloc): host memory for unit buffers that run() fills fastest

@@ -21,12 +21,21 @@
  *   bnb 4-bit, casts, FP8, INT4, NVFP4: element ranges (FP8/INT4/NVFP4: each input
  *                                      array from the first entry the range needs to the
  *                                      last: scale rows, packed words, zero-point rows)
- * Chunk k: host gathers its input from the mmapped source into pinned slot
- * k%2; H2D on the upload stream; kernel on the compute stream; D2H on the
- * download stream; events order them, so H2D of chunk k+1 overlaps the kernel
- * of chunk k and the D2H of chunk k-1. After enqueueing chunk k the host
- * drains chunk k-1 (waits for its D2H, copies pinned -> unit->out), which also
- * frees slot (k+1)%2 for the next chunk.
+ * Chunk k: its input gathered from the mmapped source into pinned slot k%2
+ * (by this thread and the device's gather helper thread, half each, while the
+ * device works on the chunk before);
+ * H2D on the upload stream; kernel on the compute stream; D2H on the download
+ * stream, straight into unit->out when it is pinned (host_alloc: convert's ring
+ * buffers); events order them, so H2D of chunk k+1 overlaps the kernel of chunk
+ * k and the D2H of chunk k-1. The host waits only for the H2D of chunk k-1
+ * before gathering chunk k+1 into its slot, for chunk k-1's D2H when it must
+ * copy it out of the staging (unit->out not pinned), and for the last D2H.
+ *
+ * run_batch(): convert's batches of small pieces, one pipeline on one device
+ * (each unit's chunks right after the one before's; bnb / NVFP4 tables go up
+ * after the last kernel that read the ones before), waited for once. Small
+ * units share a slot whole (up to 16, 1 MiB: one H2D, a kernel each, one D2H
+ * into the staging, copied out).
  *
  * Several devices ("cuda:0,1"): gpu_mem is the budget of each device. A large
  * unit is split into one contiguous share per device, each run by the same
@@ -74,11 +83,14 @@ static bool cu_is_pinned(cu_backend *b, const void *p, uint64_t n)
     return yes;
 }
 
-static int cu_run(bfs_backend *bb, const bfs_unit *u)
+/* A unit that needs no device (empty, or passthrough: its bytes as they are): done here,
+ * *done set. Otherwise its job, in place when its buffer is pinned, with its chunk cap:
+ * each device's share in at least CU_SPLIT chunks when that keeps them >= CU_CHUNK_MIN, so
+ * upload, kernel and download overlap. *whole: the footprint of the whole unit. */
+static int cu_prepare(cu_backend *b, const bfs_unit *u, cu_job *j, bool *done, uint64_t *whole)
 {
-    cu_backend *b = (cu_backend *)bb;
     const bfs_ltensor *t = u ? u->t : NULL;
-    int rc = 0;
+    *done = true;
     if (!t || u->row0 > u->row1 || u->row1 > t->d0 || (!u->out && u->row1 > u->row0))
         return bfs__err(BFS_EINTERNAL, "cuda backend: bad unit (rows [%" PRIu64 ", %" PRIu64 ") of %s)",
                         u ? u->row0 : 0, u ? u->row1 : 0, t ? t->name : "?");
@@ -94,40 +106,85 @@ static int cu_run(bfs_backend *bb, const bfs_unit *u)
         memcpy(u->out, t->src[0]->data + off, bytes);
         return 0;
     }
-    cu_job j;
-    BFS_TRY(bfs__cu_job_init(b, u, &j));
-    j.in_place = cu_is_pinned(b, u->out, (u->row1 - u->row0) * t->row_elems * 2);
-    /* chunks of at most cap bytes: each device's share in at least CU_SPLIT chunks
-     * when that keeps them >= CU_CHUNK_MIN, so upload, kernel and download overlap */
-    const uint64_t whole = bfs__cu_fp(&j, j.pos, j.end - j.pos);
-    uint64_t cap = whole / ((uint64_t)CU_SPLIT * (uint64_t)b->ndev);
+    *done = false;
+    const int rc = bfs__cu_job_init(b, u, j);
+    if (rc < 0)
+        return rc;
+    j->in_place = cu_is_pinned(b, u->out, (u->row1 - u->row0) * t->row_elems * 2);
+    *whole = bfs__cu_fp(j, j->pos, j->end - j->pos);
+    uint64_t cap = *whole / ((uint64_t)CU_SPLIT * (uint64_t)b->ndev);
     if (cap < CU_CHUNK_MIN)
         cap = CU_CHUNK_MIN;
     if (cap > b->slot)
         cap = b->slot;
-    if (j.mode == J_MX_ITEMS && bfs__cu_fp(&j, j.pos, 1) > cap) { /* one item is too big: groups of one item */
-        j.mode = J_MX_GROUPS;
-        j.pos = 0;
-        j.end = (u->row1 - u->row0) * j.G;
-        j.first = u->row0;
+    j->cap = cap;
+    if (j->mode == J_MX_ITEMS && bfs__cu_fp(j, j->pos, 1) > cap) { /* one item is too big: groups of one item */
+        j->mode = J_MX_GROUPS;
+        j->pos = 0;
+        j->end = (u->row1 - u->row0) * j->G;
+        j->first = u->row0;
     }
+    return 0;
+}
+
+/* A free device, else the next in turn, waited for (callers on several threads); locked. */
+static cu_dev *cu_take_dev(cu_backend *b)
+{
+    const unsigned start = atomic_fetch_add(&b->next, 1u) % (unsigned)b->ndev;
+    for (int i = 0; i < b->ndev; i++) {
+        cu_dev *c = &b->dev[(start + (unsigned)i) % (unsigned)b->ndev];
+        if (pthread_mutex_trylock(&c->lock) == 0)
+            return c;
+    }
+    pthread_mutex_lock(&b->dev[start].lock);
+    return &b->dev[start];
+}
+
+/* A batch of units (convert's small pieces, together in one buffer): their jobs through one
+ * device as one pipeline, one unit's chunks right after the other's, waited for once. */
+#define CU_BATCH_JOBS 64
+static int cu_run_batch(bfs_backend *bb, const bfs_unit *u, int n)
+{
+    cu_backend *b = (cu_backend *)bb;
+    cu_job j[CU_BATCH_JOBS];
+    for (int i = 0; i < n;) {
+        int nj = 0;
+        for (; i < n && nj < CU_BATCH_JOBS; i++) {
+            bool done = true;
+            uint64_t whole = 0;
+            const int rc = cu_prepare(b, &u[i], &j[nj], &done, &whole);
+            if (rc < 0)
+                return rc;
+            nj += !done;
+        }
+        if (nj == 0)
+            continue;
+        cu_dev *d = cu_take_dev(b);
+        const int rc = bfs__cu_pipeline_n(b, d, j, nj);
+        pthread_mutex_unlock(&d->lock);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+static int cu_run(bfs_backend *bb, const bfs_unit *u)
+{
+    cu_backend *b = (cu_backend *)bb;
+    int rc = 0;
+    bool done = true;
+    uint64_t whole = 0;
+    cu_job j;
+    BFS_TRY(cu_prepare(b, u, &j, &done, &whole));
+    if (done)
+        return 0;
+    const uint64_t cap = j.cap;
     const uint64_t granules = j.end - j.pos;
     const int nparts = b->ndev > 1 && whole >= 2 * CU_CHUNK_MIN
                            ? (int)(granules < (uint64_t)b->ndev ? granules : (uint64_t)b->ndev)
                            : 1;
     if (nparts == 1) {
-        /* a free device, else wait for the next in turn (callers on several threads) */
-        const unsigned start = atomic_fetch_add(&b->next, 1u) % (unsigned)b->ndev;
-        cu_dev *d = NULL;
-        for (int i = 0; i < b->ndev && !d; i++) {
-            cu_dev *c = &b->dev[(start + (unsigned)i) % (unsigned)b->ndev];
-            if (pthread_mutex_trylock(&c->lock) == 0)
-                d = c;
-        }
-        if (!d) {
-            d = &b->dev[start];
-            pthread_mutex_lock(&d->lock);
-        }
+        cu_dev *d = cu_take_dev(b);
         rc = bfs__cu_pipeline(b, d, &j, cap);
         pthread_mutex_unlock(&d->lock);
         goto cleanup;
@@ -212,6 +269,7 @@ static void cu_dev_free(cu_dev *d)
     const cudaEvent_t *const ev[3] = {d->ev_up, d->ev_comp, d->ev_down};
     if ((s[0] || s[1] || s[2] || d->d_arena || d->h_arena) && cudaSetDevice(d->id) == cudaSuccess)
         cu_sync_streams(d);
+    bfs__cu_gather_stop(d);
     for (int i = 0; i < 3; i++)
         for (int k = 0; k < 2; k++)
             if (ev[i][k])
@@ -303,15 +361,15 @@ static int cu_dev_init(cu_backend *b, cu_dev *d, int id)
     CUDA_CHECK(cudaStreamCreateWithFlags(&d->s_up, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&d->s_comp, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&d->s_down, cudaStreamNonBlocking));
-    for (int k = 0; k < 2; k++) {
-        CUDA_CHECK(cudaEventCreateWithFlags(&d->ev_up[k], cudaEventDisableTiming));
+    for (int k = 0; k < 2; k++) { /* the host waits on ev_up and ev_down: block rather than spin */
+        CUDA_CHECK(cudaEventCreateWithFlags(&d->ev_up[k], cudaEventDisableTiming | cudaEventBlockingSync));
         CUDA_CHECK(cudaEventCreateWithFlags(&d->ev_comp[k], cudaEventDisableTiming));
-        /* the host waits on this one: block rather than spin */
         CUDA_CHECK(cudaEventCreateWithFlags(&d->ev_down[k], cudaEventDisableTiming | cudaEventBlockingSync));
     }
     if (pthread_mutex_init(&d->lock, NULL) != 0)
         BFS_FAIL(BFS_EINTERNAL, "pthread_mutex_init failed");
     d->lock_init = true;
+    BFS_TRY(bfs__cu_gather_start(d));
 cleanup:
     return rc;
 }
@@ -403,6 +461,7 @@ int bfs__backend_cuda_create(const char *spec, uint64_t gpu_mem, uint64_t max_un
             len += (size_t)snprintf(b->base.name + len, sizeof b->base.name - len, ",%d", ids[i]);
     }
     b->base.run = cu_run;
+    b->base.run_batch = cu_run_batch;
     b->base.destroy = cu_destroy;
     b->base.host_alloc = cu_host_alloc;
     b->base.host_free = cu_host_free;

@@ -48,6 +48,15 @@ typedef struct cu_dev {
     uint8_t *h_arena; /* pinned host */
     cudaError_t lost; /* a sticky error: the context is gone, nothing more runs here */
     char lost_msg[160];
+    /* the gather helper: copies the next chunk's input into its pinned slot while this
+     * thread enqueues the current one and drains the one before (backend_cuda_pipe.c) */
+    bool g_run;                 /* its thread exists */
+    pthread_t g_th;
+    pthread_mutex_t g_m;
+    pthread_cond_t g_c;
+    const struct cu_group *g_work; /* posted, not yet gathered */
+    uint8_t *g_dst;
+    bool g_stop;
 } cu_dev;
 
 typedef struct cu_pinned { /* a unit buffer from host_alloc */
@@ -85,6 +94,7 @@ typedef struct cu_job {
     uint64_t prefer;    /* bnb: chunk ends on multiples of this when possible (no byte or block sent twice) */
     size_t es;          /* cast: input element size */
     bfs_cast_src cast;  /* cast: source type */
+    uint64_t cap;       /* chunks of at most this many slot bytes (bfs__cu_prepare) */
 } cu_job;
 
 typedef struct cu_gather { /* nrows rows of row_bytes, stride apart in the source, packed at off */
@@ -94,12 +104,26 @@ typedef struct cu_gather { /* nrows rows of row_bytes, stride apart in the sourc
 
 typedef struct cu_chunk {
     uint64_t pos, n;
+    uint64_t base;      /* where in the slot its layout starts (several small jobs share one) */
+    int job;            /* which of the pipeline's jobs */
+    bool first;         /* the job's first chunk (its constant tables go up before it) */
     int ngather;
     cu_gather g[3];
     uint64_t in_bytes;  /* H2D [0, in_bytes) of the slot */
     uint64_t out_off, out_bytes;
     uint8_t *dst;       /* where the output goes in unit->out */
 } cu_chunk;
+
+/* What one slot holds at once: one chunk, or several small jobs whole (a batch's tiny pieces:
+ * one H2D, their kernels, one D2H). */
+#define CU_GROUP_MAX 16
+typedef struct cu_group {
+    cu_chunk ch[CU_GROUP_MAX];
+    int n;
+    uint64_t in_end;         /* H2D [0, in_end) of the slot */
+    uint64_t out_lo, out_hi; /* the outputs lie in [out_lo, out_hi) of the slot */
+    bool staged;             /* D2H into the staging, then copied out (not in place) */
+} cu_group;
 
 static inline uint64_t cu_al(uint64_t x) { return (x + CU_ALIGN - 1) / CU_ALIGN * CU_ALIGN; }
 
@@ -119,8 +143,12 @@ int bfs__cu_cc(int dev);
 cudaError_t bfs__cu_why(cudaError_t e, char *why, size_t n);
 int bfs__cu_parse_spec(const char *spec, int *ids, int *n);
 
-/* backend_cuda_pipe.c: one unit's chunks through one device */
+/* backend_cuda_pipe.c: one unit's chunks (or a batch's, one job after the other, without a
+ * pause between them) through one device; its gather helper thread */
 int bfs__cu_pipeline(const cu_backend *b, cu_dev *d, cu_job *j, uint64_t cap);
+int bfs__cu_pipeline_n(const cu_backend *b, cu_dev *d, cu_job *jobs, int nj);
+int bfs__cu_gather_start(cu_dev *d);
+void bfs__cu_gather_stop(cu_dev *d);
 extern const float bfs__cu_nf4[16];
 
 /* backend_cuda_selftest.c: the start-up self-test */

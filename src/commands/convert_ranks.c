@@ -217,6 +217,40 @@ static int bfs__run_unit(bfs_run *r, const bfs_unit *u)
     return rc < 0 ? rc : bfs__srchash_ranges(r->sh, sr, ns);
 }
 
+/* Units u[0..n) of a batch: run_batch when the backend has it (one pipeline for them all),
+ * else one by one; timed as one, then their source bytes hashed, as bfs__run_unit does. */
+#define BFS_RUN_BATCH 64
+static int bfs__run_units(bfs_run *r, const bfs_unit *u, int n)
+{
+    if (n == 0)
+        return 0;
+    if (!r->be->run_batch) {
+        for (int i = 0; i < n; i++) {
+            const int rc = bfs__run_unit(r, &u[i]);
+            if (rc < 0)
+                return rc;
+        }
+        return 0;
+    }
+    for (int i = 0; i < n; i++) {
+        bfs_srange sr[BFS_UNIT_MAX_SRC];
+        const int ns = bfs__unit_sources(&u[i], sr);
+        for (int k = 0; k < ns; k++)
+            r->in_read += sr[k].len;
+    }
+    const double t0 = bfs__now();
+    const int rc = r->be->run_batch(r->be, u, n);
+    r->t_dequant += bfs__now() - t0;
+    for (int i = 0; i < n && rc >= 0; i++) {
+        bfs_srange sr[BFS_UNIT_MAX_SRC];
+        const int ns = bfs__unit_sources(&u[i], sr);
+        const int hr = bfs__srchash_ranges(r->sh, sr, ns);
+        if (hr < 0)
+            return hr;
+    }
+    return rc;
+}
+
 /* Units of one piece through the backend into the writer; r->slot is the buffer to fill
  * next (round the ring over the whole run: the writer may still be on the last file's
  * last units when the next file's first ones are filled). */
@@ -384,13 +418,17 @@ static int bfs__write_batch(bfs_run *r, const bfs_outfile *of, size_t p0, size_t
     BFS_TRY(bfs__slot_take(r, &buf)); /* the writer is done with it */
     uint8_t *const out = buf + off0 % BFS_DIO_ALIGN;
     BFS_TRY(bfs__check_batch(r, of, p0, p1));
-    for (size_t k = p0; k < p1; k++) {
-        const bfs_piece *pc = &of->pieces[k];
-        if (pc->row0 == pc->row1 || pc->nbytes == 0)
-            continue;
-        const bfs_unit u = {.t = &r->plan->t[pc->tensor], .row0 = pc->row0, .row1 = pc->row1, .out = out + len};
-        BFS_TRY(bfs__run_unit(r, &u));
-        len += pc->nbytes;
+    for (size_t k = p0; k < p1;) { /* up to BFS_RUN_BATCH units at a time through run_batch */
+        bfs_unit u[BFS_RUN_BATCH];
+        int n = 0;
+        for (; k < p1 && n < BFS_RUN_BATCH; k++) {
+            const bfs_piece *pc = &of->pieces[k];
+            if (pc->row0 == pc->row1 || pc->nbytes == 0)
+                continue;
+            u[n++] = (bfs_unit){.t = &r->plan->t[pc->tensor], .row0 = pc->row0, .row1 = pc->row1, .out = out + len};
+            len += pc->nbytes;
+        }
+        BFS_TRY(bfs__run_units(r, u, n));
     }
     BFS_TRY(bfs__check_batch(r, of, p0, p1));
     bfs__release_batch(r, of, p0, p1);

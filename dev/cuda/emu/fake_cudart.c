@@ -42,6 +42,15 @@
  *   gives wrong output.
  * - bfs__emu_fail_at(n) makes the n-th copy or kernel enqueued from now fail as
  *   a kernel fault would (cudaErrorIllegalAddress, sticky on its device).
+ * - The operation log (bfs__emu_set("log", 0, 1) clears and starts it, 0 stops it;
+ *   bfs__emu_log(i, field) reads entry i, bfs__emu_log(-1, 0) the count): each copy, kernel,
+ *   event record and stream wait when enqueued (EMU_LOG_ENQ), when its stream's worker
+ *   starts it (EMU_LOG_START: a stream wait has then begun waiting) and finishes it
+ *   (EMU_LOG_END), and each host wait (cudaEventSynchronize, cudaStreamSynchronize) when it
+ *   begins and returns, with a monotonic time in ns, the stream (or event) number and the
+ *   operation's number and bytes: so a test can see which stages overlapped.
+ *   bfs__emu_set("kernel_us", 0, us) makes every kernel last at least us microseconds (a
+ *   slow device): overlap then shows in the times regardless of the host's speed.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -77,6 +86,7 @@ static int g_ctx[EMU_MAX_DEV];                      /* a context exists */
 static long g_ctx_count[EMU_MAX_DEV];               /* contexts created */
 static cudaError_t g_sticky[EMU_MAX_DEV];           /* a "kernel fault" poisons the device's context */
 static long g_fail_at = -1;                         /* operations left before an injected fault */
+static long g_kernel_us;                           /* each kernel lasts at least this long */
 static _Thread_local int t_dev;
 static _Thread_local cudaError_t t_last = cudaSuccess;
 
@@ -147,6 +157,67 @@ static cudaError_t ctx_use(int dev)
     return ret(e);
 }
 
+/* ---- the operation log -------------------------------------------------------------------- */
+enum { EMU_LOG_ENQ = 1, EMU_LOG_START, EMU_LOG_END, EMU_LOG_HOST_WAIT, EMU_LOG_HOST_DONE };
+enum { EMU_OP_H2D = 1, EMU_OP_D2H, EMU_OP_D2D, EMU_OP_KERNEL, EMU_OP_RECORD, EMU_OP_WAIT, EMU_OP_EVENT_SYNC,
+       EMU_OP_STREAM_SYNC };
+typedef struct logent {
+    long long t, bytes;
+    int what, kind, who; /* who: the stream's number (the event's for EMU_OP_EVENT_SYNC) */
+    long id;
+} logent;
+#define EMU_LOG_MAX 200000
+static pthread_mutex_t g_log_lock = PTHREAD_MUTEX_INITIALIZER;
+static logent *g_log;
+static long g_nlog, g_next_id, g_next_obj;
+static int g_logging;
+
+static void emu_log(int what, int kind, int who, long id, size_t bytes)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    pthread_mutex_lock(&g_log_lock);
+    if (g_logging && g_log && g_nlog < EMU_LOG_MAX)
+        g_log[g_nlog++] = (logent){(long long)ts.tv_sec * 1000000000LL + ts.tv_nsec, (long long)bytes, what, kind,
+                                   who, id};
+    pthread_mutex_unlock(&g_log_lock);
+}
+
+static void emu_log_set(int on)
+{
+    pthread_mutex_lock(&g_log_lock);
+    if (on && !g_log)
+        g_log = malloc(EMU_LOG_MAX * sizeof *g_log);
+    if (on)
+        g_nlog = 0; /* started afresh; stopped, it keeps what it holds for bfs__emu_log */
+    g_logging = on && g_log;
+    pthread_mutex_unlock(&g_log_lock);
+}
+
+/* entry i's field (0 time ns, 1 what, 2 kind, 3 stream/event, 4 operation, 5 bytes); i < 0: the count */
+long long bfs__emu_log(long i, int field)
+{
+    long long v = -1;
+    pthread_mutex_lock(&g_log_lock);
+    if (i < 0) {
+        v = g_nlog;
+    } else if (i < g_nlog) {
+        const logent *e = &g_log[i];
+        const long long f[6] = {e->t, e->what, e->kind, e->who, e->id, e->bytes};
+        v = field >= 0 && field < 6 ? f[field] : -1;
+    }
+    pthread_mutex_unlock(&g_log_lock);
+    return v;
+}
+
+static long emu_new_id(long *counter)
+{
+    pthread_mutex_lock(&g_log_lock);
+    const long id = ++*counter;
+    pthread_mutex_unlock(&g_log_lock);
+    return id;
+}
+
 void bfs__emu_fail_at(long n)
 {
     pthread_mutex_lock(&g_lock);
@@ -172,6 +243,10 @@ void bfs__emu_set(const char *key, int dev, long long v)
         g_ftz = (int)v;
     else if (!strcmp(key, "mem"))
         g_mem = (size_t)v;
+    else if (!strcmp(key, "kernel_us"))
+        g_kernel_us = (long)v;
+    else if (!strcmp(key, "log"))
+        emu_log_set((int)v); /* takes g_log_lock only: no order issue with g_lock */
     else if (!strcmp(key, "steal") && dev >= 0 && dev < EMU_MAX_DEV)
         g_stolen[dev] = (size_t)v;
     else if (!strcmp(key, "reset")) /* forget every context (as if the process restarted) */
@@ -266,7 +341,7 @@ static int emu_kind(const void *p, size_t n, int *dev)
 
 /* ---- streams and events ------------------------------------------------------------------ */
 struct CUevent_st {
-    int dev;
+    int dev, no;
     pthread_mutex_t m;
     pthread_cond_t c;
     uint64_t recorded, completed;
@@ -285,11 +360,13 @@ typedef struct op {
     cudaEvent_t ev;
     uint64_t gen;
     int fail;
+    int lkind; /* EMU_OP_* */
+    long id;
     struct op *next;
 } op;
 
 struct CUstream_st {
-    int dev;
+    int dev, no;
     pthread_t th;
     pthread_mutex_t m;
     pthread_cond_t c;
@@ -382,6 +459,7 @@ static void *stream_main(void *p)
         pthread_mutex_unlock(&s->m);
 
         emu_sleep(&s->rng);
+        emu_log(EMU_LOG_START, o->lkind, s->no, o->id, o->n);
         pthread_mutex_lock(&g_lock);
         const int poisoned = g_sticky[s->dev] != cudaSuccess;
         if (o->fail)
@@ -393,8 +471,13 @@ static void *stream_main(void *p)
                 memcpy(o->dst, o->src, o->n);
             break;
         case OP_LAUNCH:
-            if (!poisoned && !o->fail)
+            if (!poisoned && !o->fail) {
                 run_launch(o, &s->rng);
+                if (g_kernel_us > 0) { /* a slow device */
+                    struct timespec ts = {g_kernel_us / 1000000, g_kernel_us % 1000000 * 1000};
+                    nanosleep(&ts, NULL);
+                }
+            }
             break;
         case OP_RECORD:
             pthread_mutex_lock(&o->ev->m);
@@ -410,6 +493,7 @@ static void *stream_main(void *p)
             pthread_mutex_unlock(&o->ev->m);
             break;
         }
+        emu_log(EMU_LOG_END, o->lkind, s->no, o->id, o->n);
         pthread_mutex_lock(&s->m);
         s->head = o->next;
         if (!s->head)
@@ -443,6 +527,8 @@ static cudaError_t enqueue(cudaStream_t s, op *o)
         free(o);
         return ret(e);
     }
+    o->id = emu_new_id(&g_next_id);
+    emu_log(EMU_LOG_ENQ, o->lkind, s->no, o->id, o->n);
     pthread_mutex_lock(&s->m);
     if (s->tail)
         s->tail->next = o;
@@ -470,6 +556,7 @@ cudaError_t bfs__emu_launch(cudaStream_t stream, unsigned gx, unsigned gy, unsig
         abort();
     memcpy(copy, arg, size);
     o->kind = OP_LAUNCH;
+    o->lkind = EMU_OP_KERNEL;
     o->fn = fn;
     o->arg = copy;
     o->gx = gx, o->gy = gy, o->gz = gz, o->nt = nthreads, o->smem = smem, o->nphases = (unsigned)nphases;
@@ -598,6 +685,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *ps, unsigned int flags)
     if (!s)
         return ret(cudaErrorMemoryAllocation);
     s->dev = t_dev;
+    s->no = (int)emu_new_id(&g_next_obj);
     pthread_mutex_lock(&g_lock);
     s->rng = ((uint64_t)g_seed << 32 | 0x9E3779B9u) ^ (uint64_t)(uintptr_t)s;
     pthread_mutex_unlock(&g_lock);
@@ -625,11 +713,13 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
     if (!s)
         return ret(cudaErrorInvalidResourceHandle);
+    emu_log(EMU_LOG_HOST_WAIT, EMU_OP_STREAM_SYNC, s->no, 0, 0);
     pthread_mutex_lock(&s->m);
     const uint64_t target = s->enq;
     while (s->done < target)
         pthread_cond_wait(&s->c, &s->m);
     pthread_mutex_unlock(&s->m);
+    emu_log(EMU_LOG_HOST_DONE, EMU_OP_STREAM_SYNC, s->no, 0, 0);
     return dev_sticky(s->dev);
 }
 
@@ -658,6 +748,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *pe, unsigned int flags)
     if (!e)
         return ret(cudaErrorMemoryAllocation);
     e->dev = t_dev;
+    e->no = (int)emu_new_id(&g_next_obj);
     pthread_mutex_init(&e->m, NULL);
     pthread_cond_init(&e->c, NULL);
     *pe = e;
@@ -682,6 +773,8 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
     if (!o)
         abort();
     o->kind = OP_RECORD;
+    o->lkind = EMU_OP_RECORD;
+    o->n = (size_t)e->no; /* the log's bytes field: which event */
     o->ev = e;
     pthread_mutex_lock(&e->m);
     o->gen = ++e->recorded;
@@ -698,6 +791,8 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flag
     if (!o)
         abort();
     o->kind = OP_WAIT;
+    o->lkind = EMU_OP_WAIT;
+    o->n = (size_t)e->no;
     o->ev = e;
     pthread_mutex_lock(&e->m);
     o->gen = e->recorded;
@@ -709,11 +804,13 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e)
 {
     if (!e)
         return ret(cudaErrorInvalidResourceHandle);
+    emu_log(EMU_LOG_HOST_WAIT, EMU_OP_EVENT_SYNC, e->no, 0, 0);
     pthread_mutex_lock(&e->m);
     const uint64_t target = e->recorded;
     while (e->completed < target)
         pthread_cond_wait(&e->c, &e->m);
     pthread_mutex_unlock(&e->m);
+    emu_log(EMU_LOG_HOST_DONE, EMU_OP_EVENT_SYNC, e->no, 0, 0);
     return dev_sticky(e->dev);
 }
 
@@ -734,6 +831,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcp
     if (!o)
         abort();
     o->kind = OP_COPY;
+    o->lkind = kind == cudaMemcpyHostToDevice ? EMU_OP_H2D : kind == cudaMemcpyDeviceToHost ? EMU_OP_D2H : EMU_OP_D2D;
     o->dst = dst;
     o->src = src;
     o->n = n;
