@@ -218,20 +218,14 @@ static int bfs__write_manifest(bfs_run *r)
 {
     int rc = 0;
     json_t *m = NULL;
-    const size_t nf = (size_t)r->plan->nfiles;
-    char(*shex)[33] = calloc(nf ? nf : 1, sizeof *shex), (*ssha)[65] = NULL;
-    if (!shex || (r->o->sha256 && !(ssha = calloc(nf ? nf : 1, sizeof *ssha))))
-        BFS_FAIL(BFS_ENOMEM, "out of memory");
-    for (int f = 0; f < r->plan->nfiles; f++) /* each weights file's slice index (manifest v2) */
-        if (!r->mine || r->mine[f])
-            BFS_TRY(bfs__slices_write(r->dirfd, r->outdir, r->plan, f, r->piece_hex[f],
-                                      r->hdr_hex && r->hdr_hex[f][0] ? r->hdr_hex[f] : NULL, r->mine != NULL, shex[f],
-                                      ssha ? ssha[f] : NULL));
+    for (int f = 0; f < r->plan->nfiles; f++) /* each weights file's slice index (manifest v2): at its commit */
+        if ((!r->mine || r->mine[f]) && !r->slices_hex[f][0])
+            BFS_FAIL(BFS_EINTERNAL, "%s: no slice index written", r->plan->files[f].name);
     const bfs_manifest_in mi = {.o = r->o, .in = r->in, .plan = r->plan, .fingerprint = r->fingerprint,
                                 .src_hex = (const char (*)[33])r->src_hex, .file_hex = (const char (*)[33])r->file_hex,
                                 .file_sha = (const char (*)[65])r->file_sha, .piece_hex = r->piece_hex,
-                                .slices_hex = (const char (*)[33])shex, .slices_sha = (const char (*)[65])ssha,
-                                .zst = r->zst, .aux = r->aux,
+                                .slices_hex = (const char (*)[33])r->slices_hex,
+                                .slices_sha = (const char (*)[65])r->slices_sha, .zst = r->zst, .aux = r->aux,
                                 .mine = r->mine, .src_mine = r->src_mine, .part = r->mine ? r->part : NULL};
     BFS_TRY(bfs__manifest_build_head(&mi, &m));
     /* a part: its manifest only; bfs_merge writes the manifest and the sums */
@@ -240,8 +234,6 @@ static int bfs__write_manifest(bfs_run *r)
         BFS_TRY(bfs__manifest_write_sums(r->dirfd, r->outdir, json_object_get(m, "files")));
 cleanup:
     json_decref(m);
-    free(shex);
-    free(ssha);
     return rc;
 }
 
@@ -381,12 +373,15 @@ static int bfs__run_setup(bfs_run *r, const char *input)
     r->zst = calloc((size_t)nf, sizeof *r->zst);
     r->piece_hex = calloc((size_t)nf, sizeof *r->piece_hex);
     r->hdr_hex = calloc((size_t)nf, sizeof *r->hdr_hex); /* NULL: each slice index builds its header again */
+    r->slices_hex = calloc((size_t)nf, sizeof *r->slices_hex);
+    if (o->sha256 && !(r->slices_sha = calloc((size_t)nf, sizeof *r->slices_sha)))
+        BFS_FAIL(BFS_ENOMEM, "out of memory");
     r->reused = calloc((size_t)nf, sizeof *r->reused);
     r->src_hex = calloc((size_t)r->in->nfiles, sizeof *r->src_hex);
     r->aux = json_array();
     r->pr = malloc(BFS_BATCH_MAX * BFS_UNIT_MAX_SRC * sizeof *r->pr);
     r->fstamp = calloc((size_t)r->in->nfiles + 1, sizeof *r->fstamp);
-    if (!r->file_hex || !r->zst || !r->piece_hex || !r->reused || !r->src_hex || !r->aux || !r->pr || !r->fstamp)
+    if (!r->file_hex || !r->zst || !r->piece_hex || !r->slices_hex || !r->reused || !r->src_hex || !r->aux || !r->pr || !r->fstamp)
         BFS_FAIL(BFS_ENOMEM, "out of memory");
     for (int f = 0; f < nf; f++) {
         r->piece_hex[f] = calloc(r->plan->files[f].npieces + 1, sizeof **r->piece_hex);
@@ -548,6 +543,7 @@ static int bfs__run_files(bfs_run *r, bfs_convert_result *res)
         if (r->reused[f]) {
             BFS_TRY(bfs__ranks_finish(r)); /* the writer idle: its buffer is the re-hash's */
             BFS_TRY(bfs__rehash_pieces(r, f));
+            BFS_TRY(bfs__file_slices(r, f));
             BFS_TRY(bfs__hash_reused_sources(r, f));
             atomic_fetch_add(&r->w.total, r->plan->files[f].size - r->plan->files[f].data_start);
             bfs__progress(r, "");
@@ -609,6 +605,8 @@ static void bfs__run_free(bfs_run *r, int rc)
             free(r->piece_hex[f]);
     free(r->piece_hex);
     free(r->hdr_hex);
+    free(r->slices_hex);
+    free(r->slices_sha);
     free(r->file_hex);
     free(r->file_sha);
     for (int f = 0; r->zst && r->plan && f < r->plan->nfiles; f++)

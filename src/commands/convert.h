@@ -49,6 +49,8 @@ typedef struct bfs_run {
     json_t **zst;              /* per output file: its compressed copy's manifest entry (ISSUE 7) */
     char (**piece_hex)[33];    /* per output file, per piece */
     char (*hdr_hex)[33];       /* per output file: XXH3-128 of its header bytes, as written ("": not known) */
+    char (*slices_hex)[33];    /* per output file: its slice index's XXH3-128, once written ("": not yet) */
+    char (*slices_sha)[65];    /* per output file: its SHA-256 (--sha256), else NULL */
     bool *reused;
     char fingerprint[33];
     char (*src_hex)[33];       /* per input file */
@@ -93,5 +95,8 @@ void bfs__ranks_abort(bfs_run *r);
 int bfs__zcopy_reused(bfs_run *r, int fidx);
 int bfs__hash_reused_sources(bfs_run *r, int fidx);
 int bfs__rehash_pieces(bfs_run *r, int fidx);
+/* File fidx's slice index (slices.h) written from its pieces' hashes, which are then freed:
+ * at its commit, so that the hashes held do not grow with files x tensors. */
+int bfs__file_slices(bfs_run *r, int fidx);
 
 #endif

@@ -15,6 +15,7 @@
 #include "output/durable.h"
 #include "formats/format.h"
 #include "output/outdir.h"
+#include "output/slices.h"
 #include "input/srchash.h"
 #include "output/writer.h"
 
@@ -319,6 +320,7 @@ static int bfs__rank_finish(bfs_run *r, bfs_rank *k)
     BFS_TRY(bfs__tmp_commit(&k->t));
     BFS_TRY(bfs__outdir_journal_add(r->dirfd, r->outdir, r->mine ? r->jname : BFS_JOURNAL_NAME, r->file_hex[k->fidx],
                                     of->name));
+    BFS_TRY(bfs__file_slices(r, k->fidx));
     r->t_commit += bfs__now() - t0;
     bfs__progress(r, ""); /* every byte of this file written */
 cleanup:
@@ -532,4 +534,18 @@ int bfs__rehash_pieces(bfs_run *r, int fidx)
     XXH3_freeState(st);
     close(fd);
     return rc;
+}
+
+int bfs__file_slices(bfs_run *r, int fidx)
+{
+    if (!r->piece_hex[fidx])
+        return 0; /* written already */
+    const int rc = bfs__slices_write(r->dirfd, r->outdir, r->plan, fidx, r->piece_hex[fidx],
+                                     r->hdr_hex && r->hdr_hex[fidx][0] ? r->hdr_hex[fidx] : NULL, r->mine != NULL,
+                                     r->slices_hex[fidx], r->slices_sha ? r->slices_sha[fidx] : NULL);
+    if (rc < 0)
+        return rc;
+    free(r->piece_hex[fidx]);
+    r->piece_hex[fidx] = NULL;
+    return 0;
 }
