@@ -470,7 +470,8 @@ static void fifo_never_blocks(void **s)
     /* resuming an interrupted run whose rank file became a FIFO: rewritten */
     tu_rmrf(out);
     conv[9] = NULL;
-    assert_int_equal(tu_run(conv, &(tu_proc){.env = "BFSHARD_TEST_SIGNAL=tmp:9:3"}), 1000 + SIGKILL);
+    /* the 5th temporary: after both rank files and their slice indexes */
+    assert_int_equal(tu_run(conv, &(tu_proc){.env = "BFSHARD_TEST_SIGNAL=tmp:9:5"}), 1000 + SIGKILL);
     assert_int_equal(tu_sh("test -f '%s/" RANK2 "' && rm '%s/" RANK2 "' && mkfifo '%s/" RANK2 "'", out, out, out), 0);
     assert_int_equal(tu_run(conv, NULL), 0);
     assert_int_equal(bfs_verify(out, NULL, NULL), 0);
