@@ -26,6 +26,7 @@ static const char *const fixtures[] = {
     "ct-mxfp6", "ct-mx6-mixed", /* fixtures/gen_mxfp6_fixtures.py */
     "dsv4-tiny", /* DeepSeek-V4 (fixtures/gen_dsv4_fixtures.py) */
     "quark-mxfp4", "quark-fp8", /* AMD Quark 0.13 exports (fixtures/gen_quark_fixtures.py) */
+    "fp8-fused", /* transformers' fused FP8 experts [E, out, in] (fixtures/gen_fused_fixtures.py) */
 };
 #define NFIX (sizeof fixtures / sizeof *fixtures)
 
@@ -351,6 +352,33 @@ static void accept(const char *fx, const st_edit *edits, const char *const *qset
 #define E(...) ((const st_edit[]){__VA_ARGS__, {0}})
 #define S(...) ((const char *const[]){__VA_ARGS__, NULL})
 
+/* transformers' fused FP8 experts (FP8Experts: X [E, out, in] + X_scale_inv [E, out/bh, in/bw]) */
+#define GU "model.layers.0.mlp.experts.gate_up_proj"
+static void fp8_fused_rules(void **s)
+{
+    (void)s;
+    /* the grid transposed, E wrong, a 2-D grid for a 3-D weight: [3, 4, 2] holds 24 floats */
+    refuse("fp8-fused", E({GU "_scale_inv", NULL, NULL, 3, {3, 2, 4}}), NULL, S(GU "_scale_inv", "[3, 2, 4]", "expected [3, 4, 2]"));
+    refuse("fp8-fused", E({GU "_scale_inv", NULL, NULL, 3, {4, 3, 2}}), NULL, S(GU "_scale_inv", "[4, 3, 2]", "expected [3, 4, 2]"));
+    refuse("fp8-fused", E({GU "_scale_inv", NULL, NULL, 2, {12, 2}}), NULL, S(GU "_scale_inv", "[12, 2]", "[E, out/bh, in/bw]"));
+    refuse("fp8-fused", E({GU "_scale_inv", NULL, "I32", 0, {0}}), NULL, S(GU "_scale_inv", "I32", GU "\""));
+    /* a block that does not divide out (or in): upstream's block would be shape / grid */
+    refuse("fp8-fused", NULL, S("weight_block_size=[24, 16]"), S("experts.down_proj\"", "out 32", "[24, 16]"));
+    refuse("fp8-fused", NULL, S("weight_block_size=[16, 24]"), S("experts.down_proj\"", "in 32", "[16, 24]"));
+    /* per-expert tensor scales, DeepSeek-V4's keys, the scale gone */
+    refuse("fp8-fused", NULL, S("weight_block_size="), S("experts.down_proj\"", "weight_block_size null"));
+    refuse("fp8-fused", NULL, S("scale_fmt=\"ue8m0\""), S("ue8m0"));
+    refuse("fp8-fused", E({GU "_scale_inv", "zz.unrelated", NULL, 0, {0}}), NULL, S(GU "\""));
+    /* a 3-D P.weight + P.weight_scale_inv (Fp8Quantize's names for a key ending in .weight) */
+    char *tmp = tu_tmpdir("fmtfused");
+    if (convert_edited(tmp, "fp8-fused", E({GU, "m.gu.weight", NULL, 0, {0}}, {GU "_scale_inv", "m.gu.weight_scale_inv", NULL, 0, {0}}), NULL) != 0)
+        fail_msg("fp8-fused, P.weight names: %s", bfs_last_error());
+    assert_int_equal(tu_sh("%s inspect %s/in | grep -q 'm.gu.weight  *fp8-experts  *dequantized'", tu_bfshard(), tmp), 0);
+    tu_rmrf(tmp);
+    free(tmp);
+    assert_int_equal(tu_sh("%s inspect fixtures/fp8-fused | grep -q 'experts.gate_up_proj  *fp8-experts  *dequantized  *BF16  *\\[3, 64, 32\\]'", tu_bfshard()), 0);
+}
+
 static void refuse_fp8_block(void **s)
 {
     (void)s;
@@ -389,6 +417,8 @@ static void refuse_int4(void **s)
     refuse("ct-int4-group", E({Q "weight_scale", NULL, NULL, 2, {5, 60}}), NULL, S(Q "weight_scale", "[5, 60]", "[60, 60]"));
     refuse("ct-int4-group", E({Q "weight_shape", "zz.shape", NULL, 0, {0}}), NULL, S(Q "weight_packed", "weight_shape"));
     refuse("ct-int4-group", E({Q "weight_scale", NULL, "F16", 0, {0}}), NULL, S(Q "weight_scale", "F16"));
+    /* 3-D (fused experts): no upstream writes it (docs/FORMATS.md 7.8) */
+    refuse("ct-int4-group", E({Q "weight_packed", NULL, NULL, 3, {2, 30, 8}}), NULL, S(Q "weight_packed", "3-D packed INT4", "no upstream"));
     refuse("ct-int4-group", NULL, S("quant_method=\"fp8\"", "weight_block_size=[128, 128]"), S(".weight_packed\"", "\"fp8\""));
 }
 
@@ -760,6 +790,7 @@ int main(void)
         cmocka_unit_test(formats_dropped_listed),
         cmocka_unit_test(formats_summary_counts),
         cmocka_unit_test(refuse_fp8_block),
+        cmocka_unit_test(fp8_fused_rules),
         cmocka_unit_test(refuse_ct_fp8),
         cmocka_unit_test(refuse_int4),
         cmocka_unit_test(refuse_nvfp4),

@@ -267,7 +267,8 @@ int bfs__cu_job_init(const cu_backend *b, const bfs_unit *u, cu_job *j)
     case BFS_K_FP8: {
         const bfs_fp8_desc *d = &t->fp8;
         j->mode = J_FP8;
-        if (!d->w || !d->scale || d->cols == 0 || d->bh == 0 || d->bw == 0 || t->row_elems != d->cols)
+        /* a logical row is one kernel row, or `out` of them (fused experts [E, out, in]) */
+        if (!d->w || !d->scale || d->cols == 0 || d->bh == 0 || d->bw == 0 || t->row_elems % d->cols != 0)
             return bfs__err(BFS_EINTERNAL, "tensor %s: bad FP8 descriptor", t->name);
         break;
     }

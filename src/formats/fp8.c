@@ -8,7 +8,9 @@
  *   compressed-tensors float-quantized (quant_method "compressed-tensors", a config group
  *     with weights {type float, num_bits 8}): P.weight + P.weight_scale F32/BF16, strategy
  *     tensor [1], channel [M, 1] or block [ceil(M/bh), ceil(N/bw)] (block_structure);
- *   ModelOpt FP8 (quant_method "modelopt", quant_algo "FP8"): P.weight + scalar F32 P.weight_scale.
+ *   ModelOpt FP8 (quant_method "modelopt", quant_algo "FP8"): P.weight + scalar F32 P.weight_scale;
+ *   transformers' fused experts (FP8Experts, quant_method "fp8" with a weight_block_size):
+ *     X F8_E4M3 [E, out, in] + X_scale_inv F32 [E, out/bh, in/bw], bh | out, bw | in.
  * -> P.weight in BF16, bf16(f32(f32(w) * scale)). The config decides the block size, never
  * the shapes; the scale's name, dtype and shape must agree with it. The scale may sit in
  * another file of the index. Kernels: kernels/ (bfs_fp8_desc, ref_formats.h).
@@ -158,12 +160,78 @@ static const char *bfs__fp8_v4_key(const bfs_fctx *c)
     return sf && strcmp(sf, "ue8m0") == 0 ? "scale_fmt \"ue8m0\"" : ed && strcmp(ed, "fp4") == 0 ? "expert_dtype \"fp4\"" : NULL;
 }
 
+/* transformers' fused experts (FP8Experts, docs/FORMATS.md 7.8): X F8_E4M3 [E, out, in] +
+ * X_scale_inv F32 [E, out/bh, in/bw] under quant_method "fp8" with a weight_block_size, X
+ * named as FP8Experts names it (P.gate_up_proj, P.up_proj, P.down_proj) or P.weight.
+ * Fp8Dequantize._dequantize_one derives the block from the grid (shape / grid, which must
+ * divide): only when bh | out and bw | in is that the config's block, so nothing else is
+ * read. Expert e's blocks are then the 2-D kernel's blocks of rows [e out, (e + 1) out) of
+ * the [E out, in] view, grid rows [e out/bh, (e + 1) out/bh): one FP8 descriptor with
+ * cols = in serves the tensor, a logical row (an expert) being `out` kernel rows. */
+static int bfs__fp8_fused(const bfs_fctx *c, bfs_raw *w, bfs_raw *s, bfs_ltensor *t)
+{
+    const bfs_st_tensor *st = w->st;
+    char ws[160], ss[160];
+    uint64_t bh = 0, bw = 0;
+    bfs__shape_str(st->shape, st->ndim, ws, sizeof ws);
+    bfs__shape_str(s->st->shape, s->st->ndim, ss, sizeof ss);
+    const char *m = bfs__qc_method(c), *v4 = bfs__fp8_v4_key(c);
+    if (!bfs__qc_is(c, "fp8"))
+        return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): FP8 weight shape %s with \"%s\": a 3-D [E, out, in] FP8 weight is read only as transformers' fused experts under quant_method \"fp8\", not \"%s\"",
+                        AT(w), ws, s->st->name, m ? m : "(none)");
+    if (v4)
+        return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): quant_method \"fp8\" with %s is DeepSeek-V4's layout (P.weight + P.scale); a V3-style scale \"%s\" under it is not supported",
+                        AT(s), v4, s->st->name);
+    const int brc = bfs__fp8_block_size(c, &bh, &bw);
+    if (brc < 0)
+        return brc;
+    const uint64_t E = st->shape[0], M = st->shape[1], N = st->shape[2];
+    if (bh == 0)
+        return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): fused FP8 experts %s with per-expert tensor scales (config.json weight_block_size null) are not supported",
+                        AT(w), ws);
+    if (s->st->dtype != BFS_DT_F32)
+        return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): FP8 block scale dtype %s, expected F32 (fused experts \"%s\")",
+                        AT(s), bfs__dtype_name(s->st->dtype), st->name);
+    if (M == 0 || N == 0 || M % bh != 0 || N % bw != 0)
+        return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): fused FP8 experts %s: out %llu and in %llu must be positive multiples of config.json weight_block_size [%llu, %llu] (transformers' Fp8Dequantize takes the block as shape / scale grid, which is the config's block only then)",
+                        AT(w), ws, (unsigned long long)M, (unsigned long long)N, (unsigned long long)bh, (unsigned long long)bw);
+    if (s->st->ndim != 3 || s->st->shape[0] != E || s->st->shape[1] != M / bh || s->st->shape[2] != N / bw)
+        return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): scale shape %s, expected [%llu, %llu, %llu] ([E, out/bh, in/bw]) for fused FP8 experts \"%s\" %s with config.json weight_block_size [%llu, %llu]",
+                        AT(s), ss, (unsigned long long)E, (unsigned long long)(M / bh), (unsigned long long)(N / bw),
+                        st->name, ws, (unsigned long long)bh, (unsigned long long)bw);
+    t->name = bfs__strdup(st->name);
+    if (!t->name)
+        return bfs__err(BFS_ENOMEM, "out of memory");
+    w->used = s->used = 1;
+    t->kind = BFS_K_FP8;
+    t->out_dtype = BFS_DT_BF16;
+    t->src[0] = w;
+    t->src[1] = s;
+    t->nsrc = 2;
+    t->ndim = 3;
+    t->shape[0] = E;
+    t->shape[1] = M;
+    t->shape[2] = N;
+    t->fp8 = (bfs_fp8_desc){.w = w->data, .scale = s->data, .scale_type = BFS_SCALE_F32, .cols = (size_t)N,
+                            .bh = (size_t)bh, .bw = (size_t)bw};
+    t->qname = "fp8-experts";
+    t->transform = "fp8 * scale -> bf16";
+    bfs__finish_shape(t);
+    return 1;
+}
+
 static int bfs__fp8_claim(const bfs_fctx *c, bfs_raw *w, bfs_ltensor *t)
 {
     const bfs_st_tensor *st = w->st;
     int rc = 0;
-    if (st->dtype != BFS_DT_F8_E4M3 || !bfs__str_ends(st->name, ".weight"))
+    if (st->dtype != BFS_DT_F8_E4M3)
         return 0;
+    if (!bfs__str_ends(st->name, ".weight")) { /* FP8Experts' P.gate_up_proj, P.down_proj, ... */
+        if (st->ndim != 3 || !bfs__qc_is(c, "fp8"))
+            return 0;
+        bfs_raw *x = bfs__sibling(c->in, st->name, "_scale_inv", &rc);
+        return rc < 0 || !x ? rc : bfs__fp8_fused(c, w, x, t);
+    }
     bfs_raw *sinv = bfs__sibling(c->in, st->name, "_scale_inv", &rc);
     if (rc < 0)
         return rc;
@@ -192,8 +260,10 @@ static int bfs__fp8_claim(const bfs_fctx *c, bfs_raw *w, bfs_ltensor *t)
                         sinv->st->name, sc->st->name);
     char ws[160], ss[160];
     bfs__shape_str(st->shape, st->ndim, ws, sizeof ws);
+    if (st->ndim == 3)
+        return bfs__fp8_fused(c, w, sinv ? sinv : sc, t);
     if (st->ndim != 2)
-        return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): FP8 weight shape %s, expected [out, in]", AT(w), ws);
+        return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): FP8 weight shape %s, expected [out, in] (or transformers' fused experts [E, out, in])", AT(w), ws);
     const uint64_t M = st->shape[0], N = st->shape[1];
     uint64_t bh = 0, bw = 0;
     bfs_raw *s = sinv ? sinv : sc;
@@ -262,8 +332,10 @@ static int bfs__fp8_sources(const bfs_unit *u, bfs_srange out[BFS_UNIT_MAX_SRC])
     const bfs_ltensor *t = u->t;
     const bfs_fp8_desc *d = &t->fp8;
     const uint64_t gcols = (d->cols + d->bw - 1) / d->bw, ss = bfs_scale_size(d->scale_type);
-    const uint64_t g0 = u->row0 / d->bh, g1 = u->row1 == u->row0 ? g0 : (u->row1 - 1) / d->bh + 1;
-    out[0] = (bfs_srange){t->src[0], u->row0 * d->cols, (u->row1 - u->row0) * d->cols};
+    /* kernel rows per logical row: 1, or `out` for fused experts [E, out, in] */
+    const uint64_t kr = d->cols ? t->row_elems / d->cols : 1, r0 = u->row0 * kr, r1 = u->row1 * kr;
+    const uint64_t g0 = r0 / d->bh, g1 = r1 == r0 ? g0 : (r1 - 1) / d->bh + 1;
+    out[0] = (bfs_srange){t->src[0], r0 * d->cols, (r1 - r0) * d->cols};
     out[1] = (bfs_srange){t->src[1], g0 * gcols * ss, (g1 - g0) * gcols * ss};
     return 2;
 }

@@ -98,6 +98,9 @@ static int bfs__int4_claim(const bfs_fctx *c, bfs_raw *p, bfs_ltensor *t)
         BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): packed INT4 weight without its \"%s_shape\"", AT(p), base);
     if (gidx)
         BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): act-order INT4 (weight_g_idx) is not supported", AT(gidx));
+    if (st->ndim == 3) /* docs/FORMATS.md 7.8 */
+        BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): 3-D packed INT4 weight (fused experts [E, out, in]) is not supported: no upstream writes one (compressed-tensors packs nn.Linear / nn.Embedding weights only)",
+                 AT(p));
     if (shp->st->dtype != BFS_DT_I64 || !bfs__raw_shape_is(shp, 1, 2, 0))
         BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): weight_shape must be I64 [2], not %s with %d dims", AT(shp),
                  bfs__dtype_name(shp->st->dtype), shp->st->ndim);
