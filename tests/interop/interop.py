@@ -159,7 +159,7 @@ def read_inputs(d):
 # activation / KV-cache scales: bfshard drops them (no meaning in a BF16 model)
 DROPPED_SUFFIXES = (".input_scale", ".input_global_scale", ".k_scale", ".v_scale")
 QUANT_METHODS = ("fp8", "compressed-tensors", "modelopt")
-QUANT_KIND_PREFIXES = ("fp8-", "ct-", "modelopt-", "dsv4-")  # the kinds upstream_quant gives
+QUANT_KIND_PREFIXES = ("fp8-", "ct-", "modelopt-", "dsv4-")  # fp8-experts included  # the kinds upstream_quant gives
 
 
 def quant_config(d):
@@ -237,7 +237,19 @@ def upstream_quant(d, sd, ref, consumed):
         bh, bw = qc["weight_block_size"]
         for k in [k for k in sd if k.endswith(".weight_scale_inv")]:
             w = k[: -len("_scale_inv")]
+            if sd[w].dim() == 3:
+                continue  # fused experts, below
             ref[w] = (deepseek_weight_dequant(sd[w], sd[k], bh, bw).contiguous(), "fp8-block", None)
+            consumed |= {w, k}
+        # fused 3-D experts (transformers' FP8Experts: P.gate_up_proj + P.gate_up_proj_scale_inv,
+        # [E, out, in]): transformers' own per-expert dequant (docs/FORMATS.md 7.8)
+        from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+        for k in [k for k in sd if k.endswith("_scale_inv") and k[: -len("_scale_inv")] in sd]:
+            w = k[: -len("_scale_inv")]
+            if sd[w].dim() != 3:
+                continue
+            x = Fp8Dequantize(None)._dequantize_one(sd[w], sd[k], output_dtype=torch.bfloat16)
+            ref[w] = (x.contiguous(), "fp8-experts", None)
             consumed |= {w, k}
     elif qm == "compressed-tensors":
         from compressed_tensors.compressors.naive_quantized.base import FloatQuantizationCompressor
