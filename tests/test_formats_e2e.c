@@ -376,6 +376,15 @@ static void fp8_fused_rules(void **s)
     assert_int_equal(tu_sh("%s inspect %s/in | grep -q 'm.gu.weight  *fp8-experts  *dequantized'", tu_bfshard(), tmp), 0);
     tu_rmrf(tmp);
     free(tmp);
+    /* FP8Experts' static activation scales (P.gate_up_proj_activation_scale, [E]): dropped, listed */
+    tmp = tu_tmpdir("fmtfusedact");
+    if (convert_edited(tmp, "fp8-fused", E({"model.layers.0.mlp.gate.weight", GU "_activation_scale", NULL, 1, {96}}), NULL) != 0)
+        fail_msg("fp8-fused, activation scale: %s", bfs_last_error());
+    assert_int_equal(tu_sh("%s convert %s/in %s/o -q --device cpu 2>/dev/null; grep -q '\"" GU "_activation_scale\"' %s/o/bfshard.manifest.json && "
+                           "! grep -q '\"name\": \"" GU "_activation_scale\"' %s/o/bfshard.manifest.json",
+                           tu_bfshard(), tmp, tmp, tmp, tmp), 0);
+    tu_rmrf(tmp);
+    free(tmp);
     assert_int_equal(tu_sh("%s inspect fixtures/fp8-fused | grep -q 'experts.gate_up_proj  *fp8-experts  *dequantized  *BF16  *\\[3, 64, 32\\]'", tu_bfshard()), 0);
 }
 

@@ -7,7 +7,8 @@
  *     model, dropped
  *     (the plan lists them; the manifest and inspect show them as dropped); and under
  *     quant_method "fp8" also P.activation_scale (transformers' static per-tensor FP8:
- *     FP8Linear.activation_scale, consumed by Fp8Dequantize, docs/FORMATS.md 7.1);
+ *     FP8Linear.activation_scale, consumed by Fp8Dequantize, docs/FORMATS.md 7.1) and
+ *     P.X_proj_activation_scale (FP8Experts' static [E] scales of its fused X_proj, 7.8);
  *   - under such a claim, a P.weight_scale that no weight used: an error naming it
  *     (the other stray pieces -- weight_scale_inv, weight_packed, weight_scale_2, ... --
  *     are refused by the next row, refuse.c).
@@ -34,7 +35,7 @@ static int bfs__qextra_leftover(const bfs_fctx *c, bfs_raw *r, bfs_ltensor *t)
             r->used = 1;
             return 2;
         }
-    if (bfs__qc_is(c, "fp8") && bfs__str_ends(nm, ".activation_scale")) {
+    if (bfs__qc_is(c, "fp8") && (bfs__str_ends(nm, ".activation_scale") || bfs__str_ends(nm, "_proj_activation_scale"))) {
         r->used = 1;
         return 2;
     }
