@@ -168,6 +168,31 @@ static const char *bfs__fp8_v4_key(const bfs_fctx *c)
  * read. Expert e's blocks are then the 2-D kernel's blocks of rows [e out, (e + 1) out) of
  * the [E out, in] view, grid rows [e out/bh, (e + 1) out/bh): one FP8 descriptor with
  * cols = in serves the tensor, a logical row (an expert) being `out` kernel rows. */
+/* t: FP8 weight w (shape[0..ndim), the last its columns) times scale s in blocks of bh x bw
+ * kernel rows (a 3-D weight's experts are its [E*out, in] rows), claimed: 1, or BFS_ENOMEM */
+static int bfs__fp8_fill(bfs_raw *w, bfs_raw *s, bfs_ltensor *t, const uint64_t *shape, int ndim, uint64_t bh,
+                         uint64_t bw)
+{
+    t->name = bfs__strdup(w->st->name);
+    if (!t->name)
+        return bfs__err(BFS_ENOMEM, "out of memory");
+    w->used = s->used = 1;
+    t->kind = BFS_K_FP8;
+    t->out_dtype = BFS_DT_BF16;
+    t->src[0] = w;
+    t->src[1] = s;
+    t->nsrc = 2;
+    t->ndim = ndim;
+    for (int d = 0; d < ndim; d++)
+        t->shape[d] = shape[d];
+    t->fp8 = (bfs_fp8_desc){.w = w->data, .scale = s->data,
+                            .scale_type = s->st->dtype == BFS_DT_BF16 ? BFS_SCALE_BF16 : BFS_SCALE_F32,
+                            .cols = (size_t)shape[ndim - 1], .bh = (size_t)bh, .bw = (size_t)bw};
+    t->transform = "fp8 * scale -> bf16";
+    bfs__finish_shape(t);
+    return 1;
+}
+
 static int bfs__fp8_fused(const bfs_fctx *c, bfs_raw *w, bfs_raw *s, bfs_ltensor *t)
 {
     const bfs_st_tensor *st = w->st;
@@ -199,25 +224,8 @@ static int bfs__fp8_fused(const bfs_fctx *c, bfs_raw *w, bfs_raw *s, bfs_ltensor
         return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): scale shape %s, expected [%llu, %llu, %llu] ([E, out/bh, in/bw]) for fused FP8 experts \"%s\" %s with config.json weight_block_size [%llu, %llu]",
                         AT(s), ss, (unsigned long long)E, (unsigned long long)(M / bh), (unsigned long long)(N / bw),
                         st->name, ws, (unsigned long long)bh, (unsigned long long)bw);
-    t->name = bfs__strdup(st->name);
-    if (!t->name)
-        return bfs__err(BFS_ENOMEM, "out of memory");
-    w->used = s->used = 1;
-    t->kind = BFS_K_FP8;
-    t->out_dtype = BFS_DT_BF16;
-    t->src[0] = w;
-    t->src[1] = s;
-    t->nsrc = 2;
-    t->ndim = 3;
-    t->shape[0] = E;
-    t->shape[1] = M;
-    t->shape[2] = N;
-    t->fp8 = (bfs_fp8_desc){.w = w->data, .scale = s->data, .scale_type = BFS_SCALE_F32, .cols = (size_t)N,
-                            .bh = (size_t)bh, .bw = (size_t)bw};
     t->qname = "fp8-experts";
-    t->transform = "fp8 * scale -> bf16";
-    bfs__finish_shape(t);
-    return 1;
+    return bfs__fp8_fill(w, s, t, (const uint64_t[]){E, M, N}, 3, bh, bw);
 }
 
 static int bfs__fp8_claim(const bfs_fctx *c, bfs_raw *w, bfs_ltensor *t)
@@ -306,23 +314,7 @@ static int bfs__fp8_claim(const bfs_fctx *c, bfs_raw *w, bfs_ltensor *t)
                  : bh >= M && bw >= N && bfs__raw_nelem(s) == 1 ? "ct-fp8-tensor"
                  : bh == 1 && bw >= N ? "ct-fp8-channel" : "ct-fp8-block";
     }
-    t->name = bfs__strdup(st->name);
-    if (!t->name)
-        return bfs__err(BFS_ENOMEM, "out of memory");
-    w->used = s->used = 1;
-    t->kind = BFS_K_FP8;
-    t->out_dtype = BFS_DT_BF16;
-    t->src[0] = w;
-    t->src[1] = s;
-    t->nsrc = 2;
-    t->ndim = 2;
-    t->shape[0] = M;
-    t->shape[1] = N;
-    t->fp8 = (bfs_fp8_desc){.w = w->data, .scale = s->data, .scale_type = s->st->dtype == BFS_DT_BF16 ? BFS_SCALE_BF16 : BFS_SCALE_F32,
-                            .cols = (size_t)N, .bh = (size_t)bh, .bw = (size_t)bw};
-    t->transform = "fp8 * scale -> bf16";
-    bfs__finish_shape(t);
-    rc = 1;
+    rc = bfs__fp8_fill(w, s, t, (const uint64_t[]){M, N}, 2, bh, bw);
 cleanup:
     return rc;
 }
