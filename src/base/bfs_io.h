@@ -2,6 +2,7 @@
  * files a conversion leaves in OUTDIR beside the weights. */
 #ifndef BFS_IO_H
 #define BFS_IO_H
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <xxhash.h>
@@ -9,6 +10,10 @@
 int bfs__pwrite_all(int fd, const void *buf, size_t len, uint64_t off, const char *what);
 int bfs__pread_all(int fd, void *buf, size_t len, uint64_t off, const char *what);
 void bfs__hash_hex(XXH128_hash_t h, char out[33]);
+/* 16 bytes (a canonical XXH3-128) as 32 lowercase hex digits, and back: false unless s is
+ * exactly 32 lowercase hex digits */
+void bfs__hex16_str(const uint8_t h[16], char out[33]);
+bool bfs__hex16_parse(const char *s, uint8_t out[16]);
 /* Hash [off, off+len) of fd into st, reading through buf (bfs__hash_range2 without SHA-256). */
 int bfs__hash_range(int fd, uint64_t off, uint64_t len, uint8_t *buf, size_t bufsize, const char *what,
                     XXH3_state_t *st);

@@ -53,12 +53,29 @@ void bfs__hash_hex(XXH128_hash_t h, char out[33])
 {
     XXH128_canonical_t c;
     XXH128_canonicalFromHash(&c, h);
+    bfs__hex16_str(c.digest, out);
+}
+
+void bfs__hex16_str(const uint8_t h[16], char out[33])
+{
     static const char hx[] = "0123456789abcdef";
     for (int i = 0; i < 16; i++) {
-        out[2 * i] = hx[c.digest[i] >> 4];
-        out[2 * i + 1] = hx[c.digest[i] & 15];
+        out[2 * i] = hx[h[i] >> 4];
+        out[2 * i + 1] = hx[h[i] & 15];
     }
     out[32] = '\0';
+}
+
+bool bfs__hex16_parse(const char *s, uint8_t out[16])
+{
+    for (int i = 0; i < 32; i++) {
+        const char c = s[i];
+        const int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (v < 0)
+            return false; /* the NUL of a shorter string included */
+        out[i / 2] = (uint8_t)(i % 2 ? out[i / 2] | v : v << 4);
+    }
+    return s[32] == '\0';
 }
 
 int bfs__hash_range(int fd, uint64_t off, uint64_t len, uint8_t *buf, size_t bufsize, const char *what,

@@ -139,30 +139,6 @@ static int bfs__ix_pool(bfs_shard_index *ix, const char *s, uint32_t *at)
     return 0;
 }
 
-static void bfs__hash_hex_bytes(const uint8_t h[16], char hex[33])
-{
-    static const char d[] = "0123456789abcdef";
-    for (int i = 0; i < 16; i++) {
-        hex[2 * i] = d[h[i] >> 4];
-        hex[2 * i + 1] = d[h[i] & 15];
-    }
-    hex[32] = '\0';
-}
-
-static bool bfs__hex16(const char *s, uint8_t out[16])
-{
-    if (strlen(s) != 32)
-        return false;
-    for (int i = 0; i < 32; i++) {
-        const char c = s[i];
-        const int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-        if (v < 0)
-            return false;
-        out[i / 2] = (uint8_t)(i % 2 ? out[i / 2] | v : v << 4);
-    }
-    return true;
-}
-
 /* the files[] index of a shard's file, or -1 */
 static long bfs__ix_file(const bfs_shard_index *ix, const json_t *sh)
 {
@@ -205,7 +181,7 @@ static int bfs__ix_pass(bfs_mf *r, bfs_shard_index *ix, size_t *count, size_t *p
             e->hashref = BFS_SHARD_HEX;
             if (!sw)
                 e->hashref = BFS_SHARD_NOHASH;
-            else if (!bfs__hex16(sw, e->hash))
+            else if (!bfs__hex16_parse(sw, e->hash))
                 BFS_TRY(bfs__ix_pool(ix, sw, &e->hashref));
         }
         json_decref(te);
@@ -269,7 +245,7 @@ int bfs__manifest_narrow(const bfs_shard_index *ix, const char *name, uint64_t s
         char sw[33];
         const char *want = sw;
         if (e->hashref == BFS_SHARD_HEX)
-            bfs__hash_hex_bytes(e->hash, sw);
+            bfs__hex16_str(e->hash, sw);
         else if (e->hashref != BFS_SHARD_NOHASH)
             want = ix->pool + e->hashref;
         if (off < first)

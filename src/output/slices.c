@@ -36,30 +36,6 @@ static uint64_t bfs__get_u64(const uint8_t *p)
     return v;
 }
 
-static int bfs__nib(char c)
-{
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-}
-
-/* 32 lowercase hex digits -> the 16 canonical bytes; false when not that */
-static bool bfs__unhex16(const char *s, uint8_t out[16])
-{
-    for (int i = 0; i < 16; i++) {
-        const int a = bfs__nib(s[2 * i]), b = a < 0 ? -1 : bfs__nib(s[2 * i + 1]);
-        if (b < 0)
-            return false;
-        out[i] = (uint8_t)(a << 4 | b);
-    }
-    return s[32] == '\0';
-}
-
-static void bfs__canon_hex(const uint8_t c[16], char hex[33])
-{
-    XXH128_canonical_t cn;
-    memcpy(cn.digest, c, 16);
-    bfs__hash_hex(XXH128_hashFromCanonical(&cn), hex);
-}
-
 uint64_t bfs__slices_size(uint64_t npieces)
 {
     return npieces > (UINT64_MAX - BFS_SLICES_HDR) / 16 ? UINT64_MAX : BFS_SLICES_HDR + 16 * npieces;
@@ -107,7 +83,7 @@ int bfs__slices_write(int dirfd, const char *outdir, const bfs_plan *p, int f, c
         !(sp = malloc((of->npieces ? of->npieces : 1) * sizeof *sp)))
         BFS_FAIL(BFS_ENOMEM, "out of memory building %s", name);
     if (hdr_hex) {
-        if (!bfs__unhex16(hdr_hex, buf + 24))
+        if (!bfs__hex16_parse(hdr_hex, buf + 24))
             BFS_FAIL(BFS_EINTERNAL, "%s: no header hash", of->name);
     } else {
         BFS_TRY(bfs__plan_header(p, of, &text));
@@ -127,7 +103,7 @@ int bfs__slices_write(int dirfd, const char *outdir, const bfs_plan *p, int f, c
         sp[i] = (bfs_span){of->pieces[i].offset, of->pieces[i].offset + of->pieces[i].nbytes, i};
     qsort(sp, of->npieces, sizeof *sp, bfs__span_cmp);
     for (size_t k = 0; k < of->npieces; k++)
-        if (!bfs__unhex16(piece_hex[sp[k].i], buf + BFS_SLICES_HDR + 16 * k))
+        if (!bfs__hex16_parse(piece_hex[sp[k].i], buf + BFS_SLICES_HDR + 16 * k))
             BFS_FAIL(BFS_EINTERNAL, "%s: piece %zu has no hash", of->name, sp[k].i);
     BFS_TRY(bfs__write_durable_shared(dirfd, outdir, name, buf, (size_t)len, shared));
     bfs__hash_hex(XXH3_128bits(buf, (size_t)len), hex);
@@ -157,7 +133,7 @@ static int bfs__slices_cmp(const bfs_st_header *h, const uint8_t *ix, const char
     char ep[BFS_ESC_MAX], et[BFS_ESC_MAX], got[33], want[33];
     for (size_t i = 0; i < h->n; i++) {
         const uint64_t off = h->data_start + h->t[i].begin, nb = h->t[i].end - h->t[i].begin;
-        bfs__canon_hex(ix + BFS_SLICES_HDR + 16 * i, want);
+        bfs__hex16_str(ix + BFS_SLICES_HDR + 16 * i, want);
         if (hash(user, off, nb, got) < 0) {
             if (report_read_errors) {
                 bfs__report(report, "%s: BAD tensor \"%s\" bytes [%llu, %llu): %s", bfs__esc(path, ep, sizeof ep),
@@ -193,7 +169,7 @@ int bfs__slices_narrow(const uint8_t *ix, size_t ixlen, const char *ixname, cons
         return bfs__err(BFS_EINPUT, "%s: malformed slice index (%llu slices in %zu bytes, header of %llu bytes)",
                         ixname, (unsigned long long)count, ixlen, (unsigned long long)ds);
     *data_start = ds;
-    bfs__canon_hex(ix + 24, want);
+    bfs__hex16_str(ix + 24, want);
     if (hash(user, 0, ds, got) < 0) {
         bfs__err_clear();
         return 0; /* the caller names the header */
