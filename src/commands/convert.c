@@ -223,7 +223,7 @@ static int bfs__write_manifest(bfs_run *r)
             BFS_FAIL(BFS_EINTERNAL, "%s: no slice index written", r->plan->files[f].name);
     const bfs_manifest_in mi = {.o = r->o, .in = r->in, .plan = r->plan, .fingerprint = r->fingerprint,
                                 .src_hex = (const char (*)[33])r->src_hex, .file_hex = (const char (*)[33])r->file_hex,
-                                .file_sha = (const char (*)[65])r->file_sha, .piece_hex = r->piece_hex,
+                                .file_sha = (const char (*)[65])r->file_sha,
                                 .slices_hex = (const char (*)[33])r->slices_hex,
                                 .slices_sha = (const char (*)[65])r->slices_sha, .zst = r->zst, .aux = r->aux,
                                 .mine = r->mine, .src_mine = r->src_mine, .part = r->mine ? r->part : NULL};

@@ -33,7 +33,6 @@ typedef struct bfs_manifest_in {
     const char (*src_hex)[33];     /* per input file */
     const char (*file_hex)[33];    /* per output file */
     const char (*file_sha)[65];    /* per output file: SHA-256 (convert --sha256), or NULL */
-    char (*const *piece_hex)[33];  /* per output file, per piece (its slice index, slices.h) */
     const char (*slices_hex)[33];  /* per output file: its slice index's XXH3-128 */
     const char (*slices_sha)[65];  /* per output file: its SHA-256 (convert --sha256), or NULL */
     json_t *const *zst;            /* per output file: files[].zst entry or NULL (may be NULL) */
