@@ -362,6 +362,8 @@ static int bfs__run_setup(bfs_run *r, const char *input)
         bfs__log(r, "--max-rss %llu: --mem %llu", (unsigned long long)o->max_rss, (unsigned long long)mem);
     const bool fits = bfs__ring_budget(r->plan, r->mine, mem, &r->ring);
     r->unit_bytes = r->ring.unit;
+    /* rank files written together (units.h); one at a time with a compressed copy each */
+    r->group = o->compress_level ? 1 : bfs__group_size(r->plan, r->mine, &r->ring, mem);
     if (!fits)
         BFS_FAIL(BFS_ENOMEM, "--mem %llu is too small: the largest indivisible unit (one dim-0 row) is %llu bytes and two are in flight; use --mem %llu or more",
                  (unsigned long long)mem, (unsigned long long)r->plan->max_row_bytes,
@@ -533,14 +535,28 @@ cleanup:
     return rc;
 }
 
-/* every rank file: written, or reused from an interrupted run */
+/* the group's files so far written (one alone: as one at a time) */
+static int bfs__flush_group(bfs_run *r, const int *grp, int *ng, bfs_convert_result *res)
+{
+    const int n = *ng;
+    *ng = 0;
+    if (n == 0)
+        return 0;
+    const int rc = n == 1 ? bfs__write_file(r, grp[0]) : bfs__write_group(r, grp, n);
+    if (rc == 0 && res)
+        res->files_written += n;
+    return rc;
+}
+
+/* every rank file: written (r->group at a time: units.h), or reused from an interrupted run */
 static int bfs__run_files(bfs_run *r, bfs_convert_result *res)
 {
-    int rc = 0;
+    int rc = 0, grp[BFS_GROUP_MAX], ng = 0;
     for (int f = 0; f < r->plan->nfiles; f++) {
         if (r->mine && !r->mine[f])
             continue; /* another part's */
         if (r->reused[f]) {
+            BFS_TRY(bfs__flush_group(r, grp, &ng, res));
             BFS_TRY(bfs__ranks_finish(r)); /* the writer idle: its buffer is the re-hash's */
             BFS_TRY(bfs__rehash_pieces(r, f));
             BFS_TRY(bfs__file_slices(r, f));
@@ -552,10 +568,11 @@ static int bfs__run_files(bfs_run *r, bfs_convert_result *res)
                 BFS_TRY(bfs__zcopy_reused(r, f));
             continue;
         }
-        BFS_TRY(bfs__write_file(r, f));
-        if (res)
-            res->files_written++;
+        grp[ng++] = f;
+        if (ng == r->group)
+            BFS_TRY(bfs__flush_group(r, grp, &ng, res));
     }
+    BFS_TRY(bfs__flush_group(r, grp, &ng, res));
     BFS_TRY(bfs__ranks_finish(r));
 cleanup:
     if (rc < 0)
@@ -591,6 +608,10 @@ static void bfs__run_free(bfs_run *r, int rc)
     bfs__writer_stop(&r->w);
     bfs__rank_free(&r->rank[0]); /* after a failure: their temporaries go */
     bfs__rank_free(&r->rank[1]);
+    for (int i = 0; i < BFS_GROUP_MAX; i++)
+        bfs__rank_free(&r->grp[i]);
+    free(r->wsteps);
+    free(r->wpages);
     bfs__srchash_free(r->sh);
     for (int i = 0; r->buf_pinned && i < r->ring.n; i++) { /* host_free before destroy */
         r->be->host_free(r->be, r->buf[i]);
@@ -658,6 +679,8 @@ int bfs_convert(const char *input_arg, const char *outdir, const bfs_convert_opt
     r->lock.fd = r->lock.dirfd = -1;
     for (int i = 0; i < 2; i++)
         r->rank[i].t = r->rank[i].zt = (bfs_tmpfile){.fd = -1, .dirfd = -1};
+    for (int i = 0; i < BFS_GROUP_MAX; i++)
+        r->grp[i].t = r->grp[i].zt = (bfs_tmpfile){.fd = -1, .dirfd = -1};
     bfs__err_clear();
     bfs__cancel_reset();
     bfs_convert_opts_init(o); /* the caller's fields within its size, defaults past it (abi.c) */

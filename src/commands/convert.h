@@ -74,6 +74,12 @@ typedef struct bfs_run {
     unsigned *fstamp, stamp;   /* per input file: the last batch check that took it */
     bfs_rank rank[2];          /* the rank file being written, and the one before (committing) */
     int rank_cur;
+    int group;                 /* rank files written together (units.h: bfs__group_size); 1: one at a time */
+    bfs_rank grp[BFS_GROUP_MAX]; /* a group's files (bfs__write_group) */
+    uint64_t carved;           /* bytes of buffer r->slot a window's batches took (0: none yet) */
+    bfs_gstep *wsteps;         /* a window's batches, to release their input pages after it */
+    size_t nwsteps, cwsteps, cwpages;
+    bfs_prange *wpages;
 } bfs_run;
 
 /* convert.c */
@@ -87,6 +93,9 @@ static inline void bfs__progress(bfs_run *r, const char *tensor)
 /* convert_ranks.c */
 void bfs__rank_free(bfs_rank *k);
 int bfs__write_file(bfs_run *r, int fidx);
+/* Files fidx[0..n) (2 <= n <= BFS_GROUP_MAX, consecutive, none reused) written together
+ * (units.h: groups), each committed in order at the end. */
+int bfs__write_group(bfs_run *r, const int *fidx, int n);
 /* The unit buffer to fill next, once the writer is done with it (bfs__slot_pushed after its push). */
 int bfs__slot_take(bfs_run *r, uint8_t **buf);
 void bfs__slot_pushed(bfs_run *r);

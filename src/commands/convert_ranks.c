@@ -196,6 +196,7 @@ static int bfs__unit_push(bfs_run *r, bfs_rank *rk, const bfs_wjob *j, bool slot
         r->npend = 0;
     }
     if (j) {
+        BFS_TRY(bfs__writer_use(&r->w, rk->wslot)); /* a group's files take turns */
         BFS_TRY(bfs__writer_push(&r->w, j));
         if (slot)
             bfs__slot_pushed(r);
@@ -255,7 +256,7 @@ static int bfs__run_units(bfs_run *r, const bfs_unit *u, int n)
 /* Units of one piece through the backend into the writer; r->slot is the buffer to fill
  * next (round the ring over the whole run: the writer may still be on the last file's
  * last units when the next file's first ones are filled). */
-static int bfs__write_piece(bfs_run *r, const bfs_outfile *of, size_t pi)
+static int bfs__write_piece(bfs_run *r, bfs_rank *rk, const bfs_outfile *of, size_t pi)
 {
     int rc = 0;
     const bfs_piece *pc = &of->pieces[pi];
@@ -263,7 +264,6 @@ static int bfs__write_piece(bfs_run *r, const bfs_outfile *of, size_t pi)
     const uint64_t row_bytes = t->row_elems * bfs__dtype_size(t->out_dtype);
     const uint64_t rows_per_unit = bfs__unit_rows(&r->ring, row_bytes);
     uint64_t row = pc->row0, off = pc->offset;
-    bfs_rank *const rk = &r->rank[r->rank_cur];
     if (pc->row0 == pc->row1 || row_bytes == 0) /* empty piece: hash of nothing */
         return bfs__unit_push(r, rk, &(bfs_wjob){.buf = "", .len = 0, .off = off, .piece = (int)pi, .piece_end = true},
                               false);
@@ -312,6 +312,7 @@ static int bfs__rank_finish(bfs_run *r, bfs_rank *k)
     BFS_TRY(bfs__writer_wait_file(&r->w, k->wslot));
     if (r->file_sha)
         snprintf(r->file_sha[k->fidx], sizeof r->file_sha[k->fidx], "%s", bfs__writer_file_sha256(&r->w, k->wslot));
+    bfs__writer_release_file(&r->w, k->wslot);
     if (k->zw)
         BFS_TRY(bfs__zcopy_commit(r, k->fidx, k->zw, false, &k->zt, k->zname));
     if (fdatasync(k->t.fd) != 0)
@@ -333,11 +334,19 @@ cleanup:
  * ring is full of this one's units (bfs__unit_push), so that the writer writes the last
  * file's last units meanwhile, and a file is never begun before the one before it is
  * committed. */
+static int bfs__rank_begin(bfs_run *r, bfs_rank *k);
 static int bfs__rank_start(bfs_run *r, bfs_rank *k)
+{
+    const int rc = bfs__rank_finish(r, &r->rank[r->rank_cur ^ 1]);
+    return rc < 0 ? rc : bfs__rank_begin(r, k);
+}
+
+/* The rank file's temporary opened, given to the writer (a slot of its own), its header
+ * queued. */
+static int bfs__rank_begin(bfs_run *r, bfs_rank *k)
 {
     int rc = 0;
     const bfs_outfile *of = &r->plan->files[k->fidx];
-    BFS_TRY(bfs__rank_finish(r, &r->rank[r->rank_cur ^ 1]));
     k->opened = true;
     BFS_TRY(bfs__rank_open(r, of, &k->t, k->what, sizeof k->what));
     if (r->o->compress_level) {
@@ -403,22 +412,61 @@ static void bfs__release_batch(bfs_run *r, const bfs_outfile *of, size_t p0, siz
         bfs__drop_cache(&r->in->files[r->pr[i].file], r->pr[i].a, r->pr[i].b);
 }
 
+/* ---- groups (units.h): a window's batches carved from one buffer ---------------------- */
+/* The window's buffer done with: the next batch or unit takes the next one. */
+static void bfs__carve_close(bfs_run *r)
+{
+    if (r->carved) {
+        r->slot = (r->slot + 1) % r->ring.n;
+        r->carved = 0;
+    }
+}
+
+/* Where batch [p0, p1) of `of` goes: in the window's buffer after the shares before it
+ * (units.h: bfs__carve_at), or at the start of the next buffer. */
+static int bfs__carve(bfs_run *r, const bfs_outfile *of, size_t p0, size_t p1, uint8_t **out)
+{
+    uint64_t len = 0;
+    for (size_t k = p0; k < p1; k++)
+        len += of->pieces[k].nbytes;
+    const uint64_t cap = r->ring.slot + BFS_DIO_ALIGN, off0 = of->pieces[p0].offset;
+    uint64_t at = r->carved ? bfs__carve_at(r->carved, off0, len, cap) : UINT64_MAX;
+    if (at == UINT64_MAX) {
+        bfs__carve_close(r);
+        at = bfs__carve_at(0, off0, len, cap);
+        if (at == UINT64_MAX)
+            return bfs__err(BFS_EINTERNAL, "%s: a batch of %llu bytes outgrows a buffer of %llu", of->name,
+                            (unsigned long long)len, (unsigned long long)cap);
+        uint8_t *buf;
+        const int rc = bfs__slot_take(r, &buf); /* the writer is done with it */
+        if (rc < 0)
+            return rc;
+    }
+    *out = r->buf[r->slot] + at;
+    r->carved = at + len > 0 ? at + len : 1;
+    return 0;
+}
+
 /* Pieces [p0, p1) of a file (bfs__batch_end: whole, together within one buffer) as ONE
  * unit: one identity check before their kernels and one after their source bytes were
  * hashed, one writer job (the writer hashes and cuts each piece), one release of their
  * input pages. The bytes are those bfs__write_piece writes for each piece. */
-static int bfs__write_batch(bfs_run *r, const bfs_outfile *of, size_t p0, size_t p1)
+static int bfs__write_batch(bfs_run *r, bfs_rank *rk, const bfs_outfile *of, size_t p0, size_t p1, bool carve)
 {
     int rc = 0;
-    bfs_rank *const rk = &r->rank[r->rank_cur];
     const uint64_t off0 = of->pieces[p0].offset;
     const bfs_ltensor *last = &r->plan->t[of->pieces[p1 - 1].tensor];
     uint64_t len = 0;
-    uint8_t *buf;
+    uint8_t *out = NULL;
     if (bfs__cancelled())
         BFS_FAIL(BFS_EINTR, "interrupted while writing %s (tensor \"%s\")", of->name, last->name);
-    BFS_TRY(bfs__slot_take(r, &buf)); /* the writer is done with it */
-    uint8_t *const out = buf + off0 % BFS_DIO_ALIGN;
+    if (carve) {
+        BFS_TRY(bfs__carve(r, of, p0, p1, &out));
+    } else {
+        uint8_t *buf;
+        BFS_TRY(bfs__slot_take(r, &buf)); /* the writer is done with it */
+        out = buf + off0 % BFS_DIO_ALIGN;
+    }
     BFS_TRY(bfs__check_batch(r, of, p0, p1));
     for (size_t k = p0; k < p1;) { /* up to BFS_RUN_BATCH units at a time through run_batch */
         bfs_unit u[BFS_RUN_BATCH];
@@ -433,10 +481,13 @@ static int bfs__write_batch(bfs_run *r, const bfs_outfile *of, size_t p0, size_t
         BFS_TRY(bfs__run_units(r, u, n));
     }
     BFS_TRY(bfs__check_batch(r, of, p0, p1));
-    bfs__release_batch(r, of, p0, p1);
+    if (!carve) /* a window's pages go after the window (bfs__write_group) */
+        bfs__release_batch(r, of, p0, p1);
     BFS_TRY(bfs__unit_push(r, rk, &(bfs_wjob){.buf = out, .len = (size_t)len, .off = off0, .piece = (int)p0,
                                               .piece_last = (int)(p1 - 1), .piece_end = true, .headroom = true},
-                           true));
+                           !carve));
+    if (carve) /* the buffer is free again once its last share's job is done */
+        r->bufjob[r->slot] = bfs__writer_pushed(&r->w);
     bfs__progress(r, last->name);
 cleanup:
     return rc;
@@ -455,12 +506,84 @@ int bfs__write_file(bfs_run *r, int fidx)
     for (size_t pi = 0, pe; pi < of->npieces; pi = pe) {
         pe = bfs__batch_end(r->plan, of, pi, r->unit_bytes);
         if (pe > pi + 1)
-            BFS_TRY(bfs__write_batch(r, of, pi, pe));
+            BFS_TRY(bfs__write_batch(r, k, of, pi, pe, false));
         else
-            BFS_TRY(bfs__write_piece(r, of, pi));
+            BFS_TRY(bfs__write_piece(r, k, of, pi));
     }
     BFS_TRY(bfs__unit_push(r, k, NULL, false)); /* begun, its waiting units queued (or no pieces) */
     BFS_TRY(bfs__writer_end_file(&r->w, r->file_hex[fidx]));
+cleanup:
+    return rc; /* on failure, bfs__ranks_abort */
+}
+
+/* A window's input pages released, merged across the group's files (units.h). */
+static int bfs__release_window(bfs_run *r, const bfs_gwalk *gw)
+{
+    const uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
+    size_t n = bfs__window_pages(gw, r->wsteps, r->nwsteps, pg, false, &r->wpages, &r->cwpages);
+    if (n == (size_t)-1)
+        return bfs__err(BFS_ENOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        const bfs_infile *f = &r->in->files[r->wpages[i].file];
+        const uint64_t pa = r->wpages[i].a, pe = r->wpages[i].b < f->size ? r->wpages[i].b : f->size;
+        const uint64_t ma = pa > BFS_RELEASE_SLACK ? pa - BFS_RELEASE_SLACK : 0;
+        const uint64_t mb = pe + BFS_RELEASE_SLACK < f->size ? pe + BFS_RELEASE_SLACK : f->size;
+        madvise((void *)(f->map + ma), (size_t)(mb - ma), MADV_DONTNEED);
+    }
+    n = bfs__window_pages(gw, r->wsteps, r->nwsteps, pg, true, &r->wpages, &r->cwpages);
+    if (n == (size_t)-1)
+        return bfs__err(BFS_ENOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++)
+        bfs__drop_cache(&r->in->files[r->wpages[i].file], r->wpages[i].a, r->wpages[i].b);
+    r->nwsteps = 0;
+    return 0;
+}
+
+int bfs__write_group(bfs_run *r, const int *fidx, int n)
+{
+    int rc = 0;
+    bfs_gwalk gw;
+    bfs_gstep s;
+    BFS_TRY(bfs__ranks_finish(r)); /* the files before, written one at a time, committed */
+    for (int g = 0; g < n; g++) {
+        bfs_rank *const k = &r->grp[g];
+        memset(k, 0, sizeof *k);
+        k->t = k->zt = (bfs_tmpfile){.fd = -1, .dirfd = -1};
+        k->fidx = fidx[g];
+        k->active = true;
+        BFS_TRY(bfs__rank_begin(r, k));
+    }
+    bfs__gwalk_init(&gw, r->plan, fidx, n, &r->ring);
+    while (bfs__gwalk_next(&gw, &s)) {
+        if (s.window_end || !s.batch)
+            bfs__carve_close(r);
+        if (s.window_end) {
+            BFS_TRY(bfs__release_window(r, &gw));
+            continue;
+        }
+        bfs_rank *const k = &r->grp[s.g];
+        const bfs_outfile *of = &r->plan->files[k->fidx];
+        if (!s.batch) {
+            BFS_TRY(bfs__write_piece(r, k, of, s.p0));
+            continue;
+        }
+        BFS_TRY(bfs__write_batch(r, k, of, s.p0, s.p1, true));
+        if (r->nwsteps == r->cwsteps) {
+            const size_t nc = r->cwsteps ? 2 * r->cwsteps : 64;
+            bfs_gstep *b = realloc(r->wsteps, nc * sizeof *b);
+            if (!b)
+                BFS_FAIL(BFS_ENOMEM, "out of memory");
+            r->wsteps = b;
+            r->cwsteps = nc;
+        }
+        r->wsteps[r->nwsteps++] = s;
+    }
+    for (int g = 0; g < n; g++) {
+        BFS_TRY(bfs__writer_use(&r->w, r->grp[g].wslot));
+        BFS_TRY(bfs__writer_end_file(&r->w, r->file_hex[fidx[g]]));
+    }
+    for (int g = 0; g < n; g++) /* in file order, as one at a time */
+        BFS_TRY(bfs__rank_finish(r, &r->grp[g]));
 cleanup:
     return rc; /* on failure, bfs__ranks_abort */
 }
@@ -481,6 +604,10 @@ void bfs__ranks_abort(bfs_run *r)
     for (int i = 0; i < 2; i++) {
         r->rank[i].active = false;
         bfs__rank_free(&r->rank[i]);
+    }
+    for (int i = 0; i < BFS_GROUP_MAX; i++) {
+        r->grp[i].active = false;
+        bfs__rank_free(&r->grp[i]);
     }
 }
 

@@ -130,86 +130,301 @@ size_t bfs__batch_pages(const bfs_plan *p, const bfs_outfile *of, size_t p0, siz
     return m;
 }
 
+/* ---- groups of rank files (units.h) ------------------------------------------------ */
+int bfs__group_size(const bfs_plan *p, const bool *mine, const bfs_ring *rg, uint64_t mem)
+{
+    if (p->layout != BFS_LAYOUT_DCP)
+        return 1; /* HF files hold different tensors: nothing is read twice */
+    if (!mem)
+        mem = BFS_DEFAULT_MEM;
+    int n = 0;
+    uint64_t header = 0;
+    for (int f = 0; f < p->nfiles; f++)
+        if (!mine || mine[f]) {
+            n++;
+            header = p->files[f].data_start > header ? p->files[f].data_start : header;
+        }
+    int g = n < BFS_GROUP_MAX ? n : BFS_GROUP_MAX;
+    const char *env = getenv("BFSHARD_GROUP");
+    if (env && *env) {
+        const long v = strtol(env, NULL, 10);
+        g = v < 1 ? 1 : v < g ? (int)v : g;
+    }
+    while (g > 1 && (uint64_t)g * (header + BFS_CARRY_BYTES) > mem / 2) /* every header held at once */
+        g--;
+    while (g > 1 && rg->slot < (uint64_t)g * (BFS_GROUP_MIN_SHARE + 2 * BFS_DIO_ALIGN))
+        g--;
+    return g < 1 ? 1 : g;
+}
+
+/* A tensor's place in every rank file's order (plan.c's bfs__file_order: alignment
+ * descending, then name, which is the plan's tensor order). */
+static uint64_t bfs__gkey(const bfs_plan *p, int tensor)
+{
+    const size_t a = bfs__dtype_size(p->t[tensor].out_dtype);
+    const uint64_t cls = a >= 8 ? 0 : a >= 4 ? 1 : a >= 2 ? 2 : 3;
+    return cls * (uint64_t)p->nt + (uint64_t)tensor;
+}
+
+void bfs__gwalk_init(bfs_gwalk *gw, const bfs_plan *p, const int *files, int n, const bfs_ring *rg)
+{
+    memset(gw, 0, sizeof *gw);
+    gw->p = p;
+    gw->n = n;
+    for (int g = 0; g < n; g++)
+        gw->f[g] = files[g];
+    /* the window's buffer (ring.slot + the headroom) shared: each share with its headroom
+     * and its alignment */
+    uint64_t cap = (rg->slot + BFS_DIO_ALIGN) / (uint64_t)n;
+    cap = cap > 2 * BFS_DIO_ALIGN ? cap - 2 * BFS_DIO_ALIGN : 1;
+    gw->cap = cap < BFS_BATCH_BYTES ? cap : BFS_BATCH_BYTES;
+}
+
+bool bfs__gwalk_next(bfs_gwalk *gw, bfs_gstep *s)
+{
+    const bfs_plan *p = gw->p;
+    memset(s, 0, sizeof *s);
+    if (!gw->in_window) { /* the first file with pieces left leads: its batch is the window */
+        int l = 0;
+        while (l < gw->n && gw->pi[l] >= p->files[gw->f[l]].npieces)
+            l++;
+        if (l == gw->n)
+            return false;
+        const bfs_outfile *of = &p->files[gw->f[l]];
+        const size_t e = bfs__batch_end(p, of, gw->pi[l], gw->cap);
+        gw->kmax = bfs__gkey(p, of->pieces[e - 1].tensor);
+        gw->in_window = true;
+        gw->g = 0;
+    }
+    for (; gw->g < gw->n; gw->g++) { /* each file's pieces up to the window's last tensor */
+        const bfs_outfile *of = &p->files[gw->f[gw->g]];
+        const size_t pi = gw->pi[gw->g];
+        if (pi >= of->npieces || bfs__gkey(p, of->pieces[pi].tensor) > gw->kmax)
+            continue;
+        const size_t be = bfs__batch_end(p, of, pi, gw->cap);
+        size_t e = pi + 1;
+        while (e < be && bfs__gkey(p, of->pieces[e].tensor) <= gw->kmax)
+            e++;
+        *s = (bfs_gstep){.g = gw->g, .p0 = pi, .p1 = e, .batch = of->pieces[pi].nbytes <= gw->cap};
+        gw->pi[gw->g] = e; /* the same file again next: a share may not hold its whole window */
+        return true;
+    }
+    gw->in_window = false;
+    s->window_end = true;
+    return true;
+}
+
+size_t bfs__window_pages(const bfs_gwalk *gw, const bfs_gstep *steps, size_t n, uint64_t pg, bool inward,
+                         bfs_prange **buf, size_t *cap)
+{
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!steps[i].batch)
+            continue;
+        const size_t need = m + BFS_UNIT_MAX_SRC * (steps[i].p1 - steps[i].p0);
+        if (need > *cap) {
+            const size_t nc = need > 2 * *cap ? need : 2 * *cap;
+            bfs_prange *b = realloc(*buf, nc * sizeof *b);
+            if (!b)
+                return (size_t)-1;
+            *buf = b;
+            *cap = nc;
+        }
+        m += bfs__batch_pages(gw->p, &gw->p->files[gw->f[steps[i].g]], steps[i].p0, steps[i].p1, pg, inward,
+                              *buf + m);
+    }
+    if (m == 0)
+        return 0;
+    qsort(*buf, m, sizeof **buf, bfs__cmp_prange);
+    size_t k = 0;
+    for (size_t i = 0; i < m; i++) {
+        bfs_prange *const o = *buf;
+        if (k > 0 && o[k - 1].file == o[i].file && o[i].a <= o[k - 1].b) {
+            if (o[i].b > o[k - 1].b)
+                o[k - 1].b = o[i].b;
+        } else {
+            o[k++] = o[i];
+        }
+    }
+    return k;
+}
+
+/* The model's walk: the ring's buffers' touched pages, round the ring as convert goes. */
+typedef struct bfs_mwalk {
+    bfs_mem_model *m;
+    uint64_t touched[BFS_RING_MAX], sum;
+    int slot;
+    uint64_t used; /* a window's buffer: bytes carved so far (0: none) */
+    bfs_prange *pr;
+} bfs_mwalk;
+
+/* [0, end) of the current buffer written; `in` input pages mapped meanwhile */
+static void bfs__mw_touch(bfs_mwalk *w, uint64_t end, uint64_t in)
+{
+    const uint64_t bp = bfs__buf_page(); /* the buffer's pages: maybe huge */
+    end = (end + bp - 1) / bp * bp;
+    if (end > w->touched[w->slot]) {
+        w->sum += end - w->touched[w->slot];
+        w->touched[w->slot] = end;
+    }
+    if (w->sum + in > w->m->buffers + w->m->input) {
+        w->m->buffers = w->sum;
+        w->m->input = in;
+    }
+}
+
+static void bfs__mw_next(bfs_mwalk *w) { w->slot = (w->slot + 1) % w->m->ring.n; }
+
+/* a piece cut into units, as bfs__write_piece cuts them; each unit's input pages go after it */
+static void bfs__mw_piece(bfs_mwalk *w, const bfs_plan *p, const bfs_piece *pc)
+{
+    const uint64_t pg = 4096;
+    const bfs_ltensor *t = &p->t[pc->tensor];
+    const uint64_t row_bytes = t->row_elems * bfs__dtype_size(t->out_dtype);
+    if (pc->row0 == pc->row1 || row_bytes == 0)
+        return;
+    const uint64_t rows_per_unit = bfs__unit_rows(&w->m->ring, row_bytes);
+    uint64_t off = pc->offset;
+    for (uint64_t row = pc->row0; row < pc->row1;) {
+        const uint64_t n = pc->row1 - row < rows_per_unit ? pc->row1 - row : rows_per_unit;
+        bfs_srange s[BFS_UNIT_MAX_SRC];
+        const bfs_unit u = {.t = t, .row0 = row, .row1 = row + n};
+        const int ns = bfs__unit_sources(&u, s);
+        uint64_t in = 0;
+        for (int i = 0; i < ns; i++)
+            if (s[i].len) { /* outward to pages, as convert releases them */
+                const uint64_t a = s[i].r->file_offset + s[i].off;
+                in += (a + s[i].len + pg - 1) / pg * pg - a / pg * pg;
+            }
+        bfs__mw_touch(w, off % BFS_DIO_ALIGN + n * row_bytes, in);
+        bfs__mw_next(w);
+        row += n;
+        off += n * row_bytes;
+    }
+}
+
+/* one file at a time (group size 1), as bfs__write_file runs it */
+static void bfs__mw_file(bfs_mwalk *w, const bfs_plan *p, const bfs_outfile *of)
+{
+    for (size_t pi = 0; pi < of->npieces;) {
+        const size_t pe = bfs__batch_end(p, of, pi, w->m->ring.unit);
+        if (pe > pi + 1) { /* a batch, as bfs__write_batch runs it; its pages go after it */
+            uint64_t len = 0, in = 0;
+            for (size_t k = pi; k < pe; k++)
+                len += of->pieces[k].nbytes;
+            const size_t nr = bfs__batch_pages(p, of, pi, pe, 4096, false, w->pr);
+            for (size_t i = 0; i < nr; i++)
+                in += w->pr[i].b - w->pr[i].a;
+            bfs__mw_touch(w, of->pieces[pi].offset % BFS_DIO_ALIGN + len, in);
+            bfs__mw_next(w);
+            pi = pe;
+            continue;
+        }
+        bfs__mw_piece(w, p, &of->pieces[pi++]);
+    }
+}
+
+/* a group, as bfs__write_group runs it: each window's batches carved from one buffer, their
+ * input pages held until the window ends */
+static int bfs__mw_group(bfs_mwalk *w, const bfs_plan *p, const int *files, int n)
+{
+    bfs_gwalk gw;
+    bfs_gstep s, *st = NULL;
+    size_t nst = 0, cst = 0, cpr = 0;
+    bfs_prange *wp = NULL;
+    const uint64_t bufcap = w->m->ring.slot + BFS_DIO_ALIGN;
+    int rc = 0;
+    bfs__gwalk_init(&gw, p, files, n, &w->m->ring);
+    while (bfs__gwalk_next(&gw, &s)) {
+        if (s.window_end || !s.batch) {
+            if (w->used) { /* the window's buffer is done with */
+                bfs__mw_next(w);
+                w->used = 0;
+            }
+        }
+        if (s.window_end) {
+            const size_t k = bfs__window_pages(&gw, st, nst, 4096, false, &wp, &cpr);
+            if (k == (size_t)-1)
+                BFS_FAIL(BFS_ENOMEM, "out of memory");
+            uint64_t in = 0;
+            for (size_t i = 0; i < k; i++)
+                in += wp[i].b - wp[i].a;
+            if (w->sum + in > w->m->buffers + w->m->input) {
+                w->m->buffers = w->sum;
+                w->m->input = in;
+            }
+            nst = 0;
+            continue;
+        }
+        const bfs_outfile *of = &p->files[files[s.g]];
+        if (!s.batch) {
+            bfs__mw_piece(w, p, &of->pieces[s.p0]);
+            continue;
+        }
+        uint64_t len = 0;
+        for (size_t k = s.p0; k < s.p1; k++)
+            len += of->pieces[k].nbytes;
+        uint64_t at = bfs__carve_at(w->used, of->pieces[s.p0].offset, len, bufcap);
+        if (at == UINT64_MAX) { /* a share that outgrew its window: the next buffer */
+            bfs__mw_next(w);
+            at = bfs__carve_at(0, of->pieces[s.p0].offset, len, bufcap);
+        }
+        w->used = at + len > 0 ? at + len : 1;
+        bfs__mw_touch(w, at + len, 0);
+        if (nst == cst) {
+            const size_t nc = cst ? 2 * cst : 64;
+            bfs_gstep *b = realloc(st, nc * sizeof *b);
+            if (!b)
+                BFS_FAIL(BFS_ENOMEM, "out of memory");
+            st = b;
+            cst = nc;
+        }
+        st[nst++] = s;
+    }
+cleanup:
+    free(st);
+    free(wp);
+    return rc;
+}
+
 int bfs__mem_model(const bfs_plan *p, const bool *mine, uint64_t mem, int nthreads, bfs_mem_model *m)
 {
+    int rc = 0;
     memset(m, 0, sizeof *m);
     if (!bfs__ring_budget(p, mine, mem, &m->ring))
         return bfs__err(BFS_ENOMEM, "--mem %llu is too small for this plan", (unsigned long long)mem);
-    const uint64_t pg = 4096;
-    uint64_t touched[BFS_RING_MAX] = {0}, header = 0, sum = 0;
-    int slot = 0; /* convert goes round the ring over the whole run */
-    bfs_prange *pr = malloc(BFS_BATCH_MAX * BFS_UNIT_MAX_SRC * sizeof *pr);
-    if (!pr)
+    m->group = bfs__group_size(p, mine, &m->ring, mem);
+    uint64_t header = 0;
+    bfs_mwalk w = {.m = m, .pr = malloc(BFS_BATCH_MAX * BFS_UNIT_MAX_SRC * sizeof *w.pr)};
+    if (!w.pr)
         return bfs__err(BFS_ENOMEM, "out of memory");
-    for (int f = 0; f < p->nfiles; f++) {
-        if (mine && !mine[f])
+    int grp[BFS_GROUP_MAX], ng = 0; /* convert goes round the ring over the whole run */
+    for (int f = 0; f <= p->nfiles; f++) {
+        if (f < p->nfiles && mine && !mine[f])
             continue; /* only the files this run writes, as convert walks them */
-        const bfs_outfile *of = &p->files[f];
-        header = of->data_start > header ? of->data_start : header;
-        for (size_t pi = 0; pi < of->npieces;) {
-            const size_t pe = bfs__batch_end(p, of, pi, m->ring.unit);
-            if (pe > pi + 1) { /* a batch, as bfs__write_batch runs it */
-                uint64_t len = 0, in = 0;
-                for (size_t k = pi; k < pe; k++)
-                    len += of->pieces[k].nbytes;
-                const uint64_t bp = bfs__buf_page(); /* the buffer's pages: maybe huge */
-                const uint64_t end = (of->pieces[pi].offset % BFS_DIO_ALIGN + len + bp - 1) / bp * bp;
-                if (end > touched[slot]) {
-                    sum += end - touched[slot];
-                    touched[slot] = end;
-                }
-                const size_t nr = bfs__batch_pages(p, of, pi, pe, pg, false, pr);
-                for (size_t i = 0; i < nr; i++)
-                    in += pr[i].b - pr[i].a;
-                if (sum + in > m->buffers + m->input) {
-                    m->buffers = sum;
-                    m->input = in;
-                }
-                slot = (slot + 1) % m->ring.n;
-                pi = pe;
+        if (f < p->nfiles) {
+            header = p->files[f].data_start > header ? p->files[f].data_start : header;
+            if (m->group < 2) {
+                bfs__mw_file(&w, p, &p->files[f]);
                 continue;
             }
-            const bfs_piece *pc = &of->pieces[pi++];
-            const bfs_ltensor *t = &p->t[pc->tensor];
-            const uint64_t row_bytes = t->row_elems * bfs__dtype_size(t->out_dtype);
-            if (pc->row0 == pc->row1 || row_bytes == 0)
-                continue;
-            const uint64_t rows_per_unit = bfs__unit_rows(&m->ring, row_bytes);
-            uint64_t off = pc->offset;
-            for (uint64_t row = pc->row0; row < pc->row1;) { /* as bfs__write_piece cuts them */
-                const uint64_t n = pc->row1 - row < rows_per_unit ? pc->row1 - row : rows_per_unit;
-                const uint64_t bp = bfs__buf_page(); /* the buffer's pages: maybe huge */
-                const uint64_t end = (off % BFS_DIO_ALIGN + n * row_bytes + bp - 1) / bp * bp;
-                if (end > touched[slot]) {
-                    sum += end - touched[slot];
-                    touched[slot] = end;
-                }
-                bfs_srange s[BFS_UNIT_MAX_SRC];
-                const bfs_unit u = {.t = t, .row0 = row, .row1 = row + n};
-                const int ns = bfs__unit_sources(&u, s);
-                uint64_t in = 0;
-                for (int i = 0; i < ns; i++)
-                    if (s[i].len) { /* outward to pages, as convert releases them */
-                        const uint64_t a = s[i].r->file_offset + s[i].off;
-                        in += (a + s[i].len + pg - 1) / pg * pg - a / pg * pg;
-                    }
-                /* the buffers keep their pages; the unit's input pages go after it */
-                if (sum + in > m->buffers + m->input) {
-                    m->buffers = sum;
-                    m->input = in;
-                }
-                slot = (slot + 1) % m->ring.n;
-                row += n;
-                off += n * row_bytes;
-            }
+            grp[ng++] = f;
+        }
+        if (ng > 0 && (ng == m->group || f == p->nfiles)) {
+            BFS_TRY(bfs__mw_group(&w, p, grp, ng));
+            ng = 0;
         }
     }
-    free(pr);
     m->unit_bytes = m->ring.slot + BFS_DIO_ALIGN;
-    /* two files' carries: the next file's header while the last one ends */
+    /* the files' carries (two: the next file's header while the last one ends; a group's
+     * each), and a group's headers beside the one bfs__base_rss counts */
     const uint64_t carry = header + BFS_DIO_ALIGN < BFS_CARRY_BYTES ? header + BFS_DIO_ALIGN : BFS_CARRY_BYTES;
-    m->fixed = 2 * carry + BFS_SRC_HASH_WINDOW + (uint64_t)(nthreads + 2) * (64u << 10);
-    return 0;
+    const uint64_t files = m->group < 2 ? 2 : (uint64_t)m->group;
+    m->fixed = files * carry + (files - 1) * (header + 4095) / 4096 * 4096 * (m->group > 1) + BFS_SRC_HASH_WINDOW +
+               (uint64_t)(nthreads + 2) * (64u << 10);
+cleanup:
+    free(w.pr);
+    return rc;
 }
 
 uint64_t bfs__base_rss(const bfs_input *in, const bfs_plan *p, const bool *mine)

@@ -63,6 +63,57 @@ typedef struct bfs_prange {
 size_t bfs__batch_pages(const bfs_plan *p, const bfs_outfile *of, size_t p0, size_t p1, uint64_t pg, bool inward,
                         bfs_prange *out);
 
+/* Groups (issue 22: per-piece cost). In the DCP layout every rank file holds a slice of
+ * every tensor, so written one after another, W files read each input page W times, and
+ * with tiny tensors each of those reads faults the page in again (the pages are released
+ * after each unit, so that the resident set does not grow with the model). Up to
+ * BFS_GROUP_MAX rank files are therefore written together, tensor-major, window by window:
+ * a window is the same run of tensors in every file of the group (their common file order:
+ * alignment, then name), each file's small pieces a batch carved from ONE ring buffer
+ * (each file a share `cap` of it), so a window's input pages are faulted once for the
+ * group and released after it. Large pieces are cut into units as bfs__write_piece does.
+ * bfs__group_size picks G (1: one file at a time, as before): the DCP layout only, the
+ * files this run writes, every file's header held at once within --mem / 2, a share of at
+ * least BFS_GROUP_MIN_SHARE; BFSHARD_GROUP=N caps it (bench and tests). Convert and the
+ * memory model walk the same steps (bfs__gwalk_next). */
+#define BFS_GROUP_MAX 16
+#define BFS_GROUP_MIN_SHARE (64u << 10)
+int bfs__group_size(const bfs_plan *p, const bool *mine, const bfs_ring *rg, uint64_t mem);
+typedef struct bfs_gwalk {
+    const bfs_plan *p;
+    int n;                     /* files in the group */
+    int f[BFS_GROUP_MAX];      /* their indices in the plan */
+    size_t pi[BFS_GROUP_MAX];  /* each one's next piece */
+    uint64_t cap;              /* a file's share of the window's buffer: its batches' bytes */
+    uint64_t kmax;             /* the window's last tensor, by its file-order key */
+    int g;
+    bool in_window;
+} bfs_gwalk;
+typedef struct bfs_gstep {
+    bool window_end;           /* the window's last step was the one before: release its pages */
+    int g;                     /* the file (index in the group) */
+    size_t p0, p1;             /* its pieces */
+    bool batch;                /* [p0, p1) as one batch carved from the window's buffer; else
+                                * piece p0 (p1 = p0 + 1) cut into units */
+} bfs_gstep;
+void bfs__gwalk_init(bfs_gwalk *gw, const bfs_plan *p, const int *files, int n, const bfs_ring *rg);
+/* The next step; false once every file of the group is done (after a window_end). */
+bool bfs__gwalk_next(bfs_gwalk *gw, bfs_gstep *s);
+/* Where a batch of len bytes at file offset off goes in a buffer whose first `used` bytes
+ * are taken (0: a fresh buffer): its output at the returned offset (aligned + off % 4096:
+ * the writer's headroom before it, as in a unit of its own), or UINT64_MAX when it does
+ * not fit the buffer's `cap` bytes. */
+static inline uint64_t bfs__carve_at(uint64_t used, uint64_t off, uint64_t len, uint64_t cap)
+{
+    const uint64_t base = (used + BFS_DIO_ALIGN - 1) / BFS_DIO_ALIGN * BFS_DIO_ALIGN;
+    return base + off % BFS_DIO_ALIGN + len <= cap ? base + off % BFS_DIO_ALIGN : UINT64_MAX;
+}
+/* The input pages the batch steps[0..n) of a window read (as bfs__batch_pages), sorted and
+ * merged across the group's files into *buf (grown as needed, *cap entries). Returns how
+ * many, or (size_t)-1 out of memory. */
+size_t bfs__window_pages(const bfs_gwalk *gw, const bfs_gstep *steps, size_t n, uint64_t pg, bool inward,
+                         bfs_prange **buf, size_t *cap);
+
 /* The unit buffers' page: BFS_HUGE_PAGE where transparent huge pages may back them
  * (/sys/kernel/mm/transparent_hugepage/enabled not "never"; BFSHARD_HUGEPAGES=0 turns
  * them off), else 4096. Convert allocates the buffers on it and advises MADV_HUGEPAGE:
@@ -81,7 +132,8 @@ typedef struct bfs_mem_model {
     /* at the unit where their sum peaks: */
     uint64_t buffers;      /* pages of the ring's buffers touched so far (they keep them) */
     uint64_t input;        /* mapped input pages the unit reads (released after it) */
-    uint64_t fixed;        /* the writer's carry, the source-hash window, thread stacks */
+    uint64_t fixed;        /* the writer's carries, the headers held, the source-hash window, thread stacks */
+    int group;             /* bfs__group_size's */
 } bfs_mem_model;
 int bfs__mem_model(const bfs_plan *p, const bool *mine, uint64_t mem, int nthreads, bfs_mem_model *m);
 /* base (the resident set besides the model's parts, bfs__base_rss) + the

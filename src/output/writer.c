@@ -298,13 +298,14 @@ int bfs__writer_start(bfs_writer *w)
     bfs__errslot_init(&w->err);
     const char *d = getenv("BFSHARD_DIRECT");
     w->no_direct = d && !strcmp(d, "0");
-    w->file_st = XXH3_createState();
-    w->piece_st = XXH3_createState();
-    bool ok = w->file_st && w->piece_st;
-    for (int i = 0; i < 2; i++) {
+    bool ok = true;
+    for (int i = 0; i < BFS_WRITER_FILES; i++) {
         void *c = NULL;
         w->files[i].fd = -1;
         w->files[i].ended = true;
+        w->files[i].file_st = XXH3_createState();
+        w->files[i].piece_st = XXH3_createState();
+        ok = ok && w->files[i].file_st && w->files[i].piece_st;
         if (posix_memalign(&c, BFS_DIO_ALIGN, BFS_CARRY_BYTES) == 0)
             w->files[i].carry = c;
         ok = ok && c;
@@ -338,10 +339,10 @@ void bfs__writer_stop(bfs_writer *w)
         pthread_cond_destroy(&w->cv);
         w->started = w->sha_started = false;
     }
-    XXH3_freeState(w->file_st);
-    XXH3_freeState(w->piece_st);
-    w->file_st = w->piece_st = NULL;
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < BFS_WRITER_FILES; i++) {
+        XXH3_freeState(w->files[i].file_st);
+        XXH3_freeState(w->files[i].piece_st);
+        w->files[i].file_st = w->files[i].piece_st = NULL;
         free(w->files[i].carry);
         w->files[i].carry = NULL;
         bfs__sha256_free(w->files[i].sha);
@@ -355,18 +356,23 @@ static int bfs__writer_status(bfs_writer *w, int rc) { return rc < 0 ? bfs__errs
 int bfs__writer_begin_file(bfs_writer *w, int fd, const char *what, char (*piece_hex)[33], bfs_zst_writer *zw,
                            const bfs_plan *plan, const bfs_outfile *of)
 {
-    const int k = w->cur < 0 ? 0 : w->cur ^ 1;
+    int k = 0;
+    while (k < BFS_WRITER_FILES && w->files[k].claimed) /* claimed only by this thread */
+        k++;
+    if (k == BFS_WRITER_FILES)
+        return bfs__err(BFS_EINTERNAL, "%s: begun while the writer holds %d files", what, BFS_WRITER_FILES);
     bfs_wfile *const f = &w->files[k];
-    /* the writer may still be on the file before; the one before that is done */
+    /* released only after its end ran (bfs__writer_wait_file), or after a failure */
     pthread_mutex_lock(&w->mu);
     const bool free_slot = f->ended;
     pthread_mutex_unlock(&w->mu);
     if (!free_slot)
-        return bfs__err(BFS_EINTERNAL, "%s: begun while the writer is still on the file before the last", what);
-    XXH3_128bits_reset(w->file_st);
-    XXH3_128bits_reset(w->piece_st);
-    w->piece_hex = piece_hex;
-    w->of = of;
+        return bfs__err(BFS_EINTERNAL, "%s: begun in a slot whose file the writer has not ended", what);
+    f->claimed = true;
+    XXH3_128bits_reset(f->file_st);
+    XXH3_128bits_reset(f->piece_st);
+    f->piece_hex = piece_hex;
+    f->of = of;
     w->cur = k;
     f->fd = fd;
     f->what = what;
@@ -390,9 +396,25 @@ int bfs__writer_begin_file(bfs_writer *w, int fd, const char *what, char (*piece
     return k;
 }
 
+int bfs__writer_use(bfs_writer *w, int file)
+{
+    if (file < 0 || file >= BFS_WRITER_FILES || !w->files[file].claimed)
+        return bfs__err(BFS_EINTERNAL, "writer: jobs for slot %d, which holds no begun file", file);
+    w->cur = file;
+    return 0;
+}
+
+void bfs__writer_release_file(bfs_writer *w, int file)
+{
+    if (file >= 0 && file < BFS_WRITER_FILES)
+        w->files[file].claimed = false;
+}
+
 int bfs__writer_end_file(bfs_writer *w, char hex[33])
 {
-    bfs__hash_hex(XXH3_128bits_digest(w->file_st), hex);
+    if (w->cur < 0)
+        return bfs__err(BFS_EINTERNAL, "writer: a file's end before any file");
+    bfs__hash_hex(XXH3_128bits_digest(w->files[w->cur].file_st), hex);
     return bfs__writer_push(w, &(bfs_wjob){.buf = "", .len = 0, .piece = -1, .end = true});
 }
 
@@ -411,42 +433,43 @@ int bfs__writer_wait_file(bfs_writer *w, int file)
 const char *bfs__writer_file_sha256(const bfs_writer *w, int file) { return w->files[file].sha_hex; }
 
 /* both hashes, 256 KiB at a time: the second reads it from L2 */
-static void bfs__hash_both(bfs_writer *w, const uint8_t *p, size_t len, bool piece)
+static void bfs__hash_both(bfs_wfile *f, const uint8_t *p, size_t len, bool piece)
 {
     for (size_t o = 0; o < len;) {
         const size_t n = len - o < BFS_HASH_CHUNK ? len - o : BFS_HASH_CHUNK;
-        bfs__xxh128_update(w->file_st, p + o, n);
+        bfs__xxh128_update(f->file_st, p + o, n);
         if (piece)
-            bfs__xxh128_update(w->piece_st, p + o, n);
+            bfs__xxh128_update(f->piece_st, p + o, n);
         o += n;
     }
 }
 
-static void bfs__piece_digest(bfs_writer *w, int piece)
+static void bfs__piece_digest(bfs_wfile *f, int piece)
 {
-    bfs__hash_hex(XXH3_128bits_digest(w->piece_st), w->piece_hex[piece]);
-    XXH3_128bits_reset(w->piece_st);
+    bfs__hash_hex(XXH3_128bits_digest(f->piece_st), f->piece_hex[piece]);
+    XXH3_128bits_reset(f->piece_st);
 }
 
 static void bfs__writer_hash(bfs_writer *w, const bfs_wjob *j)
 {
     const double t0 = bfs__wnow();
+    bfs_wfile *const f = &w->files[j->file];
     if (j->piece >= 0 && j->piece_last > j->piece) { /* a batch: each piece's bytes, its hash */
         const uint8_t *p = j->buf;
         uint64_t o = j->off;
         for (int k = j->piece; k <= j->piece_last; k++) {
-            const bfs_piece *pc = &w->of->pieces[k];
+            const bfs_piece *pc = &f->of->pieces[k];
             const size_t n = k < j->piece_last ? (size_t)(pc->offset + pc->nbytes - o) : j->len - (size_t)(o - j->off);
-            bfs__hash_both(w, p, n, true);
+            bfs__hash_both(f, p, n, true);
             if (k < j->piece_last || j->piece_end)
-                bfs__piece_digest(w, k);
+                bfs__piece_digest(f, k);
             p += n;
             o += n;
         }
     } else {
-        bfs__hash_both(w, j->buf, j->len, j->piece >= 0);
+        bfs__hash_both(f, j->buf, j->len, j->piece >= 0);
         if (j->piece >= 0 && j->piece_end)
-            bfs__piece_digest(w, j->piece);
+            bfs__piece_digest(f, j->piece);
     }
     w->st.hash += bfs__wnow() - t0;
 }
@@ -457,7 +480,8 @@ int bfs__writer_push(bfs_writer *w, const bfs_wjob *jin)
         return bfs__err(BFS_EINTERNAL, "writer: a job before any file");
     bfs_wjob j = *jin;
     j.file = w->cur;
-    if (j.piece >= 0 && j.piece_last > j.piece && (!w->of || (size_t)j.piece_last >= w->of->npieces))
+    const bfs_outfile *of = w->files[j.file].of;
+    if (j.piece >= 0 && j.piece_last > j.piece && (!of || (size_t)j.piece_last >= of->npieces))
         return bfs__err(BFS_EINTERNAL, "writer: a batch of pieces [%d, %d] without its file's pieces", j.piece,
                         j.piece_last);
     if (!j.end)

@@ -6,9 +6,12 @@
  * the file's last partial block buffered), feeds the optional compressed copy, and
  * bounds the dirty page cache where it must write buffered. With sha256 on (convert
  * --sha256) a third thread hashes each job's bytes with SHA-256 while the writer writes
- * them (a job's buffer is free again once both are done with it). It holds two files (the
- * next one's jobs queue behind the last one's end; convert commits the last one once the
- * writer has ended it, while the writer writes the next). Up to BFS_WQ_MAX jobs queue: the
+ * them (a job's buffer is free again once both are done with it). It holds up to
+ * BFS_WRITER_FILES files at once, each with its own hashes and carry: the next one's jobs
+ * queue behind the last one's end (convert commits the last one once the writer has ended
+ * it, while the writer writes the next), and a group of rank files written together
+ * (convert_ranks.c) takes a slot each, their jobs interleaved; a slot is reused only after
+ * bfs__writer_release_file. Up to BFS_WQ_MAX jobs queue: the
  * ring of unit buffers (units.h: their size, batches and the memory model) and the
  * headers and ends between them; each job's number (bfs__writer_pushed) tells when its
  * buffer is free again (bfs__writer_wait_job). */
@@ -37,7 +40,7 @@ typedef struct bfs_wjob {
      * before off) to write the job from there with O_DIRECT, without a copy */
     bool headroom;
     bool end;      /* (bfs__writer_end_file) the file's last partial block */
-    int file;      /* (set by push) which of the writer's two files */
+    int file;      /* (set by push) which of the writer's files: the one bfs__writer_use chose */
 } bfs_wjob;
 
 /* Seconds spent per stage (BFSHARD_STAGES=1 prints them; bench/bench.py reads them). */
@@ -51,9 +54,9 @@ typedef struct bfs_wstages {
     uint64_t direct_bytes, buffered_bytes;
 } bfs_wstages;
 
-/* One file the writer writes; two, so that the next file's first units queue behind
- * the last one's end while it is committed. */
+/* One file the writer writes (a slot of BFS_WRITER_FILES). */
 typedef struct bfs_wfile {
+    bool claimed;      /* begun and not yet released (bfs__writer_release_file) */
     int fd;
     bool direct;       /* fd has O_DIRECT (cleared for the last partial block, or on EINVAL) */
     bool ended;        /* its end job ran (under the writer's mu); true when unused */
@@ -70,7 +73,13 @@ typedef struct bfs_wfile {
     int zpiece;        /* piece that zw is in, -1 for the header */
     bfs_sha256 *sha;   /* the file's SHA-256 (the sha thread's), when on */
     char sha_hex[65];  /* its digest, once the file's end job is done */
+    /* the pushing thread's: the file's and the current piece's XXH3-128, its pieces */
+    XXH3_state_t *file_st, *piece_st;
+    const bfs_outfile *of;
+    char (*piece_hex)[33];
 } bfs_wfile;
+
+#define BFS_WRITER_FILES 16
 
 #define BFS_WQ_MAX 64
 typedef struct bfs_writer {
@@ -89,11 +98,8 @@ typedef struct bfs_writer {
     int rc;            /* first failure, under mu; its message is in err */
     bfs_errslot err;
     bool no_direct;    /* BFSHARD_DIRECT=0: buffered writes only (tests compare both paths) */
-    bfs_wfile files[2];
+    bfs_wfile files[BFS_WRITER_FILES];
     int cur;           /* the file jobs are pushed to, -1 before the first */
-    XXH3_state_t *file_st, *piece_st; /* the pushing thread's, for the current file */
-    const bfs_outfile *of;  /* the current file's pieces (batches), may be NULL */
-    char (*piece_hex)[33];
     _Atomic uint64_t total; /* tensor bytes over the run */
     bfs_wstages st;
 } bfs_writer;
@@ -105,17 +111,22 @@ void bfs__xxh128_update(XXH3_state_t *st, const void *p, size_t n);
 int bfs__writer_start(bfs_writer *w);
 /* Stop and join the threads (when started) and free their state; safe on a zeroed writer. */
 void bfs__writer_stop(bfs_writer *w);
-/* Begin a file: fd at offset 0, `what` names it in errors (both must outlive the
- * file's end), piece hashes go to piece_hex; zw (may be NULL) gets the same bytes, cut
- * before every piece of `of`. Jobs must then come in file order, each starting where
- * the one before ended, from offset 0. The writer may still be on the file before
- * (not on the one before that: wait for its end first). Returns the file's writer
- * slot (for bfs__writer_wait_file). */
+/* Begin a file in a free slot: fd at offset 0, `what` names it in errors (both must
+ * outlive the file's end), piece hashes go to piece_hex; zw (may be NULL) gets the same
+ * bytes, cut before every piece of `of`. Jobs must then come in file order, each starting
+ * where the one before ended, from offset 0. The writer may still be on other files.
+ * Returns the file's slot (bfs__writer_use, _wait_file, _release_file), which jobs go
+ * to until bfs__writer_use picks another. */
 int bfs__writer_begin_file(bfs_writer *w, int fd, const char *what, char (*piece_hex)[33], bfs_zst_writer *zw,
                            const bfs_plan *plan, const bfs_outfile *of);
+/* Jobs pushed from now on go to the begun file in slot `file`. */
+int bfs__writer_use(bfs_writer *w, int file);
 /* After the file's last job: the file's hash now, and its end queued (the last
  * partial block). Then bfs__writer_wait_file before its fdatasync (bfs__tmp_commit). */
 int bfs__writer_end_file(bfs_writer *w, char hex[33]);
+/* After bfs__writer_wait_file (and bfs__writer_file_sha256) or a failure: slot `file`
+ * may be begun again. */
+void bfs__writer_release_file(bfs_writer *w, int file);
 /* Wait until the writer has run the end of the file in slot `file`; returns as push. */
 int bfs__writer_wait_file(bfs_writer *w, int file);
 /* After bfs__writer_wait_file: the SHA-256 of the file in slot `file` (w->sha on), hex. */
