@@ -68,12 +68,15 @@ void bfs__hex16_str(const uint8_t h[16], char out[33])
 
 bool bfs__hex16_parse(const char *s, uint8_t out[16])
 {
-    for (int i = 0; i < 32; i++) {
-        const char c = s[i];
-        const int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-        if (v < 0)
-            return false; /* the NUL of a shorter string included */
-        out[i / 2] = (uint8_t)(i % 2 ? out[i / 2] | v : v << 4);
+    static const int8_t v[256] = {
+        ['0'] = 1, ['1'] = 2, ['2'] = 3, ['3'] = 4, ['4'] = 5, ['5'] = 6, ['6'] = 7, ['7'] = 8, ['8'] = 9,
+        ['9'] = 10, ['a'] = 11, ['b'] = 12, ['c'] = 13, ['d'] = 14, ['e'] = 15, ['f'] = 16,
+    }; /* digit + 1; 0: not a lowercase hex digit (the NUL of a shorter string included) */
+    for (int i = 0; i < 16; i++) {
+        const int hi = v[(unsigned char)s[2 * i]], lo = hi ? v[(unsigned char)s[2 * i + 1]] : 0;
+        if (!hi || !lo)
+            return false;
+        out[i] = (uint8_t)((hi - 1) << 4 | (lo - 1));
     }
     return s[32] == '\0';
 }

@@ -606,12 +606,16 @@ cleanup:
 static void bfs__run_free(bfs_run *r, int rc)
 {
     bfs__writer_stop(&r->w);
-    bfs__rank_free(&r->rank[0]); /* after a failure: their temporaries go */
-    bfs__rank_free(&r->rank[1]);
-    for (int i = 0; i < BFS_GROUP_MAX; i++)
+    for (int i = 0; i < 2; i++) { /* after a failure: their temporaries go */
+        bfs__rank_free(&r->rank[i]);
+        bfs__rank_buf_free(&r->rank[i]);
+    }
+    for (int i = 0; i < BFS_GROUP_MAX; i++) {
         bfs__rank_free(&r->grp[i]);
+        bfs__rank_buf_free(&r->grp[i]);
+    }
     free(r->wsteps);
-    free(r->wpages);
+    bfs__wscratch_free(&r->ws);
     bfs__srchash_free(r->sh);
     for (int i = 0; r->buf_pinned && i < r->ring.n; i++) { /* host_free before destroy */
         r->be->host_free(r->be, r->buf[i]);
@@ -659,12 +663,12 @@ static void bfs__stages_print(const bfs_run *r, double total)
             "\"write_s\": %.4f, \"zst_s\": %.4f, \"tail_s\": %.4f, \"commit_s\": %.4f, \"direct_bytes\": %llu, "
             "\"buffered_bytes\": %llu, \"input_s\": %.4f, \"plan_s\": %.4f, \"layout_s\": %.4f, \"setup_s\": %.4f, "
             "\"files_s\": %.4f, \"manifest_s\": %.4f, \"sha256_s\": %.4f, \"writer_busy\": %.4f, "
-            "\"writer_busy_files\": %.4f, \"buffers\": %d, \"buffer_bytes\": %llu, \"unit_bytes\": %llu}\n",
+            "\"writer_busy_files\": %.4f, \"buffers\": %d, \"buffer_bytes\": %llu, \"unit_bytes\": %llu, \"group\": %d}\n",
             total, r->t_dequant, s->hash, s->wait, s->write, s->zst, s->tail, r->t_commit,
             (unsigned long long)s->direct_bytes, (unsigned long long)s->buffered_bytes, r->t_input, r->t_plan,
             r->t_layout, r->t_setup, r->t_files, r->t_manifest, s->sha, total > 0 ? s->write / total : 0.0,
             r->t_files > 0 ? s->write / r->t_files : 0.0, r->ring.n, (unsigned long long)r->ring.slot,
-            (unsigned long long)r->ring.unit);
+            (unsigned long long)r->ring.unit, r->group);
 }
 
 int bfs_convert(const char *input_arg, const char *outdir, const bfs_convert_opts *o_arg, bfs_convert_result *res_arg)

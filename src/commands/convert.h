@@ -27,8 +27,9 @@ typedef struct bfs_rank {
     bfs_zst_writer *zw;
     char zname[NAME_MAX + 1];
     char what[PATH_MAX + 64];    /* the temporary's path, for messages (the writer's too) */
-    uint8_t lenbuf[8];           /* the header length, queued to the writer */
-    char *header;                /* the header text (bfs__plan_header), queued to the writer */
+    char *hbuf;                  /* [0, data_start) of the file (bfs__plan_header_into), queued to the
+                                  * writer; aligned, kept from file to file (bfs__rank_buf_free) */
+    size_t hcap;
 } bfs_rank;
 
 typedef struct bfs_run {
@@ -78,8 +79,8 @@ typedef struct bfs_run {
     bfs_rank grp[BFS_GROUP_MAX]; /* a group's files (bfs__write_group) */
     uint64_t carved;           /* bytes of buffer r->slot a window's batches took (0: none yet) */
     bfs_gstep *wsteps;         /* a window's batches, to release their input pages after it */
-    size_t nwsteps, cwsteps, cwpages;
-    bfs_prange *wpages;
+    size_t nwsteps, cwsteps;
+    bfs_wscratch ws;           /* their input pages (units.h) */
 } bfs_run;
 
 /* convert.c */
@@ -92,6 +93,7 @@ static inline void bfs__progress(bfs_run *r, const char *tensor)
 
 /* convert_ranks.c */
 void bfs__rank_free(bfs_rank *k);
+void bfs__rank_buf_free(bfs_rank *k);
 int bfs__write_file(bfs_run *r, int fidx);
 /* Files fidx[0..n) (2 <= n <= BFS_GROUP_MAX, consecutive, none reused) written together
  * (units.h: groups), each committed in order at the end. */

@@ -78,8 +78,27 @@ void bfs__rank_free(bfs_rank *k)
     bfs__zst_writer_free(k->zw);
     k->zw = NULL;
     bfs__tmp_abort(&k->zt);
-    free(k->header); /* the writer is done with it: the file committed, or the writer idle */
-    k->header = NULL;
+    /* k->hbuf stays for the rank's next file (bfs__rank_buf_free at the end) */
+}
+
+void bfs__rank_buf_free(bfs_rank *k)
+{
+    free(k->hbuf); /* the writer is done with it: the file committed, or the writer stopped */
+    k->hbuf = NULL;
+    k->hcap = 0;
+}
+
+/* k zeroed for file fidx, its header buffer kept */
+static void bfs__rank_reset(bfs_rank *k, int fidx)
+{
+    char *const hb = k->hbuf;
+    const size_t hc = k->hcap;
+    memset(k, 0, sizeof *k);
+    k->hbuf = hb;
+    k->hcap = hc;
+    k->t = k->zt = (bfs_tmpfile){.fd = -1, .dirfd = -1};
+    k->fidx = fidx;
+    k->active = true;
 }
 
 /* An input truncated or rewritten under us fails the run before a unit reads it,
@@ -354,22 +373,27 @@ static int bfs__rank_begin(bfs_run *r, bfs_rank *k)
         BFS_TRY(bfs__zst_writer_create(k->zt.fd, r->o->compress_level, r->o->threads, 0, r->o->compress_mode, &k->zw));
     }
     BFS_TRY(k->wslot = bfs__writer_begin_file(&r->w, k->t.fd, k->what, r->piece_hex[k->fidx], k->zw, r->plan, of));
-    const uint64_t hl = of->data_start - 8;
-    for (int i = 0; i < 8; i++)
-        k->lenbuf[i] = (uint8_t)(hl >> (8 * i));
-    BFS_TRY(bfs__plan_header(r->plan, of, &k->header));
-    if (r->hdr_hex) { /* for its slice index (slices.c): the header's text is built once a file */
-        XXH3_state_t *st = XXH3_createState();
-        if (!st)
-            BFS_FAIL(BFS_ENOMEM, "out of memory");
-        XXH3_128bits_reset(st);
-        XXH3_128bits_update(st, k->lenbuf, 8);
-        XXH3_128bits_update(st, k->header, (size_t)hl);
-        bfs__hash_hex(XXH3_128bits_digest(st), r->hdr_hex[k->fidx]);
-        XXH3_freeState(st);
+    /* [0, data_start): the length and the text, in the rank's own buffer, aligned, kept for
+     * its next file (its pages not faulted in afresh every file); the writer writes its
+     * whole blocks O_DIRECT from it */
+    if (of->data_start >= SIZE_MAX - 4096)
+        BFS_FAIL(BFS_ENOMEM, "%s: out of memory for its %llu-byte header", of->name, (unsigned long long)of->data_start);
+    if (k->hcap <= of->data_start) {
+        free(k->hbuf);
+        k->hbuf = NULL;
+        k->hcap = 0;
+        const size_t cap = ((size_t)of->data_start + 1 + 4095) & ~(size_t)4095;
+        void *hb = NULL;
+        if (posix_memalign(&hb, BFS_DIO_ALIGN, cap) != 0)
+            BFS_FAIL(BFS_ENOMEM, "%s: out of memory for its %llu-byte header", of->name, (unsigned long long)of->data_start);
+        k->hbuf = hb;
+        k->hcap = cap;
     }
-    BFS_TRY(bfs__writer_push(&r->w, &(bfs_wjob){.buf = k->lenbuf, .len = 8, .off = 0, .piece = -1}));
-    BFS_TRY(bfs__writer_push(&r->w, &(bfs_wjob){.buf = k->header, .len = (size_t)hl, .off = 8, .piece = -1}));
+    BFS_TRY(bfs__plan_header_into(r->plan, of, k->hbuf, k->hcap));
+    if (r->hdr_hex) /* for its slice index (slices.c): the header's text is built once a file */
+        bfs__hash_hex(XXH3_128bits(k->hbuf, (size_t)of->data_start), r->hdr_hex[k->fidx]);
+    BFS_TRY(bfs__writer_push(&r->w, &(bfs_wjob){.buf = k->hbuf, .len = (size_t)of->data_start, .off = 0, .piece = -1,
+                                                .headroom = true}));
 cleanup:
     return rc;
 }
@@ -498,11 +522,7 @@ int bfs__write_file(bfs_run *r, int fidx)
     int rc = 0;
     bfs_rank *const k = &r->rank[r->rank_cur ^= 1]; /* the other one is the file before */
     const bfs_outfile *of = &r->plan->files[fidx];
-    memset(k, 0, sizeof *k);
-    k->t = (bfs_tmpfile){.fd = -1, .dirfd = -1};
-    k->zt = (bfs_tmpfile){.fd = -1, .dirfd = -1};
-    k->fidx = fidx;
-    k->active = true;
+    bfs__rank_reset(k, fidx);
     for (size_t pi = 0, pe; pi < of->npieces; pi = pe) {
         pe = bfs__batch_end(r->plan, of, pi, r->unit_bytes);
         if (pe > pi + 1)
@@ -520,21 +540,21 @@ cleanup:
 static int bfs__release_window(bfs_run *r, const bfs_gwalk *gw)
 {
     const uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
-    size_t n = bfs__window_pages(gw, r->wsteps, r->nwsteps, pg, false, &r->wpages, &r->cwpages);
+    size_t n = bfs__window_pages(gw, r->wsteps, r->nwsteps, pg, false, &r->ws);
     if (n == (size_t)-1)
         return bfs__err(BFS_ENOMEM, "out of memory");
     for (size_t i = 0; i < n; i++) {
-        const bfs_infile *f = &r->in->files[r->wpages[i].file];
-        const uint64_t pa = r->wpages[i].a, pe = r->wpages[i].b < f->size ? r->wpages[i].b : f->size;
+        const bfs_infile *f = &r->in->files[r->ws.pr[i].file];
+        const uint64_t pa = r->ws.pr[i].a, pe = r->ws.pr[i].b < f->size ? r->ws.pr[i].b : f->size;
         const uint64_t ma = pa > BFS_RELEASE_SLACK ? pa - BFS_RELEASE_SLACK : 0;
         const uint64_t mb = pe + BFS_RELEASE_SLACK < f->size ? pe + BFS_RELEASE_SLACK : f->size;
         madvise((void *)(f->map + ma), (size_t)(mb - ma), MADV_DONTNEED);
     }
-    n = bfs__window_pages(gw, r->wsteps, r->nwsteps, pg, true, &r->wpages, &r->cwpages);
+    n = bfs__window_pages(gw, r->wsteps, r->nwsteps, pg, true, &r->ws);
     if (n == (size_t)-1)
         return bfs__err(BFS_ENOMEM, "out of memory");
     for (size_t i = 0; i < n; i++)
-        bfs__drop_cache(&r->in->files[r->wpages[i].file], r->wpages[i].a, r->wpages[i].b);
+        bfs__drop_cache(&r->in->files[r->ws.pr[i].file], r->ws.pr[i].a, r->ws.pr[i].b);
     r->nwsteps = 0;
     return 0;
 }
@@ -546,12 +566,8 @@ int bfs__write_group(bfs_run *r, const int *fidx, int n)
     bfs_gstep s;
     BFS_TRY(bfs__ranks_finish(r)); /* the files before, written one at a time, committed */
     for (int g = 0; g < n; g++) {
-        bfs_rank *const k = &r->grp[g];
-        memset(k, 0, sizeof *k);
-        k->t = k->zt = (bfs_tmpfile){.fd = -1, .dirfd = -1};
-        k->fidx = fidx[g];
-        k->active = true;
-        BFS_TRY(bfs__rank_begin(r, k));
+        bfs__rank_reset(&r->grp[g], fidx[g]);
+        BFS_TRY(bfs__rank_begin(r, &r->grp[g]));
     }
     bfs__gwalk_init(&gw, r->plan, fidx, n, &r->ring);
     while (bfs__gwalk_next(&gw, &s)) {

@@ -170,11 +170,11 @@ int bfs_inspect(const char *input_arg, const bfs_convert_opts *o_arg, int as_jso
                                                     (json_int_t)pp.write, "bytes_to_read", (json_int_t)pp.read,
                                                     "source_bytes_to_hash", (json_int_t)pp.hashed, "input_bytes",
                                                     (json_int_t)in_bytes));
-    json_object_set_new(root, "memory", json_pack("{s:I, s:I, s:i, s:I, s:I, s:I, s:b, s:I}", "budget", (json_int_t)mem,
+    json_object_set_new(root, "memory", json_pack("{s:I, s:I, s:i, s:I, s:I, s:I, s:b, s:I, s:i}", "budget", (json_int_t)mem,
                                                   "host_buffers", (json_int_t)peak, "buffers", ring.n, "buffer_bytes",
                                                   (json_int_t)ring.slot, "unit_bytes", (json_int_t)ring.unit,
                                                   "smallest_unit", (json_int_t)p->max_row_bytes, "fits", fits, "min_mem",
-                                                  (json_int_t)(2 * p->max_row_bytes)));
+                                                  (json_int_t)(2 * p->max_row_bytes), "group", o->compress_level ? 1 : mm.group));
     json_object_set_new(json_object_get(root, "memory"), "peak_rss",
                         json_pack("{s:I, s:I, s:I, s:I, s:I}", "predicted", (json_int_t)rss, "buffers_touched",
                                   (json_int_t)mm.buffers, "input_in_flight", (json_int_t)mm.input, "fixed",
@@ -224,9 +224,9 @@ int bfs_inspect(const char *input_arg, const bfs_convert_opts *o_arg, int as_jso
             fprintf(out, "        --max-rss %llu: --mem %llu\n", (unsigned long long)o->max_rss, (unsigned long long)mem);
         if (fits)
             fprintf(out, "        peak RSS of convert --device cpu: %.1f MB predicted (buffers %.1f + mapped input %.1f + "
-                    "program, plan and headers %.1f + carry, hash window, stacks %.1f)\n",
-                    (double)rss / 1e6, (double)mm.buffers / 1e6, (double)mm.input / 1e6,
-                    (double)(rss - mm.buffers - mm.input - mm.fixed) / 1e6, (double)mm.fixed / 1e6);
+                    "program, plan and headers %.1f + carries, headers held, hash window, stacks %.1f); rank files written %d at a time\n",
+                    (double)rss / 1e6, (double)mm.buffers / 1e6, (double)mm.input / 1e6, (double)(rss - mm.buffers - mm.input - mm.fixed) / 1e6,
+                    (double)mm.fixed / 1e6, o->compress_level ? 1 : mm.group);
     }
 cleanup:
     free(pp.mine);

@@ -99,9 +99,14 @@ int bfs__slices_write(int dirfd, const char *outdir, const bfs_plan *p, int f, c
     buf[8] = (uint8_t)BFS_SLICES_VERSION;
     bfs__put_u64(buf + 16, of->data_start);
     bfs__put_u64(buf + 40, of->npieces);
-    for (size_t i = 0; i < of->npieces; i++)
+    bool sorted = true; /* a file's pieces are in file order: sorted already */
+    for (size_t i = 0; i < of->npieces; i++) {
         sp[i] = (bfs_span){of->pieces[i].offset, of->pieces[i].offset + of->pieces[i].nbytes, i};
-    qsort(sp, of->npieces, sizeof *sp, bfs__span_cmp);
+        if (i > 0 && bfs__span_cmp(&sp[i - 1], &sp[i]) > 0)
+            sorted = false;
+    }
+    if (!sorted)
+        qsort(sp, of->npieces, sizeof *sp, bfs__span_cmp);
     for (size_t k = 0; k < of->npieces; k++)
         if (!bfs__hex16_parse(piece_hex[sp[k].i], buf + BFS_SLICES_HDR + 16 * k))
             BFS_FAIL(BFS_EINTERNAL, "%s: piece %zu has no hash", of->name, sp[k].i);

@@ -214,31 +214,85 @@ bool bfs__gwalk_next(bfs_gwalk *gw, bfs_gstep *s)
     return true;
 }
 
-size_t bfs__window_pages(const bfs_gwalk *gw, const bfs_gstep *steps, size_t n, uint64_t pg, bool inward,
-                         bfs_prange **buf, size_t *cap)
+static bool bfs__ws_grow(void **p, size_t *cap, size_t need, size_t size)
 {
-    size_t m = 0;
-    for (size_t i = 0; i < n; i++) {
+    if (need <= *cap)
+        return true;
+    const size_t nc = need > 2 * *cap ? need : 2 * *cap;
+    void *q = realloc(*p, nc * size);
+    if (!q)
+        return false;
+    *p = q;
+    *cap = nc;
+    return true;
+}
+
+size_t bfs__window_pages(const bfs_gwalk *gw, const bfs_gstep *steps, size_t n, uint64_t pg, bool inward,
+                         bfs_wscratch *ws)
+{
+    const bfs_plan *p = gw->p;
+    if (!ws->lo) {
+        ws->lo = malloc((p->nt ? p->nt : 1) * sizeof *ws->lo);
+        ws->hi = malloc((p->nt ? p->nt : 1) * sizeof *ws->hi);
+        if (!ws->lo || !ws->hi)
+            return (size_t)-1;
+        for (size_t i = 0; i < p->nt; i++) {
+            ws->lo[i] = 1;
+            ws->hi[i] = 0;
+        }
+    }
+    ws->nlist = 0;
+    for (size_t i = 0; i < n; i++) { /* each tensor's rows over the group's files */
         if (!steps[i].batch)
             continue;
-        const size_t need = m + BFS_UNIT_MAX_SRC * (steps[i].p1 - steps[i].p0);
-        if (need > *cap) {
-            const size_t nc = need > 2 * *cap ? need : 2 * *cap;
-            bfs_prange *b = realloc(*buf, nc * sizeof *b);
-            if (!b)
-                return (size_t)-1;
-            *buf = b;
-            *cap = nc;
+        const bfs_outfile *of = &p->files[gw->f[steps[i].g]];
+        for (size_t k = steps[i].p0; k < steps[i].p1; k++) {
+            const bfs_piece *pc = &of->pieces[k];
+            if (pc->row0 == pc->row1)
+                continue;
+            const int t = pc->tensor;
+            if (ws->lo[t] > ws->hi[t]) {
+                if (!bfs__ws_grow((void **)&ws->list, &ws->clist, ws->nlist + 1, sizeof *ws->list))
+                    return (size_t)-1;
+                ws->list[ws->nlist++] = t;
+                ws->lo[t] = pc->row0;
+                ws->hi[t] = pc->row1;
+            } else {
+                ws->lo[t] = pc->row0 < ws->lo[t] ? pc->row0 : ws->lo[t];
+                ws->hi[t] = pc->row1 > ws->hi[t] ? pc->row1 : ws->hi[t];
+            }
         }
-        m += bfs__batch_pages(gw->p, &gw->p->files[gw->f[steps[i].g]], steps[i].p0, steps[i].p1, pg, inward,
-                              *buf + m);
     }
-    if (m == 0)
-        return 0;
-    qsort(*buf, m, sizeof **buf, bfs__cmp_prange);
+    size_t m = 0;
+    bool sorted = true;
+    if (!bfs__ws_grow((void **)&ws->pr, &ws->cpr, ws->nlist * BFS_UNIT_MAX_SRC + 1, sizeof *ws->pr))
+        return (size_t)-1;
+    for (size_t i = 0; i < ws->nlist; i++) {
+        const int t = ws->list[i];
+        bfs_srange s[BFS_UNIT_MAX_SRC];
+        const bfs_unit u = {.t = &p->t[t], .row0 = ws->lo[t], .row1 = ws->hi[t]};
+        ws->lo[t] = 1; /* none, for the next window */
+        ws->hi[t] = 0;
+        const int ns = bfs__unit_sources(&u, s);
+        for (int k = 0; k < ns; k++) {
+            if (s[k].len == 0)
+                continue;
+            const uint64_t a = s[k].r->file_offset + s[k].off, b = a + s[k].len;
+            bfs_prange *const o = &ws->pr[m];
+            *o = inward ? (bfs_prange){.file = s[k].r->file, .a = (a + pg - 1) / pg * pg, .b = b / pg * pg}
+                        : (bfs_prange){.file = s[k].r->file, .a = a / pg * pg, .b = (b + pg - 1) / pg * pg};
+            if (o->a >= o->b)
+                continue;
+            if (m > 0 && bfs__cmp_prange(&ws->pr[m - 1], o) > 0)
+                sorted = false;
+            m++;
+        }
+    }
+    if (!sorted)
+        qsort(ws->pr, m, sizeof *ws->pr, bfs__cmp_prange);
     size_t k = 0;
     for (size_t i = 0; i < m; i++) {
-        bfs_prange *const o = *buf;
+        bfs_prange *const o = ws->pr;
         if (k > 0 && o[k - 1].file == o[i].file && o[i].a <= o[k - 1].b) {
             if (o[i].b > o[k - 1].b)
                 o[k - 1].b = o[i].b;
@@ -247,6 +301,15 @@ size_t bfs__window_pages(const bfs_gwalk *gw, const bfs_gstep *steps, size_t n, 
         }
     }
     return k;
+}
+
+void bfs__wscratch_free(bfs_wscratch *ws)
+{
+    free(ws->lo);
+    free(ws->hi);
+    free(ws->list);
+    free(ws->pr);
+    memset(ws, 0, sizeof *ws);
 }
 
 /* The model's walk: the ring's buffers' touched pages, round the ring as convert goes. */
@@ -330,8 +393,8 @@ static int bfs__mw_group(bfs_mwalk *w, const bfs_plan *p, const int *files, int 
 {
     bfs_gwalk gw;
     bfs_gstep s, *st = NULL;
-    size_t nst = 0, cst = 0, cpr = 0;
-    bfs_prange *wp = NULL;
+    size_t nst = 0, cst = 0;
+    bfs_wscratch ws = {0};
     const uint64_t bufcap = w->m->ring.slot + BFS_DIO_ALIGN;
     int rc = 0;
     bfs__gwalk_init(&gw, p, files, n, &w->m->ring);
@@ -343,12 +406,12 @@ static int bfs__mw_group(bfs_mwalk *w, const bfs_plan *p, const int *files, int 
             }
         }
         if (s.window_end) {
-            const size_t k = bfs__window_pages(&gw, st, nst, 4096, false, &wp, &cpr);
+            const size_t k = bfs__window_pages(&gw, st, nst, 4096, false, &ws);
             if (k == (size_t)-1)
                 BFS_FAIL(BFS_ENOMEM, "out of memory");
             uint64_t in = 0;
             for (size_t i = 0; i < k; i++)
-                in += wp[i].b - wp[i].a;
+                in += ws.pr[i].b - ws.pr[i].a;
             if (w->sum + in > w->m->buffers + w->m->input) {
                 w->m->buffers = w->sum;
                 w->m->input = in;
@@ -383,7 +446,7 @@ static int bfs__mw_group(bfs_mwalk *w, const bfs_plan *p, const int *files, int 
     }
 cleanup:
     free(st);
-    free(wp);
+    bfs__wscratch_free(&ws);
     return rc;
 }
 

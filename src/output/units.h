@@ -108,11 +108,20 @@ static inline uint64_t bfs__carve_at(uint64_t used, uint64_t off, uint64_t len, 
     const uint64_t base = (used + BFS_DIO_ALIGN - 1) / BFS_DIO_ALIGN * BFS_DIO_ALIGN;
     return base + off % BFS_DIO_ALIGN + len <= cap ? base + off % BFS_DIO_ALIGN : UINT64_MAX;
 }
-/* The input pages the batch steps[0..n) of a window read (as bfs__batch_pages), sorted and
- * merged across the group's files into *buf (grown as needed, *cap entries). Returns how
- * many, or (size_t)-1 out of memory. */
+/* The input pages the batch steps[0..n) of a window read, as bfs__batch_pages gives them
+ * for one file: per tensor, the rows of all the group's files together (consecutive ranks:
+ * one range of rows), sorted and merged into ws->pr. Returns how many, or (size_t)-1 out
+ * of memory. ws: zeroed before the first call, bfs__wscratch_free after the last. */
+typedef struct bfs_wscratch {
+    uint64_t *lo, *hi;   /* per tensor of the plan: the window's rows (lo > hi: none yet) */
+    int *list;           /* the window's tensors */
+    size_t nlist, clist;
+    bfs_prange *pr;
+    size_t cpr;
+} bfs_wscratch;
 size_t bfs__window_pages(const bfs_gwalk *gw, const bfs_gstep *steps, size_t n, uint64_t pg, bool inward,
-                         bfs_prange **buf, size_t *cap);
+                         bfs_wscratch *ws);
+void bfs__wscratch_free(bfs_wscratch *ws);
 
 /* The unit buffers' page: BFS_HUGE_PAGE where transparent huge pages may back them
  * (/sys/kernel/mm/transparent_hugepage/enabled not "never"; BFSHARD_HUGEPAGES=0 turns

@@ -188,6 +188,7 @@ typedef struct {
     bool oom;
     bool count; /* count the bytes only (p stays NULL) */
     bool esc;   /* inside a JSON string: '"' and '\\' escaped (DCP_SHARDING_INFO) */
+    bool fixed; /* p is the caller's: never regrown (out of room: oom) */
     const uint32_t *jl; /* counting: each tensor's name as JSON, its length outside [0] and inside [1] a string */
 } bfs_sbuf;
 
@@ -200,6 +201,10 @@ static void bfs__sb_raw(bfs_sbuf *b, const char *s, size_t n)
         return;
     }
     if (b->cap - b->n <= n) {
+        if (b->fixed) {
+            b->oom = true;
+            return;
+        }
         size_t cap = b->cap ? b->cap : 4096;
         while (cap - b->n <= n)
             cap *= 2;
@@ -288,10 +293,18 @@ static void bfs__sb_shape(bfs_sbuf *b, const uint64_t *shape, int ndim)
  * the layout counts every file's header, W x tensors names escaped over and over) */
 static void bfs__sb_name(bfs_sbuf *b, const bfs_plan *p, int i)
 {
-    if (b->count && b->jl && !b->oom)
+    const uint32_t *jl = p->name_jlen;
+    if (b->count && b->jl && !b->oom) {
         b->n += b->jl[2 * (size_t)i + b->esc];
-    else
+    } else if (jl && jl[2 * (size_t)i + 1] - jl[2 * (size_t)i] == 2) {
+        /* nothing to escape (quoted: 2 bytes more; inside a string: 4), copied as it is */
+        const size_t n = jl[2 * (size_t)i] - 2;
+        bfs__sb_raw(b, b->esc ? "\\\"" : "\"", b->esc ? 2 : 1);
+        bfs__sb_raw(b, p->t[i].name, n);
+        bfs__sb_raw(b, b->esc ? "\\\"" : "\"", b->esc ? 2 : 1);
+    } else {
         bfs__sb_json_str(b, p->t[i].name, strlen(p->t[i].name));
+    }
 }
 
 /* File f's header up to its closing '}' (the pieces' nbytes set; their offsets counted
@@ -310,11 +323,12 @@ static void bfs__emit_header(const bfs_plan *p, const bfs_outfile *f, bfs_sbuf *
             uint64_t so[BFS_MAX_DIMS] = {0};
             so[0] = pc->row0;
             if (i)
-                bfs__sb_put(b, ",", 1);
+                bfs__sb_raw(b, ",", 1);
             bfs__sb_name(b, p, pc->tensor);
-            bfs__sb_str(b, ":{\"saved_offsets\":");
+            static const char so_key[] = ":{\\\"saved_offsets\\\":"; /* escaped: inside the string */
+            bfs__sb_raw(b, so_key, sizeof so_key - 1);
             bfs__sb_shape(b, so, t->ndim);
-            bfs__sb_put(b, "}", 1);
+            bfs__sb_raw(b, "}", 1);
         }
         bfs__sb_put(b, "}", 1);
         b->esc = false;
@@ -329,17 +343,19 @@ static void bfs__emit_header(const bfs_plan *p, const bfs_outfile *f, bfs_sbuf *
         memcpy(shape, t->shape, sizeof shape);
         if (t->ndim > 0)
             shape[0] = pc->row1 - pc->row0;
-        bfs__sb_put(b, ",", 1);
+        static const char k_dtype[] = ":{\"dtype\":\"", k_shape[] = "\",\"shape\":", k_off[] = ",\"data_offsets\":[";
+        const char *dt = bfs__dtype_name(t->out_dtype);
+        bfs__sb_raw(b, ",", 1);
         bfs__sb_name(b, p, pc->tensor);
-        bfs__sb_str(b, ":{\"dtype\":\"");
-        bfs__sb_str(b, bfs__dtype_name(t->out_dtype));
-        bfs__sb_str(b, "\",\"shape\":");
+        bfs__sb_raw(b, k_dtype, sizeof k_dtype - 1);
+        bfs__sb_raw(b, dt, strlen(dt));
+        bfs__sb_raw(b, k_shape, sizeof k_shape - 1);
         bfs__sb_shape(b, shape, t->ndim);
-        bfs__sb_str(b, ",\"data_offsets\":[");
+        bfs__sb_raw(b, k_off, sizeof k_off - 1);
         bfs__sb_u64(b, pos);
-        bfs__sb_put(b, ",", 1);
+        bfs__sb_raw(b, ",", 1);
         bfs__sb_u64(b, pos + pc->nbytes); /* bounded by the layout */
-        bfs__sb_str(b, "]}");
+        bfs__sb_raw(b, "]}", 2);
         pos += pc->nbytes;
     }
     bfs__sb_put(b, "}", 1);
@@ -348,34 +364,49 @@ static void bfs__emit_header(const bfs_plan *p, const bfs_outfile *f, bfs_sbuf *
 /* space padded: the data section starts on a 64-byte boundary */
 static uint64_t bfs__padded_len(uint64_t n) { return ((8 + n + 63) / 64) * 64 - 8; }
 
+/* f's header text into b (room for hl + 1 bytes), padded with spaces to hl, NUL after */
+static int bfs__header_text(const bfs_plan *p, const bfs_outfile *f, bfs_sbuf *b)
+{
+    const uint64_t hl = f->data_start - 8;
+    bfs__emit_header(p, f, b);
+    if (b->oom)
+        return bfs__err(BFS_ENOMEM, "%s: out of memory building its %llu-byte header", f->name, (unsigned long long)hl);
+    if (bfs__padded_len(b->n) != hl || b->cap <= hl)
+        return bfs__err(BFS_EINTERNAL, "%s: header of %zu bytes, the plan counted %llu", f->name, b->n,
+                        (unsigned long long)hl);
+    memset(b->p + b->n, ' ', (size_t)hl - b->n);
+    b->p[hl] = '\0';
+    return 0;
+}
+
 int bfs__plan_header(const bfs_plan *p, const bfs_outfile *f, char **out)
 {
-    bfs_sbuf b = {0};
     const uint64_t hl = f->data_start - 8;
     *out = NULL;
-    bfs__emit_header(p, f, &b);
-    if (!b.oom && b.cap <= hl) {
-        char *q = realloc(b.p, (size_t)hl + 1);
-        if (q) {
-            b.p = q;
-            b.cap = (size_t)hl + 1;
-        } else {
-            b.oom = true;
-        }
-    }
-    if (b.oom) {
-        free(b.p);
+    if (hl >= SIZE_MAX)
         return bfs__err(BFS_ENOMEM, "%s: out of memory building its %llu-byte header", f->name, (unsigned long long)hl);
-    }
-    if (bfs__padded_len(b.n) != hl) {
+    bfs_sbuf b = {.p = malloc((size_t)hl + 1), .cap = (size_t)hl + 1, .fixed = true}; /* the length counted */
+    if (!b.p)
+        return bfs__err(BFS_ENOMEM, "%s: out of memory building its %llu-byte header", f->name, (unsigned long long)hl);
+    const int rc = bfs__header_text(p, f, &b);
+    if (rc < 0) {
         free(b.p);
-        return bfs__err(BFS_EINTERNAL, "%s: header of %zu bytes, the plan counted %llu", f->name, b.n,
-                        (unsigned long long)hl);
+        return rc;
     }
-    memset(b.p + b.n, ' ', (size_t)hl - b.n);
-    b.p[hl] = '\0';
     *out = b.p;
     return 0;
+}
+
+int bfs__plan_header_into(const bfs_plan *p, const bfs_outfile *f, char *buf, size_t cap)
+{
+    const uint64_t hl = f->data_start - 8;
+    if (cap <= f->data_start)
+        return bfs__err(BFS_EINTERNAL, "%s: a %zu-byte buffer for its %llu-byte header", f->name, cap,
+                        (unsigned long long)f->data_start);
+    for (int i = 0; i < 8; i++) /* safetensors: the header's length, u64 little-endian */
+        buf[i] = (char)(uint8_t)(hl >> (8 * i));
+    bfs_sbuf b = {.p = buf + 8, .cap = cap - 8, .fixed = true};
+    return bfs__header_text(p, f, &b);
 }
 
 /* One file's offsets and size from its pieces (already in file order); its header is

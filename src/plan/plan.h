@@ -48,6 +48,9 @@ void bfs__plan_free(bfs_plan *p);
 /* File f's complete header bytes (length f->data_start - 8, space padded, NUL-terminated)
  * into *out (free it): built when needed, so that the plan holds no file's header text. */
 int bfs__plan_header(const bfs_plan *p, const bfs_outfile *f, char **out);
+/* The same text after its 8-byte length, i.e. the file's bytes [0, data_start) and a NUL,
+ * into buf (cap > data_start), which the caller keeps (convert reuses one per file in flight). */
+int bfs__plan_header_into(const bfs_plan *p, const bfs_outfile *f, char *buf, size_t cap);
 
 /* FSDP2 Shard(0) / torch.chunk rule: rows of rank r out of d0 for W ranks. */
 static inline void bfs__chunk_rows(uint64_t d0, uint64_t W, uint64_t r, uint64_t *row0, uint64_t *row1)
