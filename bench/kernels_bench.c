@@ -296,6 +296,31 @@ int main(int argc, char **argv)
     const bfs_ctmx_desc md8 = {mx8, mx_sc, 0, IC, 0}, md4 = {nv, mx_sc, 1, IC, 0};
     const q12_ctx q_m8 = {3, &md8, in_}, q_m4 = {3, &md4, in_};
 
+    /* issue 23, the kinds the 2026 checkpoints dispatch to (docs/FORMATS.md 7, 8):
+     * DeepSeek-V4 FP8 7168 x 2048 with E8M0 128 x 128 block scales, stored U8 (255 = +inf)
+     * and F8_E8M0 (255 = NaN); DeepSeek-V4.1 block 32 x 32 on the wide side (2048 x 7168:
+     * 224 column blocks a row, more than the AVX2 kernel's table cache holds), E8M0 and
+     * scale_fmt "float" (F32); per-tensor FP8 with a BF16 scalar (Quark, transformers);
+     * V4's FP4 experts (I8 pairs, F8_E8M0 per 32: the MX kernel with nan255) on nv's bytes;
+     * compressed-tensors MXFP6 E2M3 (3 bytes per 4 codes). E8M0 bytes 107..127 as above. */
+    uint8_t *e8_blk = xmalloc((FR / 128) * (FC / 128)), *e8_32 = xmalloc((FR / 32) * (FC / 32));
+    for (size_t i = 0; i < (FR / 128) * (FC / 128); i++)
+        e8_blk[i] = (uint8_t)(107 + rnd32() % 21);
+    for (size_t i = 0; i < (FR / 32) * (FC / 32); i++)
+        e8_32[i] = (uint8_t)(107 + rnd32() % 21);
+    uint8_t *f8_32 = scales_fill((FR / 32) * (FC / 32), 0, 1e-5f, 1e-3f), *f8_tb = scales_fill(1, 1, 1e-4f, 1e-2f);
+    const bfs_fp8_desc fd_e8 = {f8, e8_blk, BFS_SCALE_E8M0, FC, 128, 128};
+    const bfs_fp8_desc fd_e8n = {f8, e8_blk, BFS_SCALE_E8M0_NAN, FC, 128, 128};
+    const bfs_fp8_desc fd_e32 = {f8, e8_32, BFS_SCALE_E8M0_NAN, FR, 32, 32}; /* 2048 x 7168 */
+    const bfs_fp8_desc fd_f32 = {f8, f8_32, BFS_SCALE_F32, FR, 32, 32};
+    const bfs_fp8_desc fd_tb = {f8, f8_tb, BFS_SCALE_BF16, FC, FR, FC};
+    const q12_ctx q_fe8 = {0, &fd_e8, fn}, q_fe8n = {0, &fd_e8n, fn}, q_fe32 = {0, &fd_e32, fn};
+    const q12_ctx q_ff32 = {0, &fd_f32, fn}, q_ftb = {0, &fd_tb, fn};
+    uint8_t *mx6 = xmalloc(in_ / 4 * 3);
+    rnd_fill(mx6, in_ / 4 * 3);
+    const bfs_ctmx_desc md4n = {nv, mx_sc, BFS_CTMX_E2M1, IC, 1}, md6 = {mx6, mx_sc, BFS_CTMX_E2M3, IC, 0};
+    const q12_ctx q_m4n = {3, &md4n, in_}, q_m6 = {3, &md6, in_};
+
     const bench_op ops[] = {
         {"mxfp4 5760x2880 (gpt-oss layout)", R * G * 32, run_mx, &mx0, 0},
         {"mxfp4 5760x2880 transposed (HF)", R * G * 32, run_mx, &mx1, 0},
@@ -310,6 +335,13 @@ int main(int argc, char **argv)
         {"nvfp4 4096x14336 modelopt", in_, run_q12, &q_nmo, 0},
         {"ct-mxfp8 4096x14336 e8m0/32", in_, run_q12, &q_m8, 0},
         {"ct-mxfp4 4096x14336 e8m0/32", in_, run_q12, &q_m4, 0},
+        {"dsv4 fp8 7168x2048 block128 u8 e8m0", fn, run_q12, &q_fe8, 0},
+        {"dsv4 fp8 7168x2048 block128 f8_e8m0", fn, run_q12, &q_fe8n, 0},
+        {"dsv4.1 fp8 2048x7168 block32 e8m0", fn, run_q12, &q_fe32, 0},
+        {"dsv4.1 fp8 2048x7168 block32 f32", fn, run_q12, &q_ff32, 0},
+        {"fp8 7168x2048 tensor bf16 scale", fn, run_q12, &q_ftb, 0},
+        {"dsv4 fp4 4096x14336 i8 f8_e8m0/32", in_, run_q12, &q_m4n, 0},
+        {"ct-mxfp6 4096x14336 e2m3 e8m0/32", in_, run_q12, &q_m6, 0},
         {"cast f32->bf16 32Mi", nc, run_cast, &c32, 0},
         {"cast f16->bf16 32Mi", nc, run_cast, &c16, 0},
         {"cast f64->bf16 32Mi", nc, run_cast, &c64, 0},
@@ -373,5 +405,6 @@ int main(int argc, char **argv)
     free(f32), free(f16), free(f64), free(ref), free(out), free(src);
     free(f8), free(f8_blk), free(f8_ch), free(f8_t), free(i4), free(i4_zp), free(i4_sc);
     free(nv), free(nv_sc), free(mx8), free(mx_sc);
+    free(e8_blk), free(e8_32), free(f8_32), free(f8_tb), free(mx6);
     return bad ? 1 : 0;
 }

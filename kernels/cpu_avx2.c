@@ -262,13 +262,13 @@ static void fp8_tab_build(float s, fp8_tab *t)
 
 /* The lookup itself, fp8_lut32, is in cpu_avx2.h (compressed-tensors MXFP8 uses it too). */
 
-/* n E4M3 bytes through the tables of t (t->ok) -> n bf16 at o */
-static inline void fp8_run_tab(const uint8_t *w, size_t n, const fp8_tab *t, uint16_t *o)
+/* n E4M3 bytes through the tables t (T: low, high bytes) and u (U) -> n bf16 at o */
+static inline void fp8_run_tab(const uint8_t *w, size_t n, const uint8_t *t, const uint8_t *u, uint16_t *o)
 {
-    const __m256i tl = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)t->t));
-    const __m256i th = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)(t->t + 16)));
-    const __m256i ul = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->u));
-    const __m256i uh = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(t->u + 16)));
+    const __m256i tl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t));
+    const __m256i th = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(t + 16)));
+    const __m256i ul = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)u));
+    const __m256i uh = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(u + 16)));
     size_t k = 0;
     for (; k + 32 <= n; k += 32)
         fp8_lut32(_mm256_loadu_si256((const __m256i *)(w + k)), tl, th, ul, uh, o + k);
@@ -285,14 +285,100 @@ static inline void fp8_run_tab(const uint8_t *w, size_t n, const fp8_tab *t, uin
     memcpy(o, r, n * 2);
 }
 
-enum { FP8_SLOTS = 64 };
+/* E8M0 block scales (DeepSeek-V4: U8, or F8_E8M0 whose 255 is NaN): the scale byte picks
+ * its tables directly, built once for all 256 bytes (the compressed-tensors MXFP8 ones, the
+ * same value: bfs_ctmx_value is bfs_scaled_value by bfs_e8m0_to_f32); nothing is built per
+ * block, which a 32 x 32 block (DeepSeek-V4.1) would pay every 1024 elements. The bytes
+ * whose lookup is not exact (and 255, +inf or NaN) multiply. */
+static void fp8_e8m0_blocks(const uint8_t *w, const uint8_t *sc, size_t nb, size_t bw, int nan255, uint16_t *o)
+{
+    const uint8_t *ok;
+    const ct8_tab *const tabs = bfs__ct8_tables(&ok);
+    for (size_t b = 0; b < nb; b++, w += bw, o += bw) {
+        const uint8_t s = sc[b];
+        if (!ok[s]) {
+            fp8_run(w, bw, bfs_e8m0_scale(s, nan255), o);
+            continue;
+        }
+        const ct8_tab *const t = &tabs[s];
+        const __m256i tl = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)t->t));
+        const __m256i th = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)(t->t + 16)));
+        const __m256i ul = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)t->u));
+        const __m256i uh = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)(t->u + 16)));
+        for (size_t k = 0; k < bw; k += 32)
+            fp8_lut32(_mm256_loadu_si256((const __m256i *)(w + k)), tl, th, ul, uh, o + k);
+    }
+}
+
+static void fp8_e8m0(const bfs_fp8_desc *d, size_t i0, size_t i1, uint16_t *out)
+{
+    const uint8_t *ok;
+    const ct8_tab *const tabs = bfs__ct8_tables(&ok);
+    const int nan255 = d->scale_type == BFS_SCALE_E8M0_NAN;
+    const size_t C = d->cols, bw = d->bw, gcols = (C + bw - 1) / bw;
+    uint16_t *o = out;
+    for (size_t i = i0; i < i1;) {
+        const size_t r = i / C, c0 = i % C;
+        const size_t cend = i1 - r * C < C ? i1 - r * C : C;
+        const uint8_t *const w = d->w + r * C, *const srow = d->scale + (r / d->bh) * gcols;
+        size_t g = c0 / bw;
+        for (size_t c = c0; c < cend; g++) {
+            const size_t ce = (g + 1) * bw < cend ? (g + 1) * bw : cend;
+            if (bw % 32 == 0 && c == g * bw && ce - c == bw) { /* whole blocks, to the row's last whole one */
+                const size_t nb = (cend - c) / bw;
+                fp8_e8m0_blocks(w + c, srow + g, nb, bw, nan255, o);
+                o += nb * bw, c += nb * bw, g += nb - 1;
+                continue;
+            }
+            const uint8_t s = srow[g];
+            if (ok[s])
+                fp8_run_tab(w + c, ce - c, tabs[s].t, tabs[s].u, o);
+            else
+                fp8_run(w + c, ce - c, bfs_e8m0_scale(s, nan255), o);
+            o += ce - c;
+            c = ce;
+        }
+        i = r * C + cend;
+    }
+}
+
+enum { FP8_SLOTS = 512 };
+
+/* nb whole blocks of width bw (a multiple of 32) of one row, column blocks g0.. whose scales
+ * are entries sidx.. of d's grid -> nb * bw bf16 at o; the tables from the cache */
+static void fp8_blocks(const bfs_fp8_desc *d, const uint8_t *w, size_t sidx, size_t g0, size_t nb, fp8_tab *cache,
+                       uint16_t *o)
+{
+    const size_t bw = d->bw;
+    const int st = d->scale_type;
+    for (size_t b = 0; b < nb; b++, w += bw, o += bw) {
+        const float s = bfs_scale_at(d->scale, sidx + b, st);
+        fp8_tab *const t = &cache[(g0 + b) % FP8_SLOTS];
+        if (t->key != bfs_f32_bits(s))
+            fp8_tab_build(s, t);
+        if (!t->ok) {
+            fp8_run(w, bw, s, o);
+            continue;
+        }
+        const __m256i tl = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)t->t));
+        const __m256i th = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)(t->t + 16)));
+        const __m256i ul = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->u));
+        const __m256i uh = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(t->u + 16)));
+        for (size_t k = 0; k < bw; k += 32)
+            fp8_lut32(_mm256_loadu_si256((const __m256i *)(w + k)), tl, th, ul, uh, o + k);
+    }
+}
 
 void bfs__fp8_avx2(const bfs_fp8_desc *d, size_t i0, size_t i1, uint16_t *out)
 {
     assert(i0 <= i1 && d->cols > 0 && d->bh > 0 && d->bw > 0);
+    if (d->scale_type == BFS_SCALE_E8M0 || d->scale_type == BFS_SCALE_E8M0_NAN) {
+        fp8_e8m0(d, i0, i1, out);
+        return;
+    }
     const size_t C = d->cols, bw = d->bw, gcols = (C + bw - 1) / bw;
     fp8_tab cache[FP8_SLOTS]; /* slot g % FP8_SLOTS: the tables of column block g's scale */
-    for (size_t j = 0; j < FP8_SLOTS; j++)
+    for (size_t j = 0; j < FP8_SLOTS && j < gcols; j++)
         cache[j].key = 0, cache[j].ok = 0; /* right for s = +0.0, never ok */
     uint16_t *o = out;
     for (size_t i = i0; i < i1;) { /* a row at a time, its scale blocks without a division */
@@ -303,12 +389,18 @@ void bfs__fp8_avx2(const bfs_fp8_desc *d, size_t i0, size_t i1, uint16_t *out)
         size_t g = c0 / bw;
         for (size_t c = c0; c < cend; g++) {
             const size_t ce = (g + 1) * bw < cend ? (g + 1) * bw : cend;
+            if (bw % 32 == 0 && c == g * bw && ce - c == bw) { /* whole blocks, to the row's last whole one */
+                const size_t nb = (cend - c) / bw;
+                fp8_blocks(d, w + c, srow + g, g, nb, cache, o);
+                o += nb * bw, c += nb * bw, g += nb - 1;
+                continue;
+            }
             const float s = bfs_scale_at(d->scale, srow + g, d->scale_type);
             fp8_tab *const t = &cache[g % FP8_SLOTS];
             if (t->key != bfs_f32_bits(s))
                 fp8_tab_build(s, t);
             if (t->ok)
-                fp8_run_tab(w + c, ce - c, t, o);
+                fp8_run_tab(w + c, ce - c, t->t, t->u, o);
             else
                 fp8_run(w + c, ce - c, s, o);
             o += ce - c;

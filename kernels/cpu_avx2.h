@@ -75,6 +75,18 @@ static inline void fp8_lut32(__m256i c, __m256i tl, __m256i th, __m256i ul, __m2
     _mm256_storeu_si256((__m256i *)(o + 16), _mm256_unpackhi_epi8(lo, hi));
 }
 
+/* The fp8_lut32 tables of E8M0 scale byte s, 2^(s-127): built once, by the reference, and
+ * checked against it for all 256 codes (cpu_avx2_ctmx.c ct8_init). */
+typedef struct ct8_tab {
+    _Alignas(32) uint8_t t[32]; /* T: 16 low bytes, then 16 high bytes */
+    _Alignas(32) uint8_t u[32]; /* U: 16 low bytes, then 16 high bytes */
+} ct8_tab;
+
+/* The tables of the 256 E8M0 bytes (built at the first call); *ok = 256 flags, 0 where the
+ * lookup is not the reference (subnormal results, overflow, byte 255): those multiply.
+ * Compressed-tensors MXFP8 and the FP8 kernel's E8M0 block scales use them. */
+const ct8_tab *bfs__ct8_tables(const uint8_t **ok);
+
 /* MXFP4, both layouts (cpu_avx2_mxfp4.c): the level's bfs_mxfp4_fn. */
 void bfs__mxfp4_avx2(const bfs_mxfp4_desc *d, size_t item, size_t o0, size_t o1, uint16_t *out);
 

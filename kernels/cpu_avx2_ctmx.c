@@ -18,8 +18,12 @@
  *    element. Measured (one thread, AMD EPYC, medians of 3 processes): MXFP8 with an integer
  *    exponent add per element was 1.05x memcpy; by table it is the figure in README.md.
  *  - MXFP6: a value depends only on (scale byte, 6-bit code): a 257 x 64 table by the
- *    reference, the codes of a group's eight 24-bit words shifted out and gathered (ct6_groups).
- * DeepSeek-V4's FP4 experts take the MXFP4 path; with nan255 (F8_E8M0 scales) byte 255 is
+ *    reference; the codes of a group's eight 24-bit words shifted out, packed to bytes and
+ *    looked up with vpshufb in the row's magnitudes, the sign or-ed in (ct6_bytes; rows where
+ *    that is not the table, byte 255, gather from it: ct6_groups). By gathers alone MXFP6 was
+ *    0.31x memcpy (one thread, AMD EPYC); by bytes it is the figure in README.md.
+ * The MXFP8 tables also serve the FP8 kernel's E8M0 block scales (DeepSeek-V4, cpu_avx2.c
+ * fp8_e8m0, through bfs__ct8_tables). DeepSeek-V4's FP4 experts take the MXFP4 path; with nan255 (F8_E8M0 scales) byte 255 is
  * NaN, a 257th table row. Groups never straddle rows (cols % 32 == 0): element i is byte i (i / 2 for MXFP4) and
  * scale byte i / 32. Heads and tails go through the reference element (bfs_ctmx_elem).
  * No FTZ/DAZ, no float arithmetic but the reference's.
@@ -82,10 +86,6 @@ static void ct4_groups(const bfs_ctmx_desc *d, size_t g0, size_t ng, uint16_t *o
  * by the reference (bfs_ctmx_value). A byte's tables are used only when the lookup gives the
  * reference's bits for all 256 codes, checked once here (bytes 8..246: every shifted product
  * is a normal bf16); the others (subnormal results, overflow, the +inf of 255) multiply. */
-typedef struct ct8_tab {
-    _Alignas(32) uint8_t t[32]; /* T: 16 low bytes, then 16 high bytes */
-    _Alignas(32) uint8_t u[32]; /* U: 16 low bytes, then 16 high bytes */
-} ct8_tab;
 static ct8_tab ct8[256];
 static uint8_t ct8_ok[256];
 static pthread_once_t ct8_once = PTHREAD_ONCE_INIT;
@@ -116,6 +116,13 @@ static void ct8_init(void)
         }
         ct8_ok[s] = (uint8_t)(ok && s != 255); /* 255 depends on nan255: always multiplied */
     }
+}
+
+const ct8_tab *bfs__ct8_tables(const uint8_t **ok)
+{
+    pthread_once(&ct8_once, ct8_init);
+    *ok = ct8_ok;
+    return ct8;
 }
 
 /* ng whole groups from group g0 -> ng * 32 bf16 at o. */
@@ -179,6 +186,66 @@ static void ct6_groups(const bfs_ctmx_desc *d, size_t g0, size_t ng, uint16_t *o
     }
 }
 
+/* The byte path of MXFP6: a value is +-(|code| under the scale), the sign the code's bit 5
+ * (x * s rounds symmetrically), so per scale row two 16-entry halves of the 32 magnitudes'
+ * low and high bytes (c6_lo / c6_hi [row][0..31]) looked up with vpshufb, 32 codes at once;
+ * c6_ok[row]: that gives the reference (ct6) for all 64 codes. Rows whose products include
+ * NaN (byte 255: 0 * inf, or NaN) are not: they take ct6_groups. */
+static _Alignas(64) uint8_t c6_lo[257][32];
+static _Alignas(64) uint8_t c6_hi[257][32];
+static uint8_t c6_ok[257];
+
+static void c6_init(void)
+{
+    ct6_init();
+    for (unsigned r = 0; r < 257; r++) {
+        unsigned ok = 1;
+        for (unsigned code = 0; code < 32; code++)
+            c6_lo[r][code] = (uint8_t)ct6[r][code], c6_hi[r][code] = (uint8_t)(ct6[r][code] >> 8);
+        for (unsigned code = 0; code < 64 && ok; code++)
+            ok = ct6[r][code] == (ct6[r][code & 31] | (code & 32u) << 10);
+        c6_ok[r] = (uint8_t)ok;
+    }
+}
+
+/* ng whole groups from group g0 -> ng * 32 bf16 at o, by bytes (c6_*), a row not c6_ok by
+ * ct6_groups. The codes of a group's eight 24-bit words (dword k = word k, as ct6_groups):
+ * code j of every word by a shift and a mask, packed to bytes (lane: code j of word k' at
+ * 4j + k'), put in element order (4k' + j) by one vpshufb, then looked up. */
+static void ct6_bytes(const bfs_ctmx_desc *d, size_t g0, size_t ng, uint16_t *o)
+{
+    const __m256i words = _mm256_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1,
+                                           4, 5, 6, -1, 7, 8, 9, -1, 10, 11, 12, -1, 13, 14, 15, -1);
+    const __m256i tr = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
+                                        0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m256i m63 = _mm256_set1_epi32(63), m15 = _mm256_set1_epi8(15), m32 = _mm256_set1_epi8(32);
+    for (size_t g = g0; g < g0 + ng; g++, o += 32) {
+        const unsigned row = ct_row(d, d->scale[g]);
+        if (!c6_ok[row]) {
+            ct6_groups(d, g, 1, o);
+            continue;
+        }
+        const uint8_t *const p = d->w + g * 24;
+        const __m256i w = _mm256_shuffle_epi8(_mm256_loadu2_m128i((const __m128i *)(p + 8), (const __m128i *)p), words);
+        const __m256i c0 = _mm256_and_si256(w, m63), c1 = _mm256_and_si256(_mm256_srli_epi32(w, 6), m63);
+        const __m256i c2 = _mm256_and_si256(_mm256_srli_epi32(w, 12), m63), c3 = _mm256_srli_epi32(w, 18);
+        const __m256i c = _mm256_shuffle_epi8(
+            _mm256_packus_epi16(_mm256_packus_epi32(c0, c1), _mm256_packus_epi32(c2, c3)), tr);
+        const __m256i idx = _mm256_and_si256(c, m15);
+        const __m256i hi16 = _mm256_slli_epi16(c, 3); /* bit 4 of each code -> bit 7 of its byte */
+        const __m256i tl0 = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)c6_lo[row]));
+        const __m256i tl1 = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)(c6_lo[row] + 16)));
+        const __m256i th0 = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)c6_hi[row]));
+        const __m256i th1 = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)(c6_hi[row] + 16)));
+        const __m256i lo = _mm256_blendv_epi8(_mm256_shuffle_epi8(tl0, idx), _mm256_shuffle_epi8(tl1, idx), hi16);
+        __m256i hi = _mm256_blendv_epi8(_mm256_shuffle_epi8(th0, idx), _mm256_shuffle_epi8(th1, idx), hi16);
+        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(c, m32), 2)); /* the sign */
+        const __m256i a = _mm256_unpacklo_epi8(lo, hi), b = _mm256_unpackhi_epi8(lo, hi);
+        _mm256_storeu_si256((__m256i *)o, _mm256_permute2x128_si256(a, b, 0x20));
+        _mm256_storeu_si256((__m256i *)(o + 16), _mm256_permute2x128_si256(a, b, 0x31));
+    }
+}
+
 void bfs__ctmx_avx2(const bfs_ctmx_desc *d, size_t i0, size_t i1, uint16_t *out)
 {
     assert(i0 <= i1 && d->cols > 0 && d->cols % 32 == 0);
@@ -191,8 +258,8 @@ void bfs__ctmx_avx2(const bfs_ctmx_desc *d, size_t i0, size_t i1, uint16_t *out)
         pthread_once(&ct_once, ct_init);
         ct4_groups(d, i / 32, ng, o);
     } else if (d->elem == BFS_CTMX_E2M3) {
-        pthread_once(&ct6_once, ct6_init);
-        ct6_groups(d, i / 32, ng, o);
+        pthread_once(&ct6_once, c6_init);
+        ct6_bytes(d, i / 32, ng, o);
     } else {
         pthread_once(&ct8_once, ct8_init);
         ct8_groups(d, i / 32, ng, o);

@@ -25,8 +25,10 @@ static const char *const fixtures[] = {
     "fp8-tensor", "ct-mxfp8", "ct-mxfp4", "ct-mx-mixed",
     "ct-mxfp6", "ct-mx6-mixed", /* fixtures/gen_mxfp6_fixtures.py */
     "dsv4-tiny", /* DeepSeek-V4 (fixtures/gen_dsv4_fixtures.py) */
+    "dsv41-tiny", "dsv4-float", /* V4.1: weight_block_size [32, 32]; scale_fmt "float" (F32 P.scale) */
     "quark-mxfp4", "quark-fp8", /* AMD Quark 0.13 exports (fixtures/gen_quark_fixtures.py) */
     "fp8-fused", /* transformers' fused FP8 experts [E, out, in] (fixtures/gen_fused_fixtures.py) */
+    "fp8-fused-tensor", /* the same, weight_block_size null: [E, 1, 1], gate_up [E, 2, 1], up_proj */
 };
 #define NFIX (sizeof fixtures / sizeof *fixtures)
 
@@ -365,8 +367,8 @@ static void fp8_fused_rules(void **s)
     /* a block that does not divide out (or in): upstream's block would be shape / grid */
     refuse("fp8-fused", NULL, S("weight_block_size=[24, 16]"), S("experts.down_proj\"", "out 32", "[24, 16]"));
     refuse("fp8-fused", NULL, S("weight_block_size=[16, 24]"), S("experts.down_proj\"", "in 32", "[16, 24]"));
-    /* per-expert tensor scales, DeepSeek-V4's keys, the scale gone */
-    refuse("fp8-fused", NULL, S("weight_block_size="), S("experts.down_proj\"", "weight_block_size null"));
+    /* a block grid under weight_block_size null, DeepSeek-V4's keys, the scale gone */
+    refuse("fp8-fused", NULL, S("weight_block_size="), S("_scale_inv\"", "expected [3, 1, 1]", "weight_block_size null"));
     refuse("fp8-fused", NULL, S("scale_fmt=\"ue8m0\""), S("ue8m0"));
     refuse("fp8-fused", E({GU "_scale_inv", "zz.unrelated", NULL, 0, {0}}), NULL, S(GU "\""));
     /* a 3-D P.weight + P.weight_scale_inv (Fp8Quantize's names for a key ending in .weight) */
@@ -386,6 +388,27 @@ static void fp8_fused_rules(void **s)
     tu_rmrf(tmp);
     free(tmp);
     assert_int_equal(tu_sh("%s inspect fixtures/fp8-fused | grep -q 'experts.gate_up_proj  *fp8-experts  *dequantized  *BF16  *\\[3, 64, 32\\]'", tu_bfshard()), 0);
+}
+
+/* weight_block_size null (fixture fp8-fused-tensor): one F32 scale per expert, [E, 1, 1]
+ * (Fp8Quantize), gate_up_proj's [E, 2, 1] (FP8Experts: a scale per half), the gate-less
+ * P.up_proj. Another grid, E, rank or dtype, [E, 2, 1] on another projection, or these
+ * scales under a block config are refused. */
+#define X1 "model.layers.1.mlp.experts."
+static void fp8_fused_tensor_rules(void **s)
+{
+    (void)s;
+    refuse("fp8-fused-tensor", E({GU "_scale_inv", NULL, NULL, 3, {1, 3, 1}}), NULL,
+           S(GU "_scale_inv", "[1, 3, 1]", "expected [3, 1, 1] or [E, 2, 1]", "weight_block_size null"));
+    refuse("fp8-fused-tensor", E({GU "_scale_inv", NULL, NULL, 2, {3, 1}}), NULL, S(GU "_scale_inv", "[3, 1]"));
+    refuse("fp8-fused-tensor", E({X1 "gate_up_proj_scale_inv", NULL, NULL, 3, {3, 1, 2}}), NULL, S("[3, 1, 2]", "weight_block_size null"));
+    refuse("fp8-fused-tensor", E({X1 "gate_up_proj", X1 "up_proj", NULL, 0, {0}}, {X1 "gate_up_proj_scale_inv", X1 "up_proj_scale_inv", NULL, 0, {0}}),
+           NULL, S(X1 "up_proj_scale_inv", "[3, 2, 1]", "expected [3, 1, 1] for"));
+    refuse("fp8-fused-tensor", E({GU "_scale_inv", NULL, "I32", 0, {0}}), NULL, S(GU "_scale_inv", "I32"));
+    refuse("fp8-fused-tensor", NULL, S("weight_block_size=[16, 16]"), S("weight_block_size [16, 16]"));
+    refuse("fp8-fused-tensor", E({"model.layers.2.mlp.experts.up_proj_scale_inv", "zz.unrelated", NULL, 0, {0}}), NULL, S("layers.2.mlp.experts.up_proj\""));
+    assert_int_equal(tu_sh("%s inspect fixtures/fp8-fused-tensor | grep -q 'layers.2.mlp.experts.up_proj  *fp8-experts  *dequantized  *BF16  *\\[3, 32, 32\\]'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("%s inspect fixtures/fp8-fused-tensor | grep -q 'layers.1.mlp.experts.gate_up_proj  *fp8-experts  *dequantized'", tu_bfshard()), 0);
 }
 
 static void refuse_fp8_block(void **s)
@@ -800,6 +823,7 @@ int main(void)
         cmocka_unit_test(formats_summary_counts),
         cmocka_unit_test(refuse_fp8_block),
         cmocka_unit_test(fp8_fused_rules),
+        cmocka_unit_test(fp8_fused_tensor_rules),
         cmocka_unit_test(refuse_ct_fp8),
         cmocka_unit_test(refuse_int4),
         cmocka_unit_test(refuse_nvfp4),

@@ -839,10 +839,12 @@ static void test_q12_ops(void **state)
                 free(sc);
             }
         /* DeepSeek-V4: E8M0 block scales, U8 (255 = +inf) and F8_E8M0 (255 = NaN); every byte
-         * over the grids of the odd blocks, 0 and 255 in the 128 x 128 grid */
-        for (size_t bi = 0; bi < 4; bi += 3)
+         * over the grids of the odd blocks, 0 and 255 in the 128 x 128 grid; DeepSeek-V4.1's
+         * 32 x 32 and a 1 x 64 (whole blocks of 32 columns: the AVX2 kernel's block loop) */
+        static const size_t e8blocks[][2] = {{128, 128}, {5, 7}, {32, 32}, {1, 64}};
+        for (size_t bi = 0; bi < 4; bi++)
             for (int st = BFS_SCALE_E8M0; st <= BFS_SCALE_E8M0_NAN; st++) {
-                const size_t bh = blocks[bi][0], bw = blocks[bi][1], ns = ((rows + bh - 1) / bh) * ((cols + bw - 1) / bw);
+                const size_t bh = e8blocks[bi][0], bw = e8blocks[bi][1], ns = ((rows + bh - 1) / bh) * ((cols + bw - 1) / bw);
                 uint8_t *sc = xmalloc(ns);
                 for (size_t j = 0; j < ns; j++)
                     sc[j] = (uint8_t)(j % 4 == 0 ? 255 : j % 4 == 1 ? 0 : (j * 37 + si) % 256);

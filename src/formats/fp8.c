@@ -9,8 +9,9 @@
  *     with weights {type float, num_bits 8}): P.weight + P.weight_scale F32/BF16, strategy
  *     tensor [1], channel [M, 1] or block [ceil(M/bh), ceil(N/bw)] (block_structure);
  *   ModelOpt FP8 (quant_method "modelopt", quant_algo "FP8"): P.weight + scalar F32 P.weight_scale;
- *   transformers' fused experts (FP8Experts, quant_method "fp8" with a weight_block_size):
- *     X F8_E4M3 [E, out, in] + X_scale_inv F32 [E, out/bh, in/bw], bh | out, bw | in.
+ *   transformers' fused experts (FP8Experts, quant_method "fp8"): X F8_E4M3 [E, out, in] +
+ *     X_scale_inv F32 [E, out/bh, in/bw], bh | out, bw | in (a weight_block_size), or
+ *     [E, 1, 1] / gate_up_proj's [E, 2, 1] (weight_block_size null: per expert, per half).
  * -> P.weight in BF16, bf16(f32(f32(w) * scale)). The config decides the block size, never
  * the shapes; the scale's name, dtype and shape must agree with it. The scale may sit in
  * another file of the index. Kernels: kernels/ (bfs_fp8_desc, ref_formats.h).
@@ -161,7 +162,8 @@ static const char *bfs__fp8_v4_key(const bfs_fctx *c)
 }
 
 /* transformers' fused experts (FP8Experts, docs/FORMATS.md 7.8): X F8_E4M3 [E, out, in] +
- * X_scale_inv F32 [E, out/bh, in/bw] under quant_method "fp8" with a weight_block_size, X
+ * X_scale_inv F32 [E, out/bh, in/bw] under quant_method "fp8" with a weight_block_size, or
+ * [E, 1, 1] (gate_up_proj: or [E, 2, 1]) with weight_block_size null, X
  * named as FP8Experts names it (P.gate_up_proj, P.up_proj, P.down_proj) or P.weight.
  * Fp8Dequantize._dequantize_one derives the block from the grid (shape / grid, which must
  * divide): only when bh | out and bw | in is that the config's block, so nothing else is
@@ -211,12 +213,19 @@ static int bfs__fp8_fused(const bfs_fctx *c, bfs_raw *w, bfs_raw *s, bfs_ltensor
     if (brc < 0)
         return brc;
     const uint64_t E = st->shape[0], M = st->shape[1], N = st->shape[2];
-    if (bh == 0)
-        return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): fused FP8 experts %s with per-expert tensor scales (config.json weight_block_size null) are not supported",
-                        AT(w), ws);
     if (s->st->dtype != BFS_DT_F32)
         return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): FP8 block scale dtype %s, expected F32 (fused experts \"%s\")",
                         AT(s), bfs__dtype_name(s->st->dtype), st->name);
+    if (bh == 0) { /* per-expert scalars: [E, 1, 1] (Fp8Quantize), [E, 2, 1] (FP8Experts' gate_up: a half each) */
+        const uint64_t halves = bfs__str_ends(st->name, "gate_up_proj") && M % 2 == 0 ? 2 : 1;
+        if (M == 0 || N == 0 || s->st->ndim != 3 || s->st->shape[0] != E || s->st->shape[2] != 1 ||
+            (s->st->shape[1] != 1 && s->st->shape[1] != halves))
+            return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): scale shape %s, expected [%llu, 1, 1]%s for fused FP8 experts \"%s\" %s with config.json weight_block_size null (one scale per expert%s)",
+                            AT(s), ss, (unsigned long long)E, halves == 2 ? " or [E, 2, 1]" : "", st->name, ws,
+                            halves == 2 ? ", or per half of gate_up_proj" : "");
+        t->qname = "fp8-experts";
+        return bfs__fp8_fill(w, s, t, (const uint64_t[]){E, M, N}, 3, M / s->st->shape[1], N);
+    }
     if (M == 0 || N == 0 || M % bh != 0 || N % bw != 0)
         return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): fused FP8 experts %s: out %llu and in %llu must be positive multiples of config.json weight_block_size [%llu, %llu] (transformers' Fp8Dequantize takes the block as shape / scale grid, which is the config's block only then)",
                         AT(w), ws, (unsigned long long)M, (unsigned long long)N, (unsigned long long)bh, (unsigned long long)bw);
