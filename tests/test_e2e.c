@@ -150,6 +150,17 @@ static void levels_identical(void **s)
     free(tmp);
 }
 
+/* Rank files written in groups (units.h) give the bytes of one at a time (the script
+ * runs every fixture both ways and fails unless some runs grouped). */
+static void groups_identical(void **s)
+{
+    (void)s;
+    char *tmp = tu_tmpdir("grp");
+    assert_int_equal(tu_sh("tests/group_identical.sh %s %s", tu_bfshard(), tmp), 0);
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
 static void outputs_and_sums(void **s)
 {
     (void)s;
@@ -376,6 +387,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(fixtures_all_world_sizes),
         cmocka_unit_test(levels_identical),
+        cmocka_unit_test(groups_identical),
         cmocka_unit_test(outputs_and_sums),
         cmocka_unit_test(verify_names_flipped_byte),
         cmocka_unit_test(interrupt_and_resume),

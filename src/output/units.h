@@ -77,7 +77,7 @@ size_t bfs__batch_pages(const bfs_plan *p, const bfs_outfile *of, size_t p0, siz
  * least BFS_GROUP_MIN_SHARE; BFSHARD_GROUP=N caps it (bench and tests). Convert and the
  * memory model walk the same steps (bfs__gwalk_next). */
 #define BFS_GROUP_MAX 16
-#define BFS_GROUP_MIN_SHARE (64u << 10)
+#define BFS_GROUP_MIN_SHARE 4096u
 int bfs__group_size(const bfs_plan *p, const bool *mine, const bfs_ring *rg, uint64_t mem);
 typedef struct bfs_gwalk {
     const bfs_plan *p;
