@@ -733,6 +733,24 @@ static void source_changed_between_parts(void **s)
         fail_msg("parts of a rewritten input merged: %s differs from the whole run of it %s", out, changed);
 }
 
+/* a part written before "blocks-1" (no content_xxh3_128_scheme; resealed) beside one of it:
+ * their source hashes do not add up, merge refuses (exit 10) and writes nothing */
+static void parts_of_two_source_hash_schemes(void **s)
+{
+    (void)s;
+    char out[4096], pm[4096];
+    snprintf(out, sizeof out, "%s/schemes", g_tmp);
+    assert_int_equal(cli("", "convert %s '%s' --world-size 4 --ranks 0-1 --quiet", FX, out), 0);
+    assert_int_equal(cli("", "convert %s '%s' --world-size 4 --ranks 2-3 --quiet", FX, out), 0);
+    snprintf(pm, sizeof pm, "%s/bfshard.part-2-3.json", out);
+    assert_int_equal(tu_sh("sed -i -e '/\"content_xxh3_128_scheme\"/d' "
+                           "-e 's/\\(\"manifest_xxh3_128\": \"\\)[0-9a-f]*/\\1%032d/' '%s' && "
+                           "h=$(xxh128sum < '%s' | cut -d' ' -f1) && sed -i \"s/%032d/$h/\" '%s'", 0, pm, pm, 0, pm), 0);
+    assert_int_equal(cli("", "merge '%s'", out), 10);
+    assert_non_null(strstr(tu_slurp(g_err), "hash the sources differently"));
+    assert_false(exists(out, "bfshard.manifest.json"));
+}
+
 int main(void)
 {
     g_tmp = tu_tmpdir("ranks");
@@ -743,7 +761,7 @@ int main(void)
         cmocka_unit_test(wrong_combinations),    cmocka_unit_test(node_local_verify),
         cmocka_unit_test(sigkill_part_resume),   cmocka_unit_test(parts_and_the_lock),
         cmocka_unit_test(parts_started_together), cmocka_unit_test(parts_read_their_share),
-        cmocka_unit_test(source_changed_between_parts),
+        cmocka_unit_test(source_changed_between_parts), cmocka_unit_test(parts_of_two_source_hash_schemes),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (rc == 0)
