@@ -106,8 +106,10 @@ typedef struct bfs_convert_result {
     uint64_t host_buffer_bytes; /* buffers allocated for the run */
     uint64_t gpu_buffer_bytes;
     char backend[64];        /* "cpu/avx2 x8", "cuda:0" */
-    uint64_t input_bytes_read;    /* input bytes the converted units read, plus every input header */
-    uint64_t source_bytes_hashed; /* input bytes read to hash whole source files for the manifest */
+    uint64_t input_bytes_read;    /* input bytes read: every header, the union of the units' source
+                                   * ranges, and bytes read only to be hashed (docs/MANIFEST.md) */
+    uint64_t source_bytes_hashed; /* input bytes this run's terms of the source hashes cover (a
+                                   * whole run: the input's size; a part: its ranks' blocks) */
     char ranks[128];              /* the ranks converted, "0-3" ("..." when longer); "" for all */
     /* output tensors by what was done to them (their sum is `tensors`) ... */
     uint64_t tensors_dequantized; /* MXFP4 or bitsandbytes 4-bit -> BF16 */

@@ -18,9 +18,12 @@
  *       naming the pid), the same part twice is refused, a part never removes the user's
  *       file nor one where its output goes (--force included), nor another conversion's
  *       part that is being written; a killed part's tagged temporary is ours (merge
- *       removes it); merged -> identical, no lock file left.
+ *       removes it); merged -> identical, no lock file left;
+ *   parts read their share of the input, and a source rewritten between parts (below).
  */
 #include "testutil.h"
+#include "bfs_internal.h"
+#include "formats/format.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -532,6 +535,226 @@ static void parts_started_together(void **s)
     assert_int_equal(cli("", "merge '%s' --quiet", out), 0);
 }
 
+/* ---- parts read their share (issue 22, "parts that divide the work") ----------------------
+ * On a row-contiguous format (FP8 block scales, two source files) at W = 8 in 4 parts:
+ *   each part's input_bytes_read = its share (the union of the source ranges its ranks'
+ *       pieces read, bfs__unit_sources, counted here byte by byte) + every header; the
+ *       parts' source_bytes_hashed add up to the input's size; what the parts read adds up
+ *       to at most the input + 4 headers + the bytes two parts both read (the FP8 scale
+ *       rows of a 128-row block that straddles two parts); the whole run reads every byte
+ *       once; inspect --ranks says the same before the run; merged -> every file, manifest
+ *       included, byte-identical to the whole run (the parts' --mem unlike the whole run's:
+ *       the source hashes' blocks follow the plan, not the units);
+ *   a source file rewritten between two parts -> the second part refuses (exit 10, the plan
+ *       fingerprint holds the file's mtime), no manifest; rewritten with its mtime put back
+ *       (nothing can tell) -> merged, the content hash is that of the bytes each part
+ *       converted: the whole tree equals the whole run of the rewritten input, and its hash
+ *       differs from the original's. */
+#define FX8 "fixtures/fp8-block-split"
+#define W8 8
+#define NP 4
+
+/* Per part (ranks [p*W8/NP, (p+1)*W8/NP)): share[p], the input bytes its ranks' pieces read,
+ * counted byte by byte; *headers, *size of the input; *multi: bytes read by 2+ parts. */
+static void shares(const char *input, uint64_t share[NP], uint64_t *headers, uint64_t *size, uint64_t *multi)
+{
+    bfs_input *in = NULL;
+    bfs_plan *pl = NULL;
+    bfs_convert_opts o;
+    bfs_convert_opts_init(&o);
+    o.world_size = W8;
+    if (bfs__input_open(input, &in) != 0 || bfs__plan_tensors(in, &o, &pl) != 0 || bfs__plan_layout(pl, &o) != 0)
+        fail_msg("%s: %s", input, bfs_last_error());
+    *headers = *size = *multi = 0;
+    unsigned char **mask = calloc((size_t)in->nfiles, sizeof *mask); /* bit p: part p reads the byte */
+    for (int f = 0; f < in->nfiles; f++) {
+        mask[f] = calloc(in->files[f].size + 1, 1);
+        *headers += in->files[f].h.data_start;
+        *size += in->files[f].size;
+    }
+    for (int f = 0; f < pl->nfiles; f++)
+        for (size_t k = 0; k < pl->files[f].npieces; k++) {
+            const bfs_piece *pc = &pl->files[f].pieces[k];
+            const bfs_unit u = {.t = &pl->t[pc->tensor], .row0 = pc->row0, .row1 = pc->row1};
+            bfs_srange s[BFS_UNIT_MAX_SRC];
+            const int n = pc->row1 > pc->row0 ? bfs__unit_sources(&u, s) : 0;
+            for (int i = 0; i < n; i++)
+                for (uint64_t x = 0; x < s[i].len; x++)
+                    mask[s[i].r->file][s[i].r->file_offset + s[i].off + x] |= (unsigned char)(1u << (f * NP / W8));
+        }
+    for (int p = 0; p < NP; p++)
+        share[p] = 0;
+    for (int f = 0; f < in->nfiles; f++) {
+        for (uint64_t x = 0; x < in->files[f].size; x++) {
+            int parts = 0;
+            for (int p = 0; p < NP; p++)
+                if (mask[f][x] >> p & 1) {
+                    share[p]++;
+                    parts++;
+                }
+            if (parts > 1)
+                *multi += (uint64_t)(parts - 1);
+            if (x >= in->files[f].h.data_start && parts == 0)
+                fail_msg("%s: byte %llu is read by no rank", in->files[f].name, (unsigned long long)x);
+        }
+        free(mask[f]);
+    }
+    free(mask);
+    bfs__plan_free(pl);
+    bfs__input_free(in);
+}
+
+static void parts_read_their_share(void **s)
+{
+    (void)s;
+    char whole[4096], out[4096];
+    snprintf(whole, sizeof whole, "%s/share-whole", g_tmp);
+    snprintf(out, sizeof out, "%s/share-parts", g_tmp);
+    uint64_t share[NP], H, size, multi;
+    shares(FX8, share, &H, &size, &multi);
+
+    assert_int_equal(cli("", "convert %s '%s' --world-size %d --quiet --json", FX8, whole, W8), 0);
+    json_t *j = last_json();
+    assert_int_equal(jint(j, "input_bytes_read"), size); /* every byte once */
+    assert_int_equal(jint(j, "source_bytes_hashed"), size);
+    json_decref(j);
+
+    static const char *const parts[NP] = {"0-1", "2-3", "4-5", "6-7"};
+    static const int order[NP] = {2, 0, 3, 1};                       /* any order */
+    static const char *const mem[NP] = {"64K", "", "128K", "1M"};    /* units unlike the whole run's */
+    uint64_t sum_read = 0, sum_hashed = 0;
+    for (int q = 0; q < NP; q++) {
+        const int p = order[q];
+        char memopt[32] = "";
+        if (mem[p][0])
+            snprintf(memopt, sizeof memopt, "--mem %s", mem[p]);
+        assert_int_equal(cli("", "convert %s '%s' --world-size %d --ranks %s %s --quiet --json", FX8, out, W8, parts[p], memopt), 0);
+        j = last_json();
+        const uint64_t rd = jint(j, "input_bytes_read"), hashed = jint(j, "source_bytes_hashed");
+        json_decref(j);
+        fprintf(stderr, "  ranks %s: input_bytes_read %llu = share %llu + headers %llu%s; source_bytes_hashed %llu\n",
+                parts[p], (unsigned long long)rd, (unsigned long long)share[p], (unsigned long long)H,
+                rd == share[p] + H ? "" : " (NOT EQUAL)", (unsigned long long)hashed);
+        /* its share and the headers, no more: nothing of it is read only to hash it (every
+         * byte of this input is read by some rank: no tensor only the planner reads) */
+        assert_true(rd <= share[p] + H);
+        assert_int_equal(rd, share[p] + H);
+        assert_int_equal(cli("", "inspect %s --world-size %d --ranks %s --json", FX8, W8, parts[p]), 0);
+        j = last_json();
+        assert_int_equal(jint(json_object_get(j, "part"), "bytes_to_read"), rd);
+        assert_int_equal(jint(json_object_get(j, "part"), "source_bytes_to_hash"), hashed);
+        json_decref(j);
+        sum_read += rd;
+        sum_hashed += hashed;
+        assert_false(exists(out, "bfshard.manifest.json"));
+    }
+    fprintf(stderr, "  %d parts read %llu bytes in all: input %llu + %d x headers %llu + %llu read by two parts\n", NP,
+            (unsigned long long)sum_read, (unsigned long long)size, NP, (unsigned long long)H, (unsigned long long)multi);
+    /* every input byte in one part's terms */
+    assert_int_equal(sum_hashed, size);
+    /* the input once, the headers once a part, and the bytes two parts both read: FP8 scale
+     * rows of a 128-row block across a part's border (a few rows of 2-3 floats), under 1% */
+    assert_true(sum_read <= size + NP * H + multi);
+    assert_true(multi * 100 <= size);
+    assert_int_equal(cli("", "merge '%s' --quiet", out), 0);
+    if (tu_sh("diff -r '%s' '%s' > /dev/null", whole, out) != 0)
+        fail_msg("%d parts merged: %s differs from the whole run %s", NP, out, whole);
+    assert_int_equal(cli("", "verify '%s' --quiet", out), 0);
+}
+
+/* ---- a source file rewritten between the parts ------------------------------------------ */
+/* the last byte of the second file (up_proj.weight's last row: rank 7's alone) changed,
+ * to another normal E4M3 value; the mtime put back to 2001-01-01 when `keep_mtime` */
+static void rewrite_last_byte(const char *in, bool keep_mtime)
+{
+    char p[4096];
+    snprintf(p, sizeof p, "%s/model-00002-of-00002.safetensors", in);
+    const int fd = open(p, O_RDWR);
+    struct stat sb;
+    uint8_t b;
+    assert_true(fd >= 0 && fstat(fd, &sb) == 0);
+    assert_int_equal(pread(fd, &b, 1, sb.st_size - 1), 1);
+    b = b == 0x10 ? 0x20 : 0x10;
+    assert_int_equal(pwrite(fd, &b, 1, sb.st_size - 1), 1);
+    close(fd);
+    if (keep_mtime)
+        assert_int_equal(tu_sh("touch -d 2001-01-01 '%s'", p), 0);
+}
+
+static void fresh_input(const char *in)
+{
+    assert_int_equal(tu_sh("rm -rf '%s' && mkdir -p '%s' && cp %s/* '%s' && touch -d 2001-01-01 '%s'/*", in, in, FX8, in, in), 0);
+}
+
+static const char *src_hash(const char *outdir, int i)
+{
+    static char h[33];
+    char p[4096];
+    snprintf(p, sizeof p, "%s/bfshard.manifest.json", outdir);
+    json_t *m = json_load_file(p, 0, NULL);
+    snprintf(h, sizeof h, "%s", json_string_value(json_object_get(json_array_get(json_object_get(json_object_get(m, "source"), "files"), (size_t)i), "content_xxh3_128")));
+    json_decref(m);
+    return h;
+}
+
+static void source_changed_between_parts(void **s)
+{
+    (void)s;
+    char in[4096], out[4096], orig[4096], changed[4096], h0[33];
+    snprintf(in, sizeof in, "%s/chg-in", g_tmp);
+    snprintf(orig, sizeof orig, "%s/chg-whole-orig", g_tmp);
+    snprintf(changed, sizeof changed, "%s/chg-whole-changed", g_tmp);
+
+    /* rewritten: its mtime changed, so did the plan fingerprint; the second part refuses */
+    snprintf(out, sizeof out, "%s/chg-parts", g_tmp);
+    fresh_input(in);
+    assert_int_equal(cli("", "convert '%s' '%s' --world-size %d --ranks 0-3 --quiet", in, out, W8), 0);
+    rewrite_last_byte(in, false);
+    assert_int_equal(cli("", "convert '%s' '%s' --world-size %d --ranks 4-7 --quiet", in, out, W8), 10);
+    char *e = tu_slurp(g_err);
+    assert_non_null(strstr(e, "another conversion"));
+    free(e);
+    assert_true(cli("", "merge '%s' --quiet", out) != 0);
+    assert_false(exists(out, "bfshard.manifest.json"));
+
+    /* rewritten with its mtime put back: nothing tells the parts apart, and the merged hash is
+     * of what each part read: the rewritten bytes, which rank 7 alone reads and converted */
+    fresh_input(in);
+    assert_int_equal(cli("", "convert '%s' '%s' --world-size %d --quiet", in, orig, W8), 0);
+    snprintf(h0, sizeof h0, "%s", src_hash(orig, 1));
+    snprintf(out, sizeof out, "%s/chg-parts-same-mtime", g_tmp);
+    assert_int_equal(cli("", "convert '%s' '%s' --world-size %d --ranks 0-3 --quiet", in, out, W8), 0);
+    rewrite_last_byte(in, true);
+    assert_int_equal(cli("", "convert '%s' '%s' --world-size %d --ranks 4-7 --quiet", in, out, W8), 0);
+    assert_int_equal(cli("", "merge '%s' --quiet", out), 0);
+    assert_int_equal(cli("", "convert '%s' '%s' --world-size %d --quiet", in, changed, W8), 0);
+    assert_string_not_equal(src_hash(out, 1), h0);
+    assert_string_equal(src_hash(out, 1), src_hash(changed, 1));
+    assert_string_equal(src_hash(out, 0), src_hash(orig, 0)); /* the other file: as it was */
+    if (tu_sh("diff -r '%s' '%s' > /dev/null", changed, out) != 0)
+        fail_msg("parts of a rewritten input merged: %s differs from the whole run of it %s", out, changed);
+}
+
+/* a part written before "blocks-1" (no content_xxh3_128_scheme; resealed) beside one of it:
+ * their source hashes do not add up, merge refuses (exit 10) and writes nothing */
+static void parts_of_two_source_hash_schemes(void **s)
+{
+    (void)s;
+    char out[4096], pm[4096];
+    snprintf(out, sizeof out, "%s/schemes", g_tmp);
+    assert_int_equal(cli("", "convert %s '%s' --world-size 4 --ranks 0-1 --quiet", FX, out), 0);
+    assert_int_equal(cli("", "convert %s '%s' --world-size 4 --ranks 2-3 --quiet", FX, out), 0);
+    snprintf(pm, sizeof pm, "%s/bfshard.part-2-3.json", out);
+    assert_int_equal(tu_sh("sed -i -e '/\"content_xxh3_128_scheme\"/d' "
+                           "-e 's/\\(\"manifest_xxh3_128\": \"\\)[0-9a-f]*/\\1%032d/' '%s' && "
+                           "h=$(xxh128sum < '%s' | cut -d' ' -f1) && sed -i \"s/%032d/$h/\" '%s'", 0, pm, pm, 0, pm), 0);
+    assert_int_equal(cli("", "merge '%s'", out), 10);
+    char *e = tu_slurp(g_err);
+    assert_non_null(strstr(e, "hash the sources differently"));
+    free(e);
+    assert_false(exists(out, "bfshard.manifest.json"));
+}
+
 int main(void)
 {
     g_tmp = tu_tmpdir("ranks");
@@ -541,7 +764,8 @@ int main(void)
         cmocka_unit_test(lists_merge_identical), cmocka_unit_test(auto_launchers),
         cmocka_unit_test(wrong_combinations),    cmocka_unit_test(node_local_verify),
         cmocka_unit_test(sigkill_part_resume),   cmocka_unit_test(parts_and_the_lock),
-        cmocka_unit_test(parts_started_together),
+        cmocka_unit_test(parts_started_together), cmocka_unit_test(parts_read_their_share),
+        cmocka_unit_test(source_changed_between_parts), cmocka_unit_test(parts_of_two_source_hash_schemes),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (rc == 0)

@@ -172,20 +172,20 @@ static void input_rewritten_in_place(void **s)
 
 /* ---- 3: the manifest's source hashes, recomputed from the input files --------------------- */
 
-/* Every source file in OUTDIR's manifest has the content hash of that file of input. */
-static void assert_source_hashes(const char *input, const char *outdir)
+/* Every source file in OUTDIR's manifest has the content hash of that file of input,
+ * converted with o (its blocks follow the world size). */
+static void assert_source_hashes(const char *input, const bfs_convert_opts *o, const char *outdir)
 {
-    char mp[4096], p[4096], want[33];
+    char mp[4096], want[8][33];
     snprintf(mp, sizeof mp, "%s/bfshard.manifest.json", outdir);
     json_t *m = json_load_file(mp, 0, NULL);
     const json_t *files = json_object_get(json_object_get(m, "source"), "files");
-    assert_true(json_array_size(files) >= 1);
-    for (size_t i = 0; i < json_array_size(files); i++) {
-        const json_t *f = json_array_get(files, i);
-        snprintf(p, sizeof p, "%s/%s", input, json_string_value(json_object_get(f, "name")));
-        st_content_hash(p, want);
-        assert_string_equal(json_string_value(json_object_get(f, "content_xxh3_128")), want);
-    }
+    assert_true(json_array_size(files) >= 1 && json_array_size(files) <= 8);
+    st_source_hashes(input, o, want); /* in the input's order, as the manifest lists them */
+    for (size_t i = 0; i < json_array_size(files); i++)
+        assert_string_equal(json_string_value(json_object_get(json_array_get(files, i), "content_xxh3_128")), want[i]);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(m, "source"), "content_xxh3_128_scheme")),
+                        "blocks-1");
     json_decref(m);
 }
 
@@ -204,15 +204,15 @@ static void source_hashes_of_read_bytes(void **s)
             bfs_convert_opts o = cpu_opts(world);
             o.mem = 64 << 10;
             assert_int_equal(bfs_convert(fx[k], out, &o, NULL), 0);
-            assert_source_hashes(fx[k], out);
+            assert_source_hashes(fx[k], &o, out);
         }
     }
     tu_rmrf(tmp);
     free(tmp);
 }
 
-/* Parts (convert --ranks): the part owning a source file hashes it, reading the rows other
- * parts convert itself; merged, the source hashes are the file's content hash. */
+/* Parts (convert --ranks): each part adds its ranks' blocks of every source file, from the
+ * rows it reads; merged, the source hashes are the files' content hashes. */
 static void source_hashes_of_parts(void **s)
 {
     (void)s;
@@ -231,7 +231,8 @@ static void source_hashes_of_parts(void **s)
                 fail_msg("%s --ranks %s: %s", fx[k], parts[q], bfs_last_error());
         }
         assert_int_equal(bfs_merge(out, NULL), 0);
-        assert_source_hashes(fx[k], out);
+        bfs_convert_opts o = cpu_opts(3);
+        assert_source_hashes(fx[k], &o, out);
         assert_int_equal(bfs_verify(out, NULL, NULL), 0);
     }
     tu_rmrf(tmp);

@@ -1,5 +1,5 @@
 /* A safetensors file read whole and parsed with the library's own parser, the source content
- * hash by its definition (test_planmem, test_trust_bytes), and the bf16
+ * hashes by their definition (test_planmem, test_trust_bytes), and the bf16
  * compare, for the tests that compare output tensors (test_e2e, test_formats_e2e,
  * test_zstd). Header-only: only the tests that include it need the library's internal
  * header. */
@@ -7,6 +7,7 @@
 #define BFS_TU_ST_H
 
 #include "bfs_internal.h"
+#include "formats/format.h"
 #include "testutil.h"
 
 #include <stdio.h>
@@ -84,26 +85,68 @@ static inline size_t st_cmp_bf16(const uint8_t *got, const uint8_t *want, size_t
 /* The definition of a source file's content hash (the manifest's content_xxh3_128):
  * XXH3-128 over the canonical XXH3-128 of the header bytes, then of each tensor's data
  * in file order; hex into hex[33]. */
-static inline void st_content_hash(const char *path, char hex[33])
+/* The manifest's source hashes (scheme "blocks-1": src/input/srchash.c, docs/MANIFEST.md)
+ * of INPUT converted with o, recomputed another way, into hex[file]: every byte of the
+ * input goes to the lowest rank whose pieces' source ranges (bfs__unit_sources of each whole
+ * piece, over the plan's files) hold it, a byte no rank reads to the rank of the byte
+ * before it (a tensor's first byte: rank 0); a block is a run of one rank's bytes within a
+ * tensor; content hash = XXH3-128 of the header + XXH3-128 (seed: the block's offset in the
+ * file) of every block, added mod 2^128. Small inputs only: an int per input byte. */
+static inline void st_source_hashes(const char *input, const bfs_convert_opts *o, char (*hex)[33])
 {
-    stfile f;
-    if (st_load(path, &f) != 0)
-        fail_msg("%s: not readable safetensors", path);
-    XXH3_state_t *st = XXH3_createState();
-    XXH3_128bits_reset(st);
-    XXH128_canonical_t c;
-    XXH128_canonicalFromHash(&c, XXH3_128bits(f.buf, (size_t)f.h.data_start));
-    XXH3_128bits_update(st, &c, sizeof c);
-    for (size_t i = 0; i < f.h.n; i++) { /* sorted by begin: file order */
-        XXH128_canonicalFromHash(&c, XXH3_128bits(f.buf + f.h.data_start + f.h.t[i].begin,
-                                                  (size_t)(f.h.t[i].end - f.h.t[i].begin)));
-        XXH3_128bits_update(st, &c, sizeof c);
+    bfs_input *in = NULL;
+    bfs_plan *p = NULL;
+    if (bfs__input_open(input, &in) != 0 || bfs__plan_tensors(in, o, &p) != 0 || bfs__plan_layout(p, o) != 0)
+        fail_msg("%s: %s", input, bfs_last_error());
+    int **own = calloc((size_t)in->nfiles, sizeof *own);
+    for (int f = 0; f < in->nfiles; f++) {
+        own[f] = malloc((size_t)in->files[f].size * sizeof **own + 1);
+        for (uint64_t x = 0; x < in->files[f].size; x++)
+            own[f][x] = -1;
     }
-    XXH128_canonicalFromHash(&c, XXH3_128bits_digest(st));
-    for (int i = 0; i < 16; i++)
-        snprintf(hex + 2 * i, 3, "%02x", c.digest[i]);
-    XXH3_freeState(st);
-    st_free(&f);
+    for (int f = 0; f < p->nfiles; f++) {
+        const int rank = p->layout == BFS_LAYOUT_DCP ? f : 0;
+        for (size_t k = 0; k < p->files[f].npieces; k++) {
+            const bfs_piece *pc = &p->files[f].pieces[k];
+            const bfs_unit u = {.t = &p->t[pc->tensor], .row0 = pc->row0, .row1 = pc->row1};
+            bfs_srange s[BFS_UNIT_MAX_SRC];
+            const int n = pc->row1 > pc->row0 ? bfs__unit_sources(&u, s) : 0;
+            for (int i = 0; i < n; i++)
+                for (uint64_t x = s[i].r->file_offset + s[i].off; x < s[i].r->file_offset + s[i].off + s[i].len; x++)
+                    if (own[s[i].r->file][x] < 0 || own[s[i].r->file][x] > rank)
+                        own[s[i].r->file][x] = rank;
+        }
+    }
+    for (int f = 0; f < in->nfiles; f++) {
+        const bfs_infile *fl = &in->files[f];
+        XXH128_hash_t d = XXH3_128bits(fl->map, (size_t)fl->h.data_start), sum = d;
+        for (size_t i = 0; i < in->nraw; i++) {
+            const bfs_raw *r = &in->raw[i];
+            if (r->file != f)
+                continue;
+            int prev = 0;
+            for (uint64_t a = 0, b; a < r->nbytes; a = b) {
+                const int o0 = own[f][r->file_offset + a] >= 0 ? own[f][r->file_offset + a] : prev;
+                for (b = a + 1; b < r->nbytes; b++) {
+                    const int ob = own[f][r->file_offset + b];
+                    if ((ob >= 0 ? ob : o0) != o0)
+                        break;
+                }
+                prev = o0;
+                d = XXH3_128bits_withSeed(fl->map + r->file_offset + a, (size_t)(b - a), r->file_offset + a);
+                sum.low64 += d.low64;
+                sum.high64 += d.high64 + (sum.low64 < d.low64);
+            }
+        }
+        XXH128_canonical_t c;
+        XXH128_canonicalFromHash(&c, sum);
+        for (int i = 0; i < 16; i++)
+            snprintf(hex[f] + 2 * i, 3, "%02x", c.digest[i]);
+        free(own[f]);
+    }
+    free(own);
+    bfs__plan_free(p);
+    bfs__input_free(in);
 }
 
 #endif

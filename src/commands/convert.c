@@ -226,7 +226,7 @@ static int bfs__write_manifest(bfs_run *r)
                                 .file_sha = (const char (*)[65])r->file_sha,
                                 .slices_hex = (const char (*)[33])r->slices_hex,
                                 .slices_sha = (const char (*)[65])r->slices_sha, .zst = r->zst, .aux = r->aux,
-                                .mine = r->mine, .src_mine = r->src_mine, .part = r->mine ? r->part : NULL};
+                                .mine = r->mine, .part = r->mine ? r->part : NULL};
     BFS_TRY(bfs__manifest_build_head(&mi, &m));
     /* a part: its manifest only; bfs_merge writes the manifest and the sums */
     BFS_TRY(bfs__manifest_write_conv(r->dirfd, r->outdir, r->mine ? r->pname : BFS_MANIFEST_NAME, &mi, m));
@@ -294,8 +294,8 @@ static int bfs__make_backend(bfs_run *r, uint64_t unit_bytes)
     return bfs__err(BFS_EUSAGE, "--device %s: expected auto, cpu, cuda or cuda:N[,M...]", dev);
 }
 
-/* ISSUE 13: a part converts the rank files of its ranks and hashes the source files
- * those ranks own (bfs__src_owner); everything else of the manifest it knows anyway. */
+/* ISSUE 13: a part converts the rank files of its ranks and adds its ranks' terms of the
+ * source hashes (srchash.c); everything else of the manifest it knows anyway. */
 static int bfs__run_part(bfs_run *r)
 {
     int rc = 0;
@@ -308,8 +308,7 @@ static int bfs__run_part(bfs_run *r)
     if (p->layout != BFS_LAYOUT_DCP || p->nfiles != o->world_size)
         return bfs__err(BFS_EUSAGE, "--ranks is for --layout dcp (one file per rank)");
     r->mine = calloc((size_t)p->nfiles, sizeof *r->mine);
-    r->src_mine = calloc((size_t)r->in->nfiles, sizeof *r->src_mine);
-    if (!r->mine || !r->src_mine)
+    if (!r->mine)
         BFS_FAIL(BFS_ENOMEM, "out of memory");
     BFS_TRY(bfs__ranks_resolve(o, r->mine, how, sizeof how));
     BFS_TRY(bfs__ranks_format(r->mine, o->world_size, r->part, sizeof r->part));
@@ -322,8 +321,6 @@ static int bfs__run_part(bfs_run *r)
     for (int f = 0; f < p->nfiles; f++)
         if (r->mine[f])
             r->part_bytes += p->files[f].size - p->files[f].data_start;
-    for (int i = 0; i < r->in->nfiles; i++)
-        r->src_mine[i] = r->mine[bfs__src_owner(i, r->in->nfiles, o->world_size)];
     bfs__log(r, "ranks %s of --world-size %d (%s); threads %d; part manifest %s", r->part, o->world_size,
              how[0] ? how : "--ranks", o->threads, r->pname);
 cleanup:
@@ -353,7 +350,10 @@ static int bfs__run_setup(bfs_run *r, const char *input)
 #endif
     BFS_TRY(bfs__run_part(r));
     BFS_TRY(bfs__check_aux(r->in));
-    BFS_TRY(bfs__srchash_create(r->in, r->src_mine, &r->sh));
+    if (!(r->unit_read = calloc(r->in->nraw + 1, sizeof *r->unit_read)))
+        BFS_FAIL(BFS_ENOMEM, "out of memory");
+    bfs__sources_read(r->plan->t, r->plan->nt, r->in->raw, r->unit_read);
+    BFS_TRY(bfs__srchash_create(r->in, r->unit_read, !r->mine || r->mine[0], false, &r->sh));
 
     /* the ring of unit buffers: at least two units in flight */
     uint64_t mem = 0;
@@ -585,9 +585,13 @@ static int bfs__run_finish(bfs_run *r)
 {
     int rc = 0;
     BFS_TRY(bfs__srchash_finish(r->sh, r->src_hex));
-    for (int i = 0; i < r->in->nfiles; i++) /* the content hash covers the whole file (srchash.c) */
-        if (!r->src_mine || r->src_mine[i])
-            r->src_read += r->in->files[i].size;
+    bfs__srchash_bytes(r->sh, &r->in_read, &r->src_read);
+    uint64_t insize = 0;
+    for (int i = 0; i < r->in->nfiles; i++)
+        insize += r->in->files[i].size;
+    if (!r->mine && r->src_read != insize) /* every input byte is in one term (srchash.c) */
+        BFS_FAIL(BFS_EINTERNAL, "the source hashes cover %llu of the %llu input bytes", (unsigned long long)r->src_read,
+                 (unsigned long long)insize);
     BFS_TRY(bfs__input_check(r->in, -1)); /* the source hashes cover what was really there */
     if (bfs__cancelled())
         BFS_FAIL(BFS_EINTR, "interrupted");
@@ -640,7 +644,7 @@ static void bfs__run_free(bfs_run *r, int rc)
     free(r->reused);
     free(r->src_hex);
     free(r->mine);
-    free(r->src_mine);
+    free(r->unit_read);
     free(r->pr);
     free(r->fstamp);
     json_decref(r->aux);
@@ -663,12 +667,13 @@ static void bfs__stages_print(const bfs_run *r, double total)
             "\"write_s\": %.4f, \"zst_s\": %.4f, \"tail_s\": %.4f, \"commit_s\": %.4f, \"direct_bytes\": %llu, "
             "\"buffered_bytes\": %llu, \"input_s\": %.4f, \"plan_s\": %.4f, \"layout_s\": %.4f, \"setup_s\": %.4f, "
             "\"files_s\": %.4f, \"manifest_s\": %.4f, \"sha256_s\": %.4f, \"writer_busy\": %.4f, "
-            "\"writer_busy_files\": %.4f, \"buffers\": %d, \"buffer_bytes\": %llu, \"unit_bytes\": %llu, \"group\": %d}\n",
+            "\"writer_busy_files\": %.4f, \"buffers\": %d, \"buffer_bytes\": %llu, \"unit_bytes\": %llu, \"group\": %d, "
+            "\"input_bytes_read\": %llu, \"source_bytes_hashed\": %llu}\n",
             total, r->t_dequant, s->hash, s->wait, s->write, s->zst, s->tail, r->t_commit,
             (unsigned long long)s->direct_bytes, (unsigned long long)s->buffered_bytes, r->t_input, r->t_plan,
             r->t_layout, r->t_setup, r->t_files, r->t_manifest, s->sha, total > 0 ? s->write / total : 0.0,
             r->t_files > 0 ? s->write / r->t_files : 0.0, r->ring.n, (unsigned long long)r->ring.slot,
-            (unsigned long long)r->ring.unit, r->group);
+            (unsigned long long)r->ring.unit, r->group, (unsigned long long)r->in_read, (unsigned long long)r->src_read);
 }
 
 int bfs_convert(const char *input_arg, const char *outdir, const bfs_convert_opts *o_arg, bfs_convert_result *res_arg)
@@ -742,10 +747,8 @@ int bfs_convert(const char *input_arg, const char *outdir, const bfs_convert_opt
         for (int f = 0; f < r->plan->nfiles; f++)
             res->files_reused += r->reused[f];
         res->bytes_written = atomic_load(&r->w.total);
-        res->input_bytes_read = r->in_read;
+        res->input_bytes_read = r->in_read; /* every header included (srchash.c) */
         res->source_bytes_hashed = r->src_read;
-        for (int i = 0; i < r->in->nfiles; i++) /* every header is read to plan */
-            res->input_bytes_read += r->in->files[i].h.data_start;
         res->tensors = r->plan->nt;
         res->host_buffer_bytes = (uint64_t)r->ring.n * r->ring.slot;
         res->write_seconds = r->w.st.write;

@@ -54,17 +54,17 @@ typedef struct bfs_run {
     char (*slices_sha)[65];    /* per output file: its SHA-256 (--sha256), else NULL */
     bool *reused;
     char fingerprint[33];
-    char (*src_hex)[33];       /* per input file */
+    char (*src_hex)[33];       /* per input file: its content hash (a part: its terms' sum, srchash.c) */
+    bool *unit_read;           /* per input tensor (in->raw): some unit reads it (bfs__sources_read) */
     bfs_srchash *sh;           /* the source hashes, from the bytes the kernels read (srchash.c) */
     json_t *aux;               /* extra files written: manifest files[] entries */
     /* a part (ISSUE 13); mine == NULL for a whole run */
     bool *mine;                /* per output file: this part writes it */
-    bool *src_mine;            /* per input file: this part hashes it for the manifest */
     char part[128];            /* the canonical rank list */
     char pname[NAME_MAX + 1], jname[NAME_MAX + 1]; /* the part's manifest and journal */
     uint64_t part_bytes;       /* tensor bytes the part writes */
-    uint64_t src_read;         /* bytes of the source files this run hashes (srchash.c) */
-    uint64_t in_read;          /* bytes the units read (bfs__unit_sources) */
+    uint64_t src_read;         /* input bytes the source-hash terms of this run cover (srchash.c) */
+    uint64_t in_read;          /* input bytes read: headers, the units' ranges, bytes read to hash */
     bfs_outdir_lock lock;      /* one writer per OUTDIR */
     double t_dequant, t_commit; /* stage times (BFSHARD_STAGES=1) */
     double t_input, t_plan, t_layout, t_setup, t_files, t_manifest; /* and the phases around the rank files */

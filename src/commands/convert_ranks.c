@@ -224,22 +224,24 @@ cleanup:
     return rc;
 }
 
-/* One unit between its identity checks: its kernel (timed), then its source bytes hashed --
- * the bytes the kernel read, since nothing wrote the file after the check before it. */
-static int bfs__run_unit(bfs_run *r, const bfs_unit *u)
+/* One unit of the piece of rows [a, b) between its identity checks: its kernel (timed),
+ * then its source bytes hashed into its rank's blocks (srchash.c) -- the bytes the kernel
+ * read, since nothing wrote the file after the check before it. */
+static int bfs__run_unit(bfs_run *r, const bfs_unit *u, uint64_t a, uint64_t b)
 {
-    bfs_srange sr[BFS_UNIT_MAX_SRC];
-    const int ns = bfs__unit_sources(u, sr);
-    for (int k = 0; k < ns; k++)
-        r->in_read += sr[k].len;
+    bfs_srange sr[BFS_UNIT_MAX_SRC], blk[BFS_UNIT_MAX_SRC];
+    const int ns = bfs__unit_hash_blocks(u, a, b, sr, blk);
+    if (ns < 0)
+        return ns;
     const double t0 = bfs__now();
     const int rc = r->be->run(r->be, u);
     r->t_dequant += bfs__now() - t0;
-    return rc < 0 ? rc : bfs__srchash_ranges(r->sh, sr, ns);
+    return rc < 0 ? rc : bfs__srchash_ranges(r->sh, sr, blk, ns);
 }
 
-/* Units u[0..n) of a batch: run_batch when the backend has it (one pipeline for them all),
- * else one by one; timed as one, then their source bytes hashed, as bfs__run_unit does. */
+/* Units u[0..n) of a batch, each a whole piece: run_batch when the backend has it (one
+ * pipeline for them all), else one by one; timed as one, then their source bytes hashed,
+ * as bfs__run_unit does. */
 #define BFS_RUN_BATCH 64
 static int bfs__run_units(bfs_run *r, const bfs_unit *u, int n)
 {
@@ -247,28 +249,41 @@ static int bfs__run_units(bfs_run *r, const bfs_unit *u, int n)
         return 0;
     if (!r->be->run_batch) {
         for (int i = 0; i < n; i++) {
-            const int rc = bfs__run_unit(r, &u[i]);
+            const int rc = bfs__run_unit(r, &u[i], u[i].row0, u[i].row1);
             if (rc < 0)
                 return rc;
         }
         return 0;
     }
-    for (int i = 0; i < n; i++) {
-        bfs_srange sr[BFS_UNIT_MAX_SRC];
-        const int ns = bfs__unit_sources(&u[i], sr);
-        for (int k = 0; k < ns; k++)
-            r->in_read += sr[k].len;
-    }
     const double t0 = bfs__now();
     const int rc = r->be->run_batch(r->be, u, n);
     r->t_dequant += bfs__now() - t0;
     for (int i = 0; i < n && rc >= 0; i++) {
-        bfs_srange sr[BFS_UNIT_MAX_SRC];
-        const int ns = bfs__unit_sources(&u[i], sr);
-        const int hr = bfs__srchash_ranges(r->sh, sr, ns);
+        bfs_srange sr[BFS_UNIT_MAX_SRC], blk[BFS_UNIT_MAX_SRC];
+        const int ns = bfs__unit_hash_blocks(&u[i], u[i].row0, u[i].row1, sr, blk);
+        const int hr = ns < 0 ? ns : bfs__srchash_ranges(r->sh, sr, blk, ns);
         if (hr < 0)
             return hr;
     }
+    return rc;
+}
+
+/* A piece's source bytes into its rank's blocks without its kernel, between identity
+ * checks: a piece of a reused file, or one no kernel runs for (no rows, or rows of no
+ * bytes: its blocks are begun all the same, so each block has its rank). */
+static int bfs__hash_piece(bfs_run *r, const bfs_piece *pc)
+{
+    const bfs_ltensor *t = &r->plan->t[pc->tensor];
+    const bfs_unit u = {.t = t, .row0 = pc->row0, .row1 = pc->row1};
+    bfs_srange sr[BFS_UNIT_MAX_SRC], blk[BFS_UNIT_MAX_SRC];
+    const int ns = bfs__unit_hash_blocks(&u, pc->row0, pc->row1, sr, blk);
+    int rc = ns < 0 ? ns : bfs__check_sources(r, t);
+    if (rc == 0)
+        rc = bfs__srchash_ranges(r->sh, sr, blk, ns);
+    if (rc == 0)
+        rc = bfs__check_sources(r, t);
+    if (rc == 0)
+        bfs__advise_sources(r->in, &u, true);
     return rc;
 }
 
@@ -283,9 +298,11 @@ static int bfs__write_piece(bfs_run *r, bfs_rank *rk, const bfs_outfile *of, siz
     const uint64_t row_bytes = t->row_elems * bfs__dtype_size(t->out_dtype);
     const uint64_t rows_per_unit = bfs__unit_rows(&r->ring, row_bytes);
     uint64_t row = pc->row0, off = pc->offset;
-    if (pc->row0 == pc->row1 || row_bytes == 0) /* empty piece: hash of nothing */
+    if (pc->row0 == pc->row1 || row_bytes == 0) { /* empty piece: hash of nothing */
+        BFS_TRY(bfs__hash_piece(r, pc));
         return bfs__unit_push(r, rk, &(bfs_wjob){.buf = "", .len = 0, .off = off, .piece = (int)pi, .piece_end = true},
                               false);
+    }
     while (row < pc->row1) {
         if (bfs__cancelled())
             BFS_FAIL(BFS_EINTR, "interrupted while writing %s (tensor \"%s\")", of->name, t->name);
@@ -300,7 +317,7 @@ static int bfs__write_piece(bfs_run *r, bfs_rank *rk, const bfs_outfile *of, siz
             bfs__advise_sources(r->in, &next, false);
         }
         BFS_TRY(bfs__check_sources(r, t));
-        BFS_TRY(bfs__run_unit(r, &u));
+        BFS_TRY(bfs__run_unit(r, &u, pc->row0, pc->row1));
         BFS_TRY(bfs__check_sources(r, t));
         bfs__advise_sources(r->in, &u, true);
         const bfs_wjob j = {.buf = out, .len = (size_t)(n * row_bytes), .off = off, .piece = (int)pi,
@@ -497,8 +514,10 @@ static int bfs__write_batch(bfs_run *r, bfs_rank *rk, const bfs_outfile *of, siz
         int n = 0;
         for (; k < p1 && n < BFS_RUN_BATCH; k++) {
             const bfs_piece *pc = &of->pieces[k];
-            if (pc->row0 == pc->row1 || pc->nbytes == 0)
+            if (pc->row0 == pc->row1 || pc->nbytes == 0) {
+                BFS_TRY(bfs__hash_piece(r, pc)); /* no kernel: its blocks all the same */
                 continue;
+            }
             u[n++] = (bfs_unit){.t = &r->plan->t[pc->tensor], .row0 = pc->row0, .row1 = pc->row1, .out = out + len};
             len += pc->nbytes;
         }
@@ -633,19 +652,9 @@ int bfs__hash_reused_sources(bfs_run *r, int fidx)
 {
     const bfs_outfile *of = &r->plan->files[fidx];
     for (size_t pi = 0; pi < of->npieces; pi++) {
-        const bfs_piece *pc = &of->pieces[pi];
-        const bfs_ltensor *t = &r->plan->t[pc->tensor];
-        const bfs_unit u = {.t = t, .row0 = pc->row0, .row1 = pc->row1};
-        bfs_srange sr[BFS_UNIT_MAX_SRC];
-        const int ns = bfs__unit_sources(&u, sr);
-        int rc = bfs__check_sources(r, t);
-        if (rc == 0)
-            rc = bfs__srchash_ranges(r->sh, sr, ns);
-        if (rc == 0)
-            rc = bfs__check_sources(r, t);
+        const int rc = bfs__hash_piece(r, &of->pieces[pi]);
         if (rc < 0)
             return rc;
-        bfs__advise_sources(r->in, &u, true);
     }
     return 0;
 }

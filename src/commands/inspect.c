@@ -8,6 +8,7 @@
 #include "backend/backend.h"
 #include "plan/plan.h"
 #include "formats/format.h"
+#include "input/srchash.h"
 #include "output/parts.h"
 #include "output/units.h"
 
@@ -34,8 +35,9 @@ static json_t *bfs__shape_j(const uint64_t *s, int n)
     return a;
 }
 
-/* ISSUE 13: a part's bytes: written (its rank files), read (its units' source ranges and
- * every header), hashed (the source files its ranks own). */
+/* ISSUE 13: a part's bytes: written (its rank files), read (every header, its units' source
+ * ranges, what it reads only to hash) and covered by its source-hash terms: convert's own
+ * count (srchash.c), its pieces fed to a source hash that hashes nothing. */
 typedef struct {
     bool *mine;
     char list[128], how[192];
@@ -53,25 +55,31 @@ static int bfs__inspect_part(const bfs_input *in, const bfs_plan *p, const bfs_c
         rc = bfs__ranks_format(pp->mine, o->world_size, pp->list, sizeof pp->list);
     if (rc < 0)
         return rc;
-    for (int i = 0; i < in->nfiles; i++) {
-        pp->read += in->files[i].h.data_start;
-        if (pp->mine[bfs__src_owner(i, in->nfiles, o->world_size)])
-            pp->hashed += in->files[i].size;
-    }
-    for (int f = 0; f < p->nfiles; f++) {
+    bool *unit_read = calloc(in->nraw + 1, sizeof *unit_read);
+    bfs_srchash *h = NULL;
+    if (!unit_read)
+        return bfs__err(BFS_ENOMEM, "out of memory");
+    bfs__sources_read(p->t, p->nt, in->raw, unit_read);
+    rc = bfs__srchash_create(in, unit_read, pp->mine[0], true, &h);
+    for (int f = 0; f < p->nfiles && rc == 0; f++) {
         if (!pp->mine[f])
             continue;
         pp->write += p->files[f].size;
-        for (size_t k = 0; k < p->files[f].npieces; k++) {
+        for (size_t k = 0; k < p->files[f].npieces && rc == 0; k++) {
             const bfs_piece *pc = &p->files[f].pieces[k];
-            bfs_srange sr[BFS_UNIT_MAX_SRC];
+            bfs_srange sr[BFS_UNIT_MAX_SRC], blk[BFS_UNIT_MAX_SRC];
             const bfs_unit u = {.t = &p->t[pc->tensor], .row0 = pc->row0, .row1 = pc->row1};
-            const int ns = pc->row1 > pc->row0 ? bfs__unit_sources(&u, sr) : 0;
-            for (int j = 0; j < ns; j++)
-                pp->read += sr[j].len;
+            const int ns = bfs__unit_hash_blocks(&u, pc->row0, pc->row1, sr, blk);
+            rc = ns < 0 ? ns : bfs__srchash_ranges(h, sr, blk, ns);
         }
     }
-    return 0;
+    if (rc == 0)
+        rc = bfs__srchash_finish(h, NULL);
+    if (rc == 0)
+        bfs__srchash_bytes(h, &pp->read, &pp->hashed);
+    bfs__srchash_free(h);
+    free(unit_read);
+    return rc;
 }
 
 /* The float32 tensors upstream keeps in float32 (DeepSeek-V4, src/formats/dsv4.c): one note line. */
@@ -206,8 +214,8 @@ int bfs_inspect(const char *input_arg, const bfs_convert_opts *o_arg, int as_jso
         fprintf(out, "\nplan: --layout %s --world-size %d, %.3f MB of output\n", o->layout == BFS_LAYOUT_HF ? "hf" : "dcp",
                 o->world_size, (double)p->total_bytes / 1e6);
         if (pp.mine)
-            fprintf(out, "part: ranks %s (%s): writes %llu bytes; reads %llu of the %llu input bytes (its rows and "
-                    "every header), and %llu more to hash its share of the source files for the manifest\n",
+            fprintf(out, "part: ranks %s (%s): writes %llu bytes; reads %llu of the %llu input bytes (every header and "
+                    "its ranks' rows), of which its terms of the source hashes cover %llu\n",
                     pp.list, pp.how[0] ? pp.how : "--ranks", (unsigned long long)pp.write, (unsigned long long)pp.read,
                     (unsigned long long)in_bytes, (unsigned long long)pp.hashed);
         for (int f = 0; f < p->nfiles; f++)

@@ -4,9 +4,10 @@
  * manifest and xxh128sums.txt a single run writes, under OUTDIR's lock; manifest.c owns
  * the format and does the merging of the JSON.
  *
- * A part of ranks R converts only R's rank files (convert.c), hashes the source files
- * whose owner rank (bfs__src_owner) is in R, and writes bfshard.part-R.json: the whole
- * manifest with null hashes where another part knows them.
+ * A part of ranks R converts only R's rank files (convert.c), reading only their rows of
+ * the input (and every header), adds R's terms of each source file's hash (src/input/
+ * srchash.c: the blocks of the rows R's kernels read), and writes bfshard.part-R.json: the
+ * whole manifest with null hashes where another part knows them, and its sums of terms.
  */
 #include "commands/commands.h"
 #include "base/bfs_io.h"

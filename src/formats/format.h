@@ -121,6 +121,16 @@ const bfs_format *bfs__format_of(bfs_kind k);
 
 /* The input ranges unit u reads, for prefetch and release; returns their number. */
 int bfs__unit_sources(const bfs_unit *u, bfs_srange out[BFS_UNIT_MAX_SRC]);
+/* The source hashes' blocks (src/input/srchash.c): unit u of the piece of rows [a, b) of
+ * its tensor (one rank's; hf: [0, d0)) reads s[] (bfs__unit_sources), and the rank hashes
+ * blk[i] of s[i].r: from where the ranges of rows [0, a) end (0 for a = 0) to where those
+ * of rows [0, b) end, or to the tensor's end for b = d0; empty for a = b. Returns their
+ * number, or < 0 (BFS_EINTERNAL) for a format whose ranges do not grow with the rows. */
+int bfs__unit_hash_blocks(const bfs_unit *u, uint64_t a, uint64_t b, bfs_srange s[BFS_UNIT_MAX_SRC],
+                          bfs_srange blk[BFS_UNIT_MAX_SRC]);
+/* read[r - raw0] = true for every raw tensor r that units of t[0..nt) read (tensors with
+ * rows); the others (quant state, shapes, dropped scales) only the planner reads. */
+void bfs__sources_read(const bfs_ltensor *t, size_t nt, const bfs_raw *raw0, bool *read);
 
 /* ---- compressed-tensors config groups (src/formats/ctmatch.c) -------------------------- */
 /* The claim's config_groups targets and ignore list, compiled (claim.c makes and frees it). */

@@ -1,6 +1,8 @@
 /* Source hashes (srchash.c): the manifest's hash of every input file, computed from the
- * bytes the kernels read, as they read them. convert feeds it every unit's source ranges after
- * its kernel ran; manifest.c writes what it returns. */
+ * bytes the kernels read, as they read them, as a sum of position-tagged block hashes, so
+ * that each part of a conversion hashes its own rows and merge adds the parts' sums.
+ * convert feeds it every unit's source ranges after its kernel ran, each with the block its
+ * rank hashes (bfs__unit_hash_blocks); manifest.c writes what it returns. */
 #ifndef BFS_SRCHASH_H
 #define BFS_SRCHASH_H
 
@@ -10,19 +12,28 @@
  * and drops them (the memory model, src/output/units.c, counts it) */
 #define BFS_SRC_HASH_WINDOW (4u << 20)
 
+/* The manifest's name of the scheme below (source.content_xxh3_128_scheme) */
+#define BFS_SRC_HASH_SCHEME "blocks-1"
+
 typedef struct bfs_srchash bfs_srchash;
 
-/* mine: per input file, whether this run hashes it (a part of convert --ranks hashes the
- * files its ranks own, parts.c); NULL: every file. A part's units may skip the rows of a
- * tensor that other parts convert: those bytes are read by the hash itself. */
-int bfs__srchash_create(const bfs_input *in, const bool *mine, bfs_srchash **out);
+/* unit_read[i]: some unit reads in->raw[i] (bfs__sources_read); the others are one block
+ * each, rank 0's. rank0: this run adds rank 0's terms (the headers, those tensors): a whole
+ * run, or the part that holds rank 0. dry: nothing is hashed, the bytes are counted
+ * (inspect --ranks). */
+int bfs__srchash_create(const bfs_input *in, const bool *unit_read, bool rank0, bool dry, bfs_srchash **out);
 void bfs__srchash_free(bfs_srchash *h); /* accepts NULL */
-/* Hash the n input ranges s[] one unit reads (bfs__unit_sources gives them: the mapping the
- * kernel read); the caller has checked the inputs' identity before the kernel ran and
- * checks it again after this returns. */
-int bfs__srchash_ranges(bfs_srchash *h, const bfs_srange *s, int n);
-/* Hash what no unit read (tensors only the planner read, rows of other parts) and give
- * every hashed input file's content hash, 32 hex, into hex[file] (others: untouched). */
+/* Hash the n input ranges s[] one unit reads (the mapping the kernel read), each into
+ * blk[i], the block of s[i].r its rank hashes (bfs__unit_hash_blocks); the caller has
+ * checked the inputs' identity before the kernel ran and checks it again after this
+ * returns. A tensor's ranges come in increasing order of rows, over the rank files too. */
+int bfs__srchash_ranges(bfs_srchash *h, const bfs_srange *s, const bfs_srange *blk, int n);
+/* Hash what no unit read of the blocks begun, and rank 0's tensors no unit reads; then
+ * per input file this run's sum of terms, 32 hex, into hex[file]: a whole run's is the
+ * file's content hash, a part's is its share of it (merge adds them). */
 int bfs__srchash_finish(bfs_srchash *h, char (*hex)[33]);
+/* read: input bytes this run read (every header, the union of the units' ranges, the
+ * bytes read only to be hashed); hashed: input bytes its terms cover (a whole run: all). */
+void bfs__srchash_bytes(const bfs_srchash *h, uint64_t *read, uint64_t *hashed);
 
 #endif

@@ -7,6 +7,7 @@
  */
 #include "output/manifest_int.h"
 #include "output/slices.h"
+#include "input/srchash.h"
 
 #include <limits.h>
 #include <stdlib.h>
@@ -45,19 +46,25 @@ static json_t *bfs__manifest_head(const bfs_manifest_in *mi)
                                              mi->plan->layout == BFS_LAYOUT_DCP ? "dcp" : "hf", "mxfp4_layout",
                                              o->mxfp4_layout == BFS_MXFP4_HF ? "hf" : "openai", "keep_dtype",
                                              o->keep_dtype, "max_shard_size", (json_int_t)o->max_shard_size)) == 0;
-    /* source.files[].content_xxh3_128: XXH3-128 of the canonical digests of the file's header
-     * and of each tensor's data in file order, from the bytes the kernels read (srchash.c) */
+    /* source.files[].content_xxh3_128: XXH3-128 of the file's header plus those of its
+     * blocks, seeded with their offsets, from the bytes the kernels read (srchash.c); a
+     * part's terms' sum as content_xxh3_128_part, which merge adds up */
     json_t *src = json_array();
-    for (int i = 0; ok && src && i < mi->in->nfiles; i++)
-        ok = json_array_append_new(src, json_pack("{s:s, s:I, s:o}", "name", mi->in->files[i].name, "size",
-                                                  (json_int_t)mi->in->files[i].size, BFS_MF_SRC_HASH,
-                                                  bfs__hash_val(mi->src_hex[i], !mi->src_mine || mi->src_mine[i]))) == 0;
+    for (int i = 0; ok && src && i < mi->in->nfiles; i++) {
+        json_t *e = json_pack("{s:s, s:I, s:o}", "name", mi->in->files[i].name, "size", (json_int_t)mi->in->files[i].size,
+                              BFS_MF_SRC_HASH, bfs__hash_val(mi->src_hex[i], !mi->part));
+        if (e && mi->part && json_object_set_new(e, BFS_MF_SRC_PART, json_string(mi->src_hex[i])) != 0) {
+            json_decref(e);
+            e = NULL;
+        }
+        ok = json_array_append_new(src, e) == 0;
+    }
     if (!ok || !src || json_array_size(src) != (size_t)mi->in->nfiles) {
         json_decref(src);
         json_decref(m);
         return NULL;
     }
-    json_t *sobj = json_pack("{s:o}", "files", src);
+    json_t *sobj = json_pack("{s:s, s:o}", BFS_MF_SRC_SCHEME, BFS_SRC_HASH_SCHEME, "files", src);
     ok = json_object_set_new(m, "source", sobj) == 0;
     if (ok && mi->in->config_json) {
         json_error_t jerr;

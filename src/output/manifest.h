@@ -30,17 +30,17 @@ typedef struct bfs_manifest_in {
     const bfs_input *in;
     const bfs_plan *plan;
     const char *fingerprint;       /* plan fingerprint, 32 hex */
-    const char (*src_hex)[33];     /* per input file */
+    const char (*src_hex)[33];     /* per input file: content hash (a part: its terms' sum, srchash.c) */
     const char (*file_hex)[33];    /* per output file */
     const char (*file_sha)[65];    /* per output file: SHA-256 (convert --sha256), or NULL */
     const char (*slices_hex)[33];  /* per output file: its slice index's XXH3-128 */
     const char (*slices_sha)[65];  /* per output file: its SHA-256 (convert --sha256), or NULL */
     json_t *const *zst;            /* per output file: files[].zst entry or NULL (may be NULL) */
     const json_t *aux;             /* extra files written, bfs__manifest_aux_entry()s */
-    /* A part (ISSUE 13): NULL for a whole run. Hashes of output files not mine[] and of
-     * sources not src_mine[] are null; "part": {"ranks": part, "world_size": W}. */
+    /* A part (ISSUE 13): NULL for a whole run. Hashes of output files not mine[] are null,
+     * each source's content hash too, its terms' sum beside it (content_xxh3_128_part);
+     * "part": {"ranks": part, "world_size": W}. */
     const bool *mine;              /* per output file */
-    const bool *src_mine;          /* per input file */
     const char *part;              /* canonical rank list */
 } bfs_manifest_in;
 

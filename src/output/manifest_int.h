@@ -16,6 +16,8 @@
 #define BFS_MF_HASH "xxh3_128"
 #define BFS_MF_SHA256 "sha256" /* files[]: only when convert --sha256 (ISSUE 24); v1 readers ignore it */
 #define BFS_MF_SRC_HASH "content_xxh3_128" /* source.files[]: srchash.c */
+#define BFS_MF_SRC_PART "content_xxh3_128_part" /* a part's source.files[]: its terms' sum (srchash.c) */
+#define BFS_MF_SRC_SCHEME "content_xxh3_128_scheme" /* source: how content_xxh3_128 is made (absent: v2's) */
 #define BFS_MF_SEAL "manifest_xxh3_128"
 #define BFS_MF_ZERO_SEAL "00000000000000000000000000000000"
 /* the head's "tensors" until bfs__manifest_write_conv() writes the array in its place */

@@ -282,6 +282,12 @@ static int bfs__merge_agree(bfs_mf *const *parts, const char *const *names, int 
             !json_equal(json_object_get(mk, "manifest_version"), json_object_get(m0, "manifest_version")))
             return bfs__err(BFS_EPARTS, "%s: %s (plan fingerprint %s) and %s (%s) are parts of different input or options; "
                             "remove the stale one and rerun its part", outdir, names[0], fp0, names[k], fpk);
+        const json_t *xk = json_object_get(json_object_get(mk, "source"), BFS_MF_SRC_SCHEME);
+        const json_t *x0 = json_object_get(json_object_get(m0, "source"), BFS_MF_SRC_SCHEME);
+        if ((xk || x0) && !json_equal(xk, x0)) /* a bfshard before "blocks-1" wrote one of them */
+            return bfs__err(BFS_EPARTS, "%s: %s and %s hash the sources differently (%s %s, %s); rerun one of them with "
+                            "this bfshard", outdir, names[0], names[k], BFS_MF_SRC_SCHEME,
+                            x0 ? json_string_value(x0) : "none", xk ? json_string_value(xk) : "none");
         const json_t *fk = json_object_get(mk, "files"), *sk = json_object_get(json_object_get(mk, "source"), "files");
         if (json_array_size(fk) != json_array_size(f0) || bfs__mf_ntensors(parts[k]) != bfs__mf_ntensors(parts[0]) ||
             json_array_size(sk) != json_array_size(s0))
@@ -320,8 +326,52 @@ static int bfs__merge_owners(bfs_mf *const *parts, const char *const *names, int
     return 0;
 }
 
-/* the merged head: part 0's, with every rank's files[] entry and every source hash from its part */
-static int bfs__merge_head(bfs_mf *const *parts, int n, const char *outdir, int W, const int *owner, json_t **out)
+/* The merged source.files[] (in m, part 0's head): each file's content hash the sum of the
+ * parts' sums of their terms (scheme "blocks-1", srchash.c), mod 2^128; before that scheme
+ * (no content_xxh3_128_scheme) one part hashed each file whole and holds its hash. */
+static int bfs__merge_sources(bfs_mf *const *parts, const char *const *names, int n, const char *outdir, json_t *m)
+{
+    json_t *src = json_object_get(json_object_get(m, "source"), "files");
+    const bool sum = json_object_get(json_object_get(m, "source"), BFS_MF_SRC_SCHEME) != NULL;
+    for (size_t i = 0; i < json_array_size(src); i++) {
+        json_t *e = json_array_get(src, i);
+        const json_t *from = NULL;
+        uint64_t lo = 0, hi = 0;
+        for (int k = 0; k < n; k++) {
+            const json_t *ek = json_array_get(json_object_get(json_object_get(bfs__mf_head(parts[k]), "source"), "files"), i);
+            if (!sum) {
+                if (!from && json_is_string(json_object_get(ek, BFS_MF_SRC_HASH)))
+                    from = ek;
+                continue;
+            }
+            const char *hx = json_string_value(json_object_get(ek, BFS_MF_SRC_PART));
+            XXH128_canonical_t c;
+            if (!hx || !bfs__hex16_parse(hx, c.digest))
+                return bfs__err(BFS_EINPUT, "%s/%s: source.files[%zu] has no %s (32 hex)", outdir, names[k], i,
+                                BFS_MF_SRC_PART);
+            const XXH128_hash_t d = XXH128_hashFromCanonical(&c);
+            lo += d.low64;
+            hi += d.high64 + (lo < d.low64);
+        }
+        if (!sum && !from)
+            return bfs__err(BFS_EINCOMPLETE, "%s: no part hashed source file %s", outdir,
+                            json_string_value(json_object_get(e, "name")));
+        if (!sum) {
+            if (json_array_set_new(src, i, json_deep_copy(from)) != 0)
+                return bfs__err(BFS_ENOMEM, "out of memory");
+            continue;
+        }
+        char hex[33];
+        bfs__hash_hex((XXH128_hash_t){.low64 = lo, .high64 = hi}, hex);
+        if (json_object_set_new(e, BFS_MF_SRC_HASH, json_string(hex)) != 0 || json_object_del(e, BFS_MF_SRC_PART) != 0)
+            return bfs__err(BFS_ENOMEM, "out of memory");
+    }
+    return 0;
+}
+
+/* the merged head: part 0's, with every rank's files[] entry from its part, and the sources' hashes */
+static int bfs__merge_head(bfs_mf *const *parts, const char *const *names, int n, const char *outdir, int W,
+                           const int *owner, json_t **out)
 {
     json_t *m = json_deep_copy(bfs__mf_head(parts[0]));
     *out = NULL;
@@ -350,24 +400,10 @@ static int bfs__merge_head(bfs_mf *const *parts, int n, const char *outdir, int 
             return bfs__err(BFS_ENOMEM, "out of memory");
         }
     }
-    json_t *src = json_object_get(json_object_get(m, "source"), "files");
-    for (size_t i = 0; i < json_array_size(src); i++) {
-        const json_t *e = NULL;
-        for (int k = 0; k < n && !e; k++) {
-            e = json_array_get(json_object_get(json_object_get(bfs__mf_head(parts[k]), "source"), "files"), i);
-            if (!json_is_string(json_object_get(e, BFS_MF_SRC_HASH)))
-                e = NULL;
-        }
-        if (!e) {
-            const int rc = bfs__err(BFS_EINCOMPLETE, "%s: no part hashed source file %s", outdir,
-                                    json_string_value(json_object_get(json_array_get(src, i), "name")));
-            json_decref(m);
-            return rc;
-        }
-        if (json_array_set_new(src, i, json_deep_copy(e)) != 0) {
-            json_decref(m);
-            return bfs__err(BFS_ENOMEM, "out of memory");
-        }
+    const int rc = bfs__merge_sources(parts, names, n, outdir, m);
+    if (rc < 0) {
+        json_decref(m);
+        return rc;
     }
     if (json_object_set_new(m, BFS_MF_SEAL, json_string(BFS_MF_ZERO_SEAL)) != 0) {
         json_decref(m);
@@ -454,7 +490,7 @@ int bfs__manifest_merge(int dirfd, bfs_mf *const *parts, const char *const *name
     if (!(owner = malloc((size_t)W * sizeof *owner)) || !(el = calloc((size_t)n, sizeof *el)))
         BFS_FAIL(BFS_ENOMEM, "out of memory");
     BFS_TRY(bfs__merge_owners(parts, names, n, outdir, W, owner));
-    BFS_TRY(bfs__merge_head(parts, n, outdir, W, owner, &m));
+    BFS_TRY(bfs__merge_head(parts, names, n, outdir, W, owner, &m));
     for (int k = 0; k < n; k++)
         BFS_TRY(bfs__mf_rewind(parts[k]));
     bfs_mf_merge g = {parts, names, n, W, owner, outdir, el, m, pre_commit, pre_user};

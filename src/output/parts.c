@@ -3,9 +3,10 @@
  * of a part's files and the part manifests in a directory. bfs_merge, which turns the
  * parts' manifests into the manifest a single run writes, is src/commands/merge.c's.
  *
- * A part of ranks R converts only R's rank files (convert.c), hashes the source files
- * whose owner rank (bfs__src_owner) is in R, and writes bfshard.part-R.json: the whole
- * manifest with null hashes where another part knows them.
+ * A part of ranks R converts only R's rank files (convert.c), reading only their rows of
+ * the input (and every header), adds R's terms of each source file's hash (src/input/
+ * srchash.c: the blocks of the rows R's kernels read), and writes bfshard.part-R.json: the
+ * whole manifest with null hashes where another part knows them, and its sums of terms.
  */
 #include "output/parts.h"
 #include "base/bfs_io.h"

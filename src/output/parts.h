@@ -27,10 +27,6 @@ int bfs__ranks_resolve(const bfs_convert_opts *o, bool *mask, char *how, size_t 
  * SLURM_NTASKS_PER_NODE), 1 when not set. */
 int bfs__ranks_local_procs(void);
 
-/* The rank that hashes source file i of n for the manifest: spread over the ranks, so
- * each source file is read whole by one part only. */
-static inline int bfs__src_owner(int i, int n, int W) { return (int)((int64_t)i * W / n); }
-
 /* A part's manifest and journal names for its canonical list; 0 or BFS_EUSAGE (too long). */
 int bfs__part_names(const char *canon, char *manifest, char *journal, size_t cap);
 /* name is a part manifest (bfshard.part-LIST.json) or part journal (.bfshard-inprogress-LIST):
