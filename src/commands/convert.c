@@ -12,9 +12,10 @@
  *   (manifest.c; last, atomically).
  *   The rank-file stage (units, commits, reuse): convert_ranks.c; the run's state: convert.h.
  *
- * Memory: the ring of unit buffers (bfs__ring_budget), the writer's two carries; input
- * pages are released (madvise + fadvise DONTNEED) after each unit (bfs__advise_sources,
- * convert_ranks.c), so neither RSS nor page cache grows with the model.
+ * Memory: the ring of unit buffers (bfs__ring_budget), the writer's carries and the
+ * headers of the files in flight (two, or a group's: units.h); input pages are released
+ * (madvise + fadvise DONTNEED) after each unit or a group's window (bfs__advise_sources,
+ * bfs__release_window, convert_ranks.c), so neither RSS nor page cache grows with the model.
  */
 #include "commands/convert.h"
 #include "commands/commands.h"

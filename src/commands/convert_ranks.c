@@ -4,8 +4,11 @@
  * bfs__write_piece, bfs__slot_take), the rank file's temporary opened after the file before
  * it is committed, the next file's units waiting in the ring meanwhile (bfs__unit_push,
  * bfs__rank_start / bfs__rank_finish), its compressed copy (bfs__zcopy_*), a file reused
- * from an interrupted run re-hashed (bfs__rehash_pieces, bfs__hash_reused_sources), and the
- * input pages each unit read released (bfs__advise_sources).
+ * from an interrupted run re-hashed (bfs__rehash_pieces, bfs__hash_reused_sources), the
+ * input pages each unit read released (bfs__advise_sources); and a group of rank files
+ * written together, window by window (bfs__write_group, units.h: groups), their batches
+ * carved from one buffer (bfs__carve) and each window's input pages released after it
+ * (bfs__release_window).
  */
 #include "commands/convert.h"
 #include "commands/commands.h"
