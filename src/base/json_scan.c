@@ -9,6 +9,8 @@
  *   - numbers: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?; an integer must fit an
  *     int64, a real must not overflow a double (underflow is fine);
  *   - true, false, null; a value nests at most BFS_JS_MAX_DEPTH deep;
+ *   - one NUL byte right after a number or a literal is passed over, as jansson does (its
+ *     lexer reads one character ahead and, giving back a NUL, loses it: "[1\0]" is [1]);
  *   - no object holds the same key twice, compared decoded ("a" and "\u0061" are one).
  * Memory: the open objects' key sets (8 bytes a slot, at least half full once grown;
  * keys are not copied, a slot points at the key's bytes in the text) and one scratch
@@ -356,6 +358,9 @@ static int js_string(bfs_jscan *s, bool key)
 
 static bool js_digit(char c) { return c >= '0' && c <= '9'; }
 
+/* where the next token starts after a number or literal ending at i (the NUL rule above) */
+static size_t js_lost_nul(const bfs_jscan *s, size_t i) { return i < s->len && s->p[i] == '\0' ? i + 1 : i; }
+
 static int js_number(bfs_jscan *s, bfs_jtok *tok)
 {
     const char *p = s->p;
@@ -384,7 +389,7 @@ static int js_number(bfs_jscan *s, bfs_jtok *tok)
             v = v * 10 + d;
         }
         s->ival = neg ? (v == (unsigned long long)LLONG_MAX + 1 ? LLONG_MIN : -(long long)v) : (long long)v;
-        s->pos = i;
+        s->pos = js_lost_nul(s, i);
         *tok = BFS_JT_INT;
         return 0;
     }
@@ -423,7 +428,7 @@ static int js_number(bfs_jscan *s, bfs_jtok *tok)
     const double d = strtod(s->buf, NULL);
     if ((d == HUGE_VAL || d == -HUGE_VAL) && errno == ERANGE)
         return js_bad(s, start, "real number overflow");
-    s->pos = i;
+    s->pos = js_lost_nul(s, i);
     *tok = BFS_JT_REAL;
     return 0;
 }
@@ -443,7 +448,7 @@ static int js_literal(bfs_jscan *s, bfs_jtok *tok)
         *tok = BFS_JT_NULL;
     else
         return js_bad(s, start, "invalid token");
-    s->pos = i;
+    s->pos = js_lost_nul(s, i);
     return 0;
 }
 
