@@ -213,6 +213,19 @@ size_t bfs__js_dump_str(const bfs_jscan *s, size_t off, char *out)
     return n;
 }
 
+/* room for n bytes in the scratch buffer; false when out of memory */
+static bool js_scratch(bfs_jscan *s, size_t n)
+{
+    if (n <= s->cap)
+        return true;
+    char *nb = realloc(s->buf, n);
+    if (!nb)
+        return false;
+    s->buf = nb;
+    s->cap = n;
+    return true;
+}
+
 const char *bfs__js_str_at(bfs_jscan *s, size_t off, size_t *len)
 {
     size_t raw = 0;
@@ -221,13 +234,8 @@ const char *bfs__js_str_at(bfs_jscan *s, size_t off, size_t *len)
         esc |= s->p[off + raw] == '\\';
         raw += s->p[off + raw] == '\\' ? 2 : 1;
     }
-    if (raw + 1 > s->cap) {
-        char *nb = realloc(s->buf, raw + 1);
-        if (!nb)
-            return NULL;
-        s->buf = nb;
-        s->cap = raw + 1;
-    }
+    if (!js_scratch(s, raw + 1))
+        return NULL;
     size_t n = 0;
     if (!esc) {
         memcpy(s->buf, s->p + off, raw);
@@ -411,13 +419,8 @@ static int js_number(bfs_jscan *s, bfs_jtok *tok)
     }
     /* overflow as jansson finds it: strtod of the text, '.' as the locale writes it */
     const size_t tl = i - start;
-    if (tl + 1 > s->cap) {
-        char *nb = realloc(s->buf, tl + 1);
-        if (!nb)
-            return BFS_ENOMEM;
-        s->buf = nb;
-        s->cap = tl + 1;
-    }
+    if (!js_scratch(s, tl + 1))
+        return BFS_ENOMEM;
     memcpy(s->buf, p + start, tl);
     s->buf[tl] = '\0';
     const char point = localeconv()->decimal_point[0];
