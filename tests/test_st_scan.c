@@ -2,7 +2,8 @@
  * The safetensors header read by the streamed JSON scanner (issue 22): it accepts and
  * refuses what the jansson tree did (each edge of the grammar against the old parser,
  * fuzz/st_parse_ref.c), every allocation failing in turn is a clean BFS_ENOMEM with
- * nothing leaked, and a header of 100k tensors takes memory in proportion to its table.
+ * nothing leaked (the header, and the input set read through an index), and a header of
+ * 100k tensors takes memory in proportion to its table.
  * Linked with --wrap=malloc,calloc,realloc,free (Makefile): the wrappers count, and fail
  * the allocation asked for, only while `track` is set.
  */
@@ -271,6 +272,73 @@ static void every_allocation_fails_cleanly(void **s)
           BFS_EINPUT);
 }
 
+/* The input set read through model.safetensors.index.json (streamed too): each allocation
+ * of bfs__input_open failing in turn is BFS_ENOMEM with nothing left; its verdicts on a few
+ * indexes. */
+static void index_allocation_failures(void **s)
+{
+    (void)s;
+    char *tmp = tu_tmpdir("stscan");
+    char p[4096];
+    static const uint8_t z[4] = {0};
+    snprintf(p, sizeof p, "%s/a.safetensors", tmp);
+    tu_write_st(p, "{\"x\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]},"
+                   "\"y\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[2,4]}}", z, 4);
+    snprintf(p, sizeof p, "%s/b.safetensors", tmp);
+    tu_write_st(p, "{\"z\\u00e9\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]}}", z, 2);
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", tmp);
+    static const struct {
+        const char *index;
+        int rc;
+        const char *msg;
+    } cases[] = {
+        {"{\"metadata\":{\"total_size\":6},\"weight_map\":{\"x\":\"a.safetensors\",\"z\\u00e9\":\"b.safetensors\","
+         "\"y\":\"a.safetensors\"}}",
+         0, ""},
+        {"{\"weight_map\":{\"x\":\"a.safetensors\"}}", BFS_EINPUT, "\"y\" (at offset 115) is not listed in"},
+        {"{\"weight_map\":{\"x\":\"b.safetensors\",\"y\":\"a.safetensors\",\"z\\u00e9\":\"b.safetensors\"}}", BFS_EINPUT,
+         "\"x\" is mapped to b.safetensors but is in a.safetensors"},
+        {"{\"weight_map\":{\"x\":1},\"a\":[1,]}", BFS_EINPUT, "not valid JSON at line 1 column "},
+        {"{\"weight_map\":{\"x\":1}}", BFS_EINPUT, "weight_map entry \"x\" is not a file name string"},
+        {"{\"weight_map\":{\"x\":\"../a\"}}", BFS_EINPUT, "not a plain file name"},
+        {"{\"weight_map\":{}}", BFS_EINPUT, "weight_map is empty"},
+        {"[{\"weight_map\":{}}]", BFS_EINPUT, "no \"weight_map\" object"},
+        {"{\"weight_map\":{\"x\":\"a.safetensors\",\"x\":\"a.safetensors\"}}", BFS_EINPUT, "duplicate object key"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        assert_int_equal(tu_write_file(p, cases[c].index, strlen(cases[c].index)), 0);
+        bfs_input *in = NULL;
+        bfs__err_clear();
+        n_alloc = 0;
+        fail_at = -1;
+        live = 0;
+        track = true;
+        int rc = bfs__input_open(tmp, &in);
+        bfs__input_free(in);
+        track = false;
+        if (rc != cases[c].rc || !strstr(bfs_last_error(), cases[c].msg) || live != 0)
+            fail_msg("index %zu: rc %d (%s), %ld blocks left", c, rc, bfs_last_error(), live);
+        const long total = n_alloc;
+        for (long k = 0; k < total && c < 2; k++) {
+            in = NULL;
+            n_alloc = 0;
+            fail_at = k;
+            live = 0;
+            bfs__err_clear();
+            track = true;
+            rc = bfs__input_open(tmp, &in);
+            bfs__input_free(in);
+            track = false;
+            if (rc != BFS_ENOMEM || live != 0)
+                fail_msg("index %zu, allocation %ld of %ld failed: rc %d (%s), %ld blocks left", c, k, total, rc,
+                         bfs_last_error(), live);
+        }
+        fail_at = -1;
+    }
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
 /* 100k tensors: the heap's peak during the parse, against the table and names it returns
  * (a jansson tree of this header took ~120 MB; README "Robustness") */
 static void memory_follows_the_table(void **s)
@@ -320,6 +388,7 @@ int main(void)
         cmocka_unit_test(same_verdicts_as_jansson),
         cmocka_unit_test(metadata_text),
         cmocka_unit_test(every_allocation_fails_cleanly),
+        cmocka_unit_test(index_allocation_failures),
         cmocka_unit_test(memory_follows_the_table),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

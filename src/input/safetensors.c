@@ -262,14 +262,8 @@ static int st_metadata(st_rd *r)
             const char *mk = bfs__js_str_at(&r->js, m.koff, NULL);
             return mk ? st_refuse(r, "%s: __metadata__ value of \"%s\" is not a string", r->what, mk) : BFS_ENOMEM;
         }
-        if (r->nmeta == r->metacap) {
-            const size_t nc = r->metacap ? r->metacap * 2 : 8;
-            st_meta *nm = realloc(r->meta, nc * sizeof *nm);
-            if (!nm)
-                return BFS_ENOMEM;
-            r->meta = nm;
-            r->metacap = nc;
-        }
+        if (bfs__grow((void **)&r->meta, &r->metacap, r->nmeta + 1, sizeof *r->meta) != 0)
+            return BFS_ENOMEM;
         r->meta[r->nmeta] = m;
         r->meta[r->nmeta].voff = (uint32_t)r->js.s_off;
         r->meta[r->nmeta].vraw = (uint32_t)r->js.s_raw;
@@ -319,14 +313,8 @@ static int st_member(st_rd *r)
         return st_refuse(r, "%s: header has an empty or overlong tensor name", r->what);
     if (strcmp(key, "__metadata__") == 0)
         return st_metadata(r);
-    if (h->n == r->cap) {
-        const size_t nc = r->cap * 2;
-        bfs_st_tensor *nt = realloc(h->t, nc * sizeof *nt);
-        if (!nt)
-            return BFS_ENOMEM;
-        h->t = nt;
-        r->cap = nc;
-    }
+    if (bfs__grow((void **)&h->t, &r->cap, h->n + 1, sizeof *h->t) != 0)
+        return BFS_ENOMEM;
     bfs_st_tensor *t = &h->t[h->n];
     memset(t, 0, sizeof *t);
     if (!(t->name = bfs__strdup(key)))
@@ -371,7 +359,7 @@ static int st_scan(st_rd *r)
 int bfs__st_parse(const uint8_t *buf, uint64_t file_size, const char *what, bfs_st_header *h)
 {
     int rc = 0;
-    st_rd r = {.what = what, .h = h, .cap = 16};
+    st_rd r = {.what = what, .h = h};
     memset(h, 0, sizeof *h);
 
     if (file_size < 8)
@@ -385,8 +373,7 @@ int bfs__st_parse(const uint8_t *buf, uint64_t file_size, const char *what, bfs_
     h->data_start = 8 + n;
     h->data_size = file_size - h->data_start;
 
-    h->t = malloc(r.cap * sizeof *h->t);
-    if (!h->t)
+    if (bfs__grow((void **)&h->t, &r.cap, 1, sizeof *h->t) != 0) /* a table even when empty */
         BFS_FAIL(BFS_ENOMEM, "%s: out of memory for the header's entries", what);
     BFS_TRY(bfs__js_init(&r.js, (const char *)buf + 8, (size_t)n));
     BFS_TRY(st_scan(&r));
