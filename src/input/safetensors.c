@@ -285,7 +285,8 @@ static int st_meta_dump(st_rd *r)
     char *out = malloc(cap);
     if (!out)
         return BFS_ENOMEM;
-    qsort_r(r->meta, r->nmeta, sizeof *r->meta, st_meta_cmp, &r->js);
+    if (r->nmeta > 1) /* with none, meta is NULL: not for qsort_r */
+        qsort_r(r->meta, r->nmeta, sizeof *r->meta, st_meta_cmp, &r->js);
     size_t n = 0;
     out[n++] = '{';
     for (size_t i = 0; i < r->nmeta; i++) {
