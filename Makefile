@@ -128,7 +128,9 @@ $(BUILD)/tests/%: tests/%.c $(TEST_COMMON) $(BUILD)/libbfshard.a tests/testutil.
 	$(CC) $(CFLAGS) -Isrc -o $@ $< $(TEST_COMMON) $(BUILD)/libbfshard.a $(LIBS) -lcmocka $(LDFLAGS)
 
 # the tests that replay the fuzz targets include their sources
-$(BUILD)/tests/test_reliability $(BUILD)/tests/test_fuzz_readers: $(wildcard fuzz/*.c fuzz/*.h)
+$(BUILD)/tests/test_reliability $(BUILD)/tests/test_fuzz_readers $(BUILD)/tests/test_st_scan: $(wildcard fuzz/*.c fuzz/*.h)
+# test_st_scan counts the header parser's allocations and fails each in turn
+$(BUILD)/tests/test_st_scan: LDFLAGS += -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=free
 
 # The README's test command: the test suite, then the layering check.
 test: all $(TEST_BIN)

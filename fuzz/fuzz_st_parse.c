@@ -6,9 +6,11 @@
  * is taken to be V (mod 2^40) bytes longer than the image: headers describing
  * large data sections are reachable without writing that data.
  * On success the result must satisfy the format's rules (sorted, contiguous,
- * in bounds, sizes = dtype x shape).
+ * in bounds, sizes = dtype x shape). And the streamed parser must agree with the one it
+ * replaced, on a jansson tree (st_parse_ref.c): the same verdict, table and metadata.
  */
 #include "fuzz_common.h"
+#include "st_parse_ref.c"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +38,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             n = (n << 8) | img[i];
         if (n <= len - 8)
             file_size = len + v;
+    }
+    const char *differ = fz_st_differ(buf, file_size, "fuzz.safetensors");
+    if (differ) {
+        fprintf(stderr, "the streamed header parser and jansson's disagree: %s\n", differ);
+        abort();
     }
     bfs_st_header h;
     bfs__err_clear();

@@ -5,6 +5,7 @@
 #define BFS_TESTS_INTERNAL_H
 
 #include "base/base.h"
+#include "base/json_scan.h"
 #include "input/input.h"
 #include "formats/tensor.h"
 #include "plan/plan.h"

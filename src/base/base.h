@@ -113,6 +113,9 @@ typedef struct { char hex[33]; } bfs_hash_hex;
 
 /* ---- misc utilities ----------------------------------------------------------------- */
 char *bfs__strdup(const char *s);
+/* Room for at least `need` elements of `size` bytes at *p, whose room is *cap: doubled
+ * (from 16) as needed. 0, or BFS_ENOMEM (no message set) with *p and *cap unchanged. */
+int bfs__grow(void **p, size_t *cap, size_t need, size_t size);
 char *bfs__path_join(const char *a, const char *b);
 /* A name read from a file, printable on one line: control bytes, '"', '\\' and DEL
  * escaped as JSON does (\n, \u001b, ...); cut with "..." to fit cap. Returns buf. */

@@ -81,6 +81,23 @@ const char *bfs__esc(const char *s, char *buf, size_t cap)
     return buf;
 }
 
+int bfs__grow(void **p, size_t *cap, size_t need, size_t size)
+{
+    if (need <= *cap)
+        return 0;
+    size_t nc = *cap ? *cap : 16;
+    while (nc < need)
+        nc = nc > SIZE_MAX / 2 ? need : nc * 2;
+    if (nc > SIZE_MAX / size)
+        return BFS_ENOMEM;
+    void *np = realloc(*p, nc * size);
+    if (!np)
+        return BFS_ENOMEM;
+    *p = np;
+    *cap = nc;
+    return 0;
+}
+
 char *bfs__path_join(const char *a, const char *b)
 {
     const size_t na = strlen(a), nb = strlen(b);

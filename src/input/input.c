@@ -1,9 +1,10 @@
 /*
  * The input set: one .safetensors file, or a directory (with or without
- * model.safetensors.index.json). Every file is mmapped read-only and its
- * header validated before anything is planned or written.
+ * model.safetensors.index.json, read by the JSON scanner into a weight map). Every file
+ * is mmapped read-only and its header validated before anything is planned or written.
  */
 #include "input/input.h"
+#include "base/json_scan.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -230,60 +231,152 @@ cleanup:
     return rc;
 }
 
-/* Names of the files listed by an index, validated; sorted, unique. */
-static int bfs__read_index(const char *dir, const char *index_path, char ***names_out, int *n_out,
-                           json_t **wm_out)
+/* ---- model.safetensors.index.json, streamed ---------------------------------------------
+ * The JSON scanner (base/json_scan.h) reads it in one pass, as jansson's json_loads did
+ * (up to its first NUL byte): weight_map's entries are copied out, nothing else is kept.
+ * A broken rule is kept while the rest is scanned, so that a JSON error anywhere is
+ * reported first, as when the whole tree was parsed before anything was looked at. */
+typedef struct {
+    char *tensor, *file;
+} bfs_wm_entry;
+
+typedef struct {
+    bfs_wm_entry *e;        /* in the file's order */
+    size_t n, cap;
+    bfs_wm_entry **by_name; /* sorted by tensor name */
+} bfs_wmap;
+
+static void bfs__wm_free(bfs_wmap *wm)
 {
-    int rc = 0;
-    char *text = NULL;
-    json_t *root = NULL;
+    for (size_t i = 0; i < wm->n; i++) {
+        free(wm->e[i].tensor);
+        free(wm->e[i].file);
+    }
+    free(wm->e);
+    free(wm->by_name);
+    memset(wm, 0, sizeof *wm);
+}
+
+static int bfs__cmp_wm(const void *a, const void *b)
+{
+    return strcmp((*(bfs_wm_entry *const *)a)->tensor, (*(bfs_wm_entry *const *)b)->tensor);
+}
+
+static const bfs_wm_entry *bfs__wm_find(const bfs_wmap *wm, const char *tensor)
+{
+    const bfs_wm_entry key = {.tensor = (char *)tensor}, *kp = &key;
+    bfs_wm_entry **hit = bsearch(&kp, wm->by_name, wm->n, sizeof *wm->by_name, bfs__cmp_wm);
+    return hit ? *hit : NULL;
+}
+
+/* weight_map's value into wm: 0; 1 when it breaks a rule (the message in msg); the scanner's error */
+static int bfs__index_wm(bfs_jscan *js, bfs_wmap *wm, const char *dir, const char *index_path, char *msg, size_t cap)
+{
+    bfs_jtok tok;
+    int rc = bfs__js_next(js, &tok);
+    if (rc == 0 && tok != BFS_JT_OBJ)
+        return snprintf(msg, cap, "%s: no \"weight_map\" object", index_path), 1;
+    while (rc == 0 && (rc = bfs__js_next(js, &tok)) == 0 && tok != BFS_JT_OBJ_END) {
+        if (bfs__grow((void **)&wm->e, &wm->cap, wm->n + 1, sizeof *wm->e) != 0)
+            return BFS_ENOMEM;
+        const char *k = bfs__js_str(js, NULL);
+        bfs_wm_entry *e = &wm->e[wm->n];
+        e->file = NULL;
+        if (!k || !(e->tensor = bfs__strdup(k)))
+            return BFS_ENOMEM;
+        wm->n++;
+        if ((rc = bfs__js_next(js, &tok)) != 0)
+            break;
+        if (tok != BFS_JT_STR)
+            return snprintf(msg, cap, "%s: weight_map entry \"%s\" is not a file name string", index_path, e->tensor), 1;
+        const char *fn = bfs__js_str(js, NULL);
+        if (!fn)
+            return BFS_ENOMEM;
+        if (!*fn || strchr(fn, '/') || strcmp(fn, ".") == 0 || strcmp(fn, "..") == 0)
+            return snprintf(msg, cap, "%s: weight_map entry \"%s\" names \"%s\", not a plain file name in %s", index_path,
+                            e->tensor, fn, dir),
+                   1;
+        if (!(e->file = bfs__strdup(fn)))
+            return BFS_ENOMEM;
+    }
+    return rc;
+}
+
+/* The index: wm filled (and sorted by tensor for lookups), the names of the files it
+ * lists into *names_out: sorted, unique. */
+static int bfs__read_index(const char *dir, const char *index_path, char ***names_out, int *n_out, bfs_wmap *wm)
+{
+    int rc = 0, r = 0, broken = 0;
+    char *text = NULL, msg[1024];
     char **names = NULL;
     size_t n = 0;
-    json_error_t jerr;
+    bool seen = false;
+    bfs_jscan js;
+    bfs_jtok tok = BFS_JT_END;
+    bfs__js_init(&js, "", 0);
 
     BFS_TRY(bfs__read_small_file(index_path, BFS_MAX_JSON_FILE, &text, NULL));
-    root = json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root)
-        BFS_FAIL(BFS_EINPUT, "%s: not valid JSON at line %d column %d: %s", index_path, jerr.line, jerr.column, jerr.text);
-    json_t *wm = json_object_get(root, "weight_map");
-    if (!json_is_object(wm))
-        BFS_FAIL(BFS_EINPUT, "%s: no \"weight_map\" object", index_path);
-    names = calloc(json_object_size(wm) + 1, sizeof *names);
-    if (!names)
-        BFS_FAIL(BFS_ENOMEM, "%s: out of memory", index_path);
-    const char *key;
-    json_t *val;
-    json_object_foreach(wm, key, val) {
-        if (!json_is_string(val))
-            BFS_FAIL(BFS_EINPUT, "%s: weight_map entry \"%s\" is not a file name string", index_path, key);
-        const char *fn = json_string_value(val);
-        if (!*fn || strchr(fn, '/') || strcmp(fn, ".") == 0 || strcmp(fn, "..") == 0)
-            BFS_FAIL(BFS_EINPUT, "%s: weight_map entry \"%s\" names \"%s\", not a plain file name in %s", index_path,
-                     key, fn, dir);
-        names[n++] = (char *)fn; /* owned by root, copied below */
+    BFS_TRY(bfs__js_init(&js, text, strlen(text)));
+    r = bfs__js_next(&js, &tok);
+    const bool top_obj = r == 0 && tok == BFS_JT_OBJ;
+    while (r == 0 && !broken && (r = bfs__js_next(&js, &tok)) == 0 && js.depth > 0) {
+        const char *k = top_obj ? bfs__js_str(&js, NULL) : "";
+        if (!k) {
+            r = BFS_ENOMEM;
+        } else if (top_obj && strcmp(k, "weight_map") == 0) {
+            seen = true;
+            r = bfs__index_wm(&js, wm, dir, index_path, msg, sizeof msg);
+            broken = r == 1;
+            r = broken ? 0 : r;
+        } else if (top_obj && (r = bfs__js_next(&js, &tok)) == 0) {
+            r = bfs__js_skip(&js, tok);
+        } else if (!top_obj) {
+            r = bfs__js_skip(&js, tok);
+        }
     }
-    if (n == 0)
+    while (r == 0 && tok != BFS_JT_END) /* the rest, for a JSON error in it */
+        r = bfs__js_next(&js, &tok);
+    if (r == BFS_ENOMEM)
+        BFS_FAIL(BFS_ENOMEM, "%s: out of memory reading it (%zu entries so far)", index_path, wm->n);
+    if (r) {
+        int line = 1, col = 1;
+        for (size_t i = 0; i < js.why_at; i++, col++)
+            if (text[i] == '\n')
+                line++, col = 0;
+        BFS_FAIL(BFS_EINPUT, "%s: not valid JSON at line %d column %d: %s", index_path, line, col, js.why);
+    }
+    if (broken)
+        BFS_FAIL(BFS_EINPUT, "%s", msg);
+    if (!seen)
+        BFS_FAIL(BFS_EINPUT, "%s: no \"weight_map\" object", index_path);
+    if (wm->n == 0)
         BFS_FAIL(BFS_EINPUT, "%s: weight_map is empty", index_path);
+    names = calloc(wm->n + 1, sizeof *names);
+    wm->by_name = malloc(wm->n * sizeof *wm->by_name);
+    if (!names || !wm->by_name)
+        BFS_FAIL(BFS_ENOMEM, "%s: out of memory", index_path);
+    for (size_t i = 0; i < wm->n; i++) {
+        names[i] = wm->e[i].file; /* owned by wm, copied below */
+        wm->by_name[i] = &wm->e[i];
+    }
+    qsort(wm->by_name, wm->n, sizeof *wm->by_name, bfs__cmp_wm);
     /* unique by sorting: a quadratic search hangs on an index of a million names */
-    qsort(names, n, sizeof *names, bfs__cmp_str);
-    size_t u = 0;
+    qsort(names, wm->n, sizeof *names, bfs__cmp_str);
+    for (size_t i = 0; i < wm->n; i++)
+        if (n == 0 || strcmp(names[n - 1], names[i]) != 0)
+            names[n++] = names[i];
     for (size_t i = 0; i < n; i++)
-        if (u == 0 || strcmp(names[u - 1], names[i]) != 0)
-            names[u++] = names[i];
-    n = u;
-    for (size_t i = 0; i < n; i++)
-        if (!(names[i] = bfs__strdup(names[i])))
+        if (!(names[i] = bfs__strdup(names[i]))) {
+            for (size_t j = 0; j < i; j++)
+                free(names[j]);
             BFS_FAIL(BFS_ENOMEM, "out of memory");
+        }
     *names_out = names;
     *n_out = (int)n;
-    *wm_out = json_incref(wm);
     names = NULL;
 cleanup:
-    if (names && rc < 0) {
-        /* strings up to the failing one may be copies; only free when all were copied */
-        free(names);
-    }
-    json_decref(root);
+    free(names);
+    bfs__js_free(&js);
     free(text);
     return rc;
 }
@@ -356,7 +449,7 @@ int bfs__input_open(const char *path, bfs_input **out)
     bfs_input *in = NULL;
     char **names = NULL;
     int nnames = 0;
-    json_t *wm = NULL;
+    bfs_wmap wm = {0};
     char *index_path = NULL, *cfg_path = NULL, *tmp = NULL;
     struct stat st;
 
@@ -431,24 +524,19 @@ int bfs__input_open(const char *path, bfs_input **out)
             BFS_FAIL(BFS_EINPUT, "tensor \"%s\" appears in both %s and %s", in->raw[i].st->name,
                      in->files[in->raw[i - 1].file].path, in->files[in->raw[i].file].path);
 
-    if (wm) {
-        const char *key;
-        json_t *val;
-        json_object_foreach(wm, key, val) {
-            const bfs_raw *r = bfs__input_find(in, key);
-            if (!r)
-                BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" is mapped to %s but that file has no such tensor",
-                         index_path, key, json_string_value(val));
-            if (strcmp(in->files[r->file].name, json_string_value(val)) != 0)
-                BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" is mapped to %s but is in %s", index_path, key,
-                         json_string_value(val), in->files[r->file].name);
-        }
-        for (size_t i = 0; i < in->nraw; i++)
-            if (!json_object_get(wm, in->raw[i].st->name))
-                BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" (at offset %llu) is not listed in %s",
-                         in->files[in->raw[i].file].path, in->raw[i].st->name,
-                         (unsigned long long)in->raw[i].file_offset, index_path);
+    for (size_t i = 0; i < wm.n; i++) {
+        const char *key = wm.e[i].tensor, *file = wm.e[i].file;
+        const bfs_raw *r = bfs__input_find(in, key);
+        if (!r)
+            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" is mapped to %s but that file has no such tensor", index_path, key, file);
+        if (strcmp(in->files[r->file].name, file) != 0)
+            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" is mapped to %s but is in %s", index_path, key, file,
+                     in->files[r->file].name);
     }
+    for (size_t i = 0; i < in->nraw && wm.n; i++)
+        if (!bfs__wm_find(&wm, in->raw[i].st->name))
+            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" (at offset %llu) is not listed in %s", in->files[in->raw[i].file].path,
+                     in->raw[i].st->name, (unsigned long long)in->raw[i].file_offset, index_path);
 
     cfg_path = bfs__path_join(in->root, "config.json");
     if (!cfg_path)
@@ -476,7 +564,7 @@ cleanup:
             free(names[i]);
         free(names);
     }
-    json_decref(wm);
+    bfs__wm_free(&wm);
     free(index_path);
     free(cfg_path);
     free(tmp);

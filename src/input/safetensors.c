@@ -11,9 +11,12 @@
  */
 #include "input/input.h"
 #include "input/safetensors.h"
+#include "base/json_scan.h"
 
 #include <assert.h>
 #include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,14 +28,6 @@ static int bfs__cmp_begin(const void *a, const void *b)
     if (x->end != y->end)
         return x->end < y->end ? -1 : 1;
     return strcmp(x->name, y->name);
-}
-
-static int bfs__u64_of(const json_t *v, uint64_t *out)
-{
-    if (!json_is_integer(v) || json_integer_value(v) < 0)
-        return -1;
-    *out = (uint64_t)json_integer_value(v);
-    return 0;
 }
 
 int bfs__st_header_len(const uint8_t prefix[8], uint64_t file_size, const char *what, uint64_t *n)
@@ -86,11 +81,286 @@ void bfs__st_header_free(bfs_st_header *h)
     memset(h, 0, sizeof *h);
 }
 
+/* ---- the header, streamed ----------------------------------------------------------------
+ * One pass of the JSON scanner (base/json_scan.h: jansson's grammar, duplicate keys refused
+ * in every object) fills the table: no tree, memory is the table, the names, the scanner's
+ * key sets and __metadata__'s pairs. The rules on what the JSON says are checked in the
+ * order they were on the jansson tree: a refusal of what a tensor's entry says is kept
+ * (st_refuse) while the rest of the text is scanned, because any JSON error anywhere in
+ * the header is reported first, as json_loadb found it before anything was looked at. */
+enum { ST_REFUSED = 1 };
+#define ST_NEXT(r, tok)                                  \
+    do {                                                 \
+        const int rc_ = bfs__js_next(&(r)->js, &(tok)); \
+        if (rc_)                                         \
+            return rc_;                                  \
+    } while (0)
+ /* an entry broke a rule: the message is in r->msg */
+
+typedef struct {
+    uint32_t koff, voff;   /* s_off of a __metadata__ key and of its string value */
+    uint32_t kraw, vraw;   /* their raw lengths */
+} st_meta;
+
+typedef struct {
+    bfs_jscan js;
+    const char *what;
+    bfs_st_header *h;
+    size_t cap;            /* h->t's room */
+    st_meta *meta;
+    size_t nmeta, metacap;
+    bool has_meta;
+    char msg[1024];
+} st_rd;
+
+/* what one tensor's entry holds, as read: fields absent, of another type, or their values */
+typedef struct {
+    bool d_has, d_str, s_has, s_arr, o_has, o_arr;
+    char d[1024];          /* "dtype", decoded; cut at the length of a message */
+    size_t d_len, s_n, o_n;
+    bool s_ok[BFS_MAX_DIMS], o_ok[2]; /* a non-negative integer */
+    uint64_t s_v[BFS_MAX_DIMS], o_v[2];
+} st_fields;
+
+__attribute__((format(printf, 2, 3))) static int st_refuse(st_rd *r, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->msg, sizeof r->msg, fmt, ap);
+    va_end(ap);
+    return ST_REFUSED;
+}
+
+/* an array's elements: how many, and the first max of them as non-negative integers */
+static int st_uints(st_rd *r, bool *has, bool *arr, size_t *n, bool *ok, uint64_t *v, size_t max)
+{
+    bfs_jtok tok;
+    ST_NEXT(r, tok);
+    *has = true;
+    *arr = tok == BFS_JT_ARR;
+    if (!*arr)
+        return bfs__js_skip(&r->js, tok);
+    for (*n = 0;; (*n)++) {
+        ST_NEXT(r, tok);
+        if (tok == BFS_JT_ARR_END)
+            return 0;
+        if (*n < max) {
+            ok[*n] = tok == BFS_JT_INT && r->js.ival >= 0;
+            v[*n] = ok[*n] ? (uint64_t)r->js.ival : 0;
+        }
+        const int rc = bfs__js_skip(&r->js, tok);
+        if (rc)
+            return rc;
+    }
+}
+
+static int st_fields_read(st_rd *r, st_fields *f)
+{
+    bfs_jtok tok;
+    for (;;) {
+        ST_NEXT(r, tok);
+        if (tok == BFS_JT_OBJ_END)
+            return 0;
+        const char *k = bfs__js_str(&r->js, NULL);
+        if (!k)
+            return BFS_ENOMEM;
+        int rc = 0;
+        if (strcmp(k, "dtype") == 0) {
+            ST_NEXT(r, tok);
+            f->d_has = true;
+            f->d_str = tok == BFS_JT_STR;
+            if (f->d_str) {
+                const char *d = bfs__js_str(&r->js, &f->d_len);
+                if (!d)
+                    return BFS_ENOMEM;
+                snprintf(f->d, sizeof f->d, "%s", d);
+            }
+            rc = bfs__js_skip(&r->js, tok);
+        } else if (strcmp(k, "shape") == 0) {
+            rc = st_uints(r, &f->s_has, &f->s_arr, &f->s_n, f->s_ok, f->s_v, BFS_MAX_DIMS);
+        } else if (strcmp(k, "data_offsets") == 0) {
+            rc = st_uints(r, &f->o_has, &f->o_arr, &f->o_n, f->o_ok, f->o_v, 2);
+        } else { /* other fields are allowed, and ignored */
+            ST_NEXT(r, tok);
+            rc = bfs__js_skip(&r->js, tok);
+        }
+        if (rc)
+            return rc;
+    }
+}
+
+/* The entry of tensor t (its name set) read and checked: 0, ST_REFUSED, or the scanner's error */
+static int st_entry(st_rd *r, bfs_st_tensor *t)
+{
+    const char *what = r->what, *key = t->name;
+    const uint64_t data_size = r->h->data_size, data_start = r->h->data_start;
+    bfs_jtok tok;
+    ST_NEXT(r, tok);
+    if (tok != BFS_JT_OBJ)
+        return st_refuse(r, "%s: tensor \"%s\": header entry is not an object", what, key);
+    st_fields f = {0};
+    const int rc = st_fields_read(r, &f);
+    if (rc)
+        return rc;
+    if (!f.d_str)
+        return st_refuse(r, "%s: tensor \"%s\": missing or non-string \"dtype\"", what, key);
+    if (f.d_len >= sizeof f.d || bfs__dtype_parse(f.d, &t->dtype) != 0)
+        return st_refuse(r, "%s: tensor \"%s\": unsupported dtype \"%s\"", what, key, f.d);
+    if (!f.s_arr)
+        return st_refuse(r, "%s: tensor \"%s\": missing or non-array \"shape\"", what, key);
+    if (f.s_n > BFS_MAX_DIMS)
+        return st_refuse(r, "%s: tensor \"%s\": %zu dimensions, at most %d supported", what, key, f.s_n, BFS_MAX_DIMS);
+    t->ndim = (int)f.s_n;
+    uint64_t elems = 1;
+    for (int d = 0; d < t->ndim; d++) {
+        if (!f.s_ok[d])
+            return st_refuse(r, "%s: tensor \"%s\": shape[%d] is not a non-negative integer", what, key, d);
+        t->shape[d] = f.s_v[d];
+        if (!bfs__mul_ok(elems, t->shape[d], &elems))
+            return st_refuse(r, "%s: tensor \"%s\": shape product overflows", what, key);
+    }
+    uint64_t nbytes;
+    if (!bfs__mul_ok(elems, bfs__dtype_size(t->dtype), &nbytes))
+        return st_refuse(r, "%s: tensor \"%s\": byte size overflows", what, key);
+    /* a zero dimension makes the product 0 whatever the others are: check them too,
+     * so that no partial product a planner forms from this shape can wrap */
+    if (!bfs__shape_ok(t->shape, t->ndim, bfs__dtype_size(t->dtype)))
+        return st_refuse(r, "%s: tensor \"%s\": shape too large (its non-zero dimensions times %zu bytes exceed %llu)",
+                         what, key, bfs__dtype_size(t->dtype), (unsigned long long)BFS_MAX_EXTENT);
+    if (!f.o_arr || f.o_n != 2 || !f.o_ok[0] || !f.o_ok[1])
+        return st_refuse(r, "%s: tensor \"%s\": \"data_offsets\" is not two non-negative integers", what, key);
+    t->begin = f.o_v[0];
+    t->end = f.o_v[1];
+    if (t->end < t->begin)
+        return st_refuse(r, "%s: tensor \"%s\": data_offsets [%llu, %llu] end before begin", what, key,
+                         (unsigned long long)t->begin, (unsigned long long)t->end);
+    if (t->end - t->begin != nbytes)
+        return st_refuse(r, "%s: tensor \"%s\": data_offsets [%llu, %llu] hold %llu bytes but %s x shape needs %llu",
+                         what, key, (unsigned long long)t->begin, (unsigned long long)t->end,
+                         (unsigned long long)(t->end - t->begin), bfs__dtype_name(t->dtype), (unsigned long long)nbytes);
+    if (t->end > data_size)
+        return st_refuse(r, "%s: tensor \"%s\": data ends at file offset %llu, past the end of the file (%llu bytes; truncated?)",
+                         what, key, (unsigned long long)(data_start + t->end), (unsigned long long)(data_start + data_size));
+    return 0;
+}
+
+/* __metadata__: an object of strings, its pairs kept (as places in the text) */
+static int st_metadata(st_rd *r)
+{
+    bfs_jtok tok;
+    r->has_meta = true;
+    ST_NEXT(r, tok);
+    if (tok != BFS_JT_OBJ)
+        return st_refuse(r, "%s: __metadata__ is not an object", r->what);
+    for (;;) {
+        ST_NEXT(r, tok);
+        if (tok == BFS_JT_OBJ_END)
+            return 0;
+        const st_meta m = {(uint32_t)r->js.s_off, 0, (uint32_t)r->js.s_raw, 0};
+        ST_NEXT(r, tok);
+        if (tok != BFS_JT_STR) {
+            const char *mk = bfs__js_str_at(&r->js, m.koff, NULL);
+            return mk ? st_refuse(r, "%s: __metadata__ value of \"%s\" is not a string", r->what, mk) : BFS_ENOMEM;
+        }
+        if (bfs__grow((void **)&r->meta, &r->metacap, r->nmeta + 1, sizeof *r->meta) != 0)
+            return BFS_ENOMEM;
+        r->meta[r->nmeta] = m;
+        r->meta[r->nmeta].voff = (uint32_t)r->js.s_off;
+        r->meta[r->nmeta].vraw = (uint32_t)r->js.s_raw;
+        r->nmeta++;
+    }
+}
+
+static int st_meta_cmp(const void *a, const void *b, void *js)
+{
+    return bfs__js_strcmp(js, ((const st_meta *)a)->koff, ((const st_meta *)b)->koff);
+}
+
+/* __metadata__ as json_dumps(JSON_COMPACT | JSON_SORT_KEYS) wrote it from the tree */
+static int st_meta_dump(st_rd *r)
+{
+    size_t cap = 3;
+    for (size_t i = 0; i < r->nmeta; i++)
+        cap += (size_t)r->meta[i].kraw + r->meta[i].vraw + 6;
+    char *out = malloc(cap);
+    if (!out)
+        return BFS_ENOMEM;
+    if (r->nmeta > 1) /* with none, meta is NULL: not for qsort_r */
+        qsort_r(r->meta, r->nmeta, sizeof *r->meta, st_meta_cmp, &r->js);
+    size_t n = 0;
+    out[n++] = '{';
+    for (size_t i = 0; i < r->nmeta; i++) {
+        if (i)
+            out[n++] = ',';
+        n += bfs__js_dump_str(&r->js, r->meta[i].koff, out + n);
+        out[n++] = ':';
+        n += bfs__js_dump_str(&r->js, r->meta[i].voff, out + n);
+    }
+    out[n++] = '}';
+    out[n] = '\0';
+    r->h->metadata_json = out;
+    return 0;
+}
+
+/* a top-level member: its key just read */
+static int st_member(st_rd *r)
+{
+    bfs_st_header *h = r->h;
+    size_t klen = 0;
+    const char *key = bfs__js_str(&r->js, &klen);
+    if (!key)
+        return BFS_ENOMEM;
+    if (klen == 0 || klen > 4096)
+        return st_refuse(r, "%s: header has an empty or overlong tensor name", r->what);
+    if (strcmp(key, "__metadata__") == 0)
+        return st_metadata(r);
+    if (bfs__grow((void **)&h->t, &r->cap, h->n + 1, sizeof *h->t) != 0)
+        return BFS_ENOMEM;
+    bfs_st_tensor *t = &h->t[h->n];
+    memset(t, 0, sizeof *t);
+    if (!(t->name = bfs__strdup(key)))
+        return BFS_ENOMEM;
+    h->n++; /* freed with the table whatever comes */
+    const int rc = st_entry(r, t);
+    if (rc == 0)
+        return 0;
+    free(t->name);
+    h->n--;
+    return rc;
+}
+
+/* The top object's members into the table: 0; BFS_EINPUT, BFS_ENOMEM with the message set */
+static int st_scan(st_rd *r)
+{
+    bfs_jtok tok;
+    int rc = bfs__js_next(&r->js, &tok);
+    assert(rc != 0 || tok == BFS_JT_OBJ); /* the caller saw the '{' */
+    while (rc == 0) {
+        rc = bfs__js_next(&r->js, &tok);
+        if (rc == 0 && tok == BFS_JT_OBJ_END)
+            break;
+        if (rc == 0)
+            rc = st_member(r);
+    }
+    const bool refused = rc == ST_REFUSED;
+    while (rc == ST_REFUSED || (rc == 0 && tok != BFS_JT_END)) /* the rest, for a JSON error in it */
+        rc = bfs__js_next(&r->js, &tok);
+    if (rc == 0 && r->has_meta && !refused)
+        rc = st_meta_dump(r);
+    if (rc == BFS_ENOMEM)
+        return bfs__err(BFS_ENOMEM, "%s: out of memory reading the header (%zu tensors so far)", r->what, r->h->n);
+    if (rc)
+        return bfs__err(BFS_EINPUT, "%s: header is not valid JSON at header byte %zu (file offset %llu): %s", r->what,
+                        r->js.why_at, (unsigned long long)(8 + r->js.why_at), r->js.why);
+    if (refused)
+        return bfs__err(BFS_EINPUT, "%s", r->msg);
+    return 0;
+}
+
 int bfs__st_parse(const uint8_t *buf, uint64_t file_size, const char *what, bfs_st_header *h)
 {
     int rc = 0;
-    json_t *root = NULL;
-    json_error_t jerr;
+    st_rd r = {.what = what, .h = h};
     memset(h, 0, sizeof *h);
 
     if (file_size < 8)
@@ -104,87 +374,10 @@ int bfs__st_parse(const uint8_t *buf, uint64_t file_size, const char *what, bfs_
     h->data_start = 8 + n;
     h->data_size = file_size - h->data_start;
 
-    /* no JSON_ALLOW_NUL: a NUL inside a string ("F32\u0000x") would make a C string that
-     * means something else than the JSON ("F32") */
-    root = json_loadb((const char *)buf + 8, (size_t)n, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root)
-        BFS_FAIL(BFS_EINPUT, "%s: header is not valid JSON at header byte %d (file offset %llu): %s", what,
-                 jerr.position, (unsigned long long)(8 + (uint64_t)(jerr.position > 0 ? jerr.position : 0)), jerr.text);
-    if (!json_is_object(root))
-        BFS_FAIL(BFS_EINPUT, "%s: header is not a JSON object", what);
-
-    const size_t cap = json_object_size(root);
-    h->t = calloc(cap ? cap : 1, sizeof *h->t);
-    if (!h->t)
-        BFS_FAIL(BFS_ENOMEM, "%s: out of memory for %zu header entries", what, cap);
-
-    const char *key;
-    json_t *val;
-    json_object_foreach(root, key, val) {
-        if (strlen(key) != strnlen(key, 4096) || strlen(key) == 0)
-            BFS_FAIL(BFS_EINPUT, "%s: header has an empty or overlong tensor name", what);
-        if (strcmp(key, "__metadata__") == 0) {
-            const char *mk;
-            json_t *mv;
-            if (!json_is_object(val))
-                BFS_FAIL(BFS_EINPUT, "%s: __metadata__ is not an object", what);
-            json_object_foreach(val, mk, mv) {
-                if (!json_is_string(mv))
-                    BFS_FAIL(BFS_EINPUT, "%s: __metadata__ value of \"%s\" is not a string", what, mk);
-            }
-            h->metadata_json = bfs__json_dump(val, JSON_COMPACT | JSON_SORT_KEYS);
-            continue;
-        }
-        bfs_st_tensor *t = &h->t[h->n];
-        if (!json_is_object(val))
-            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\": header entry is not an object", what, key);
-        const json_t *jd = json_object_get(val, "dtype");
-        const json_t *js = json_object_get(val, "shape");
-        const json_t *jo = json_object_get(val, "data_offsets");
-        if (!json_is_string(jd))
-            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\": missing or non-string \"dtype\"", what, key);
-        if (strlen(json_string_value(jd)) != json_string_length(jd) || bfs__dtype_parse(json_string_value(jd), &t->dtype) != 0)
-            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\": unsupported dtype \"%s\"", what, key, json_string_value(jd));
-        if (!json_is_array(js))
-            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\": missing or non-array \"shape\"", what, key);
-        if (json_array_size(js) > BFS_MAX_DIMS)
-            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\": %zu dimensions, at most %d supported", what, key,
-                     json_array_size(js), BFS_MAX_DIMS);
-        t->ndim = (int)json_array_size(js);
-        uint64_t elems = 1;
-        for (int d = 0; d < t->ndim; d++) {
-            if (bfs__u64_of(json_array_get(js, (size_t)d), &t->shape[d]) != 0)
-                BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\": shape[%d] is not a non-negative integer", what, key, d);
-            if (!bfs__mul_ok(elems, t->shape[d], &elems))
-                BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\": shape product overflows", what, key);
-        }
-        uint64_t nbytes;
-        if (!bfs__mul_ok(elems, bfs__dtype_size(t->dtype), &nbytes))
-            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\": byte size overflows", what, key);
-        /* a zero dimension makes the product 0 whatever the others are: check them too,
-         * so that no partial product a planner forms from this shape can wrap */
-        if (!bfs__shape_ok(t->shape, t->ndim, bfs__dtype_size(t->dtype)))
-            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\": shape too large (its non-zero dimensions times %zu bytes exceed %llu)",
-                     what, key, bfs__dtype_size(t->dtype), (unsigned long long)BFS_MAX_EXTENT);
-        if (!json_is_array(jo) || json_array_size(jo) != 2 ||
-            bfs__u64_of(json_array_get(jo, 0), &t->begin) != 0 ||
-            bfs__u64_of(json_array_get(jo, 1), &t->end) != 0)
-            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\": \"data_offsets\" is not two non-negative integers", what, key);
-        if (t->end < t->begin)
-            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\": data_offsets [%llu, %llu] end before begin", what, key,
-                     (unsigned long long)t->begin, (unsigned long long)t->end);
-        if (t->end - t->begin != nbytes)
-            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\": data_offsets [%llu, %llu] hold %llu bytes but %s x shape needs %llu",
-                     what, key, (unsigned long long)t->begin, (unsigned long long)t->end,
-                     (unsigned long long)(t->end - t->begin), bfs__dtype_name(t->dtype), (unsigned long long)nbytes);
-        if (t->end > h->data_size)
-            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\": data ends at file offset %llu, past the end of the file (%llu bytes; truncated?)",
-                     what, key, (unsigned long long)(h->data_start + t->end), (unsigned long long)file_size);
-        t->name = bfs__strdup(key);
-        if (!t->name)
-            BFS_FAIL(BFS_ENOMEM, "%s: out of memory", what);
-        h->n++;
-    }
+    if (bfs__grow((void **)&h->t, &r.cap, 1, sizeof *h->t) != 0) /* a table even when empty */
+        BFS_FAIL(BFS_ENOMEM, "%s: out of memory for the header's entries", what);
+    BFS_TRY(bfs__js_init(&r.js, (const char *)buf + 8, (size_t)n));
+    BFS_TRY(st_scan(&r));
 
     qsort(h->t, h->n, sizeof *h->t, bfs__cmp_begin);
     uint64_t pos = 0;
@@ -201,7 +394,8 @@ int bfs__st_parse(const uint8_t *buf, uint64_t file_size, const char *what, bfs_
                  what, (unsigned long long)(h->data_start + pos), (unsigned long long)file_size);
 
 cleanup:
-    json_decref(root);
+    bfs__js_free(&r.js);
+    free(r.meta);
     if (rc < 0)
         bfs__st_header_free(h);
     return rc;
