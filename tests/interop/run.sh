@@ -4,6 +4,8 @@
 # consolidation), against the upstream dequant computed live.
 #
 # usage: tests/interop/run.sh [BUILD]        (BUILD defaults to build)
+#        INTEROP_ONLY=w1024 tests/interop/run.sh   only check 6: W=1024 of a DeepSeek-V3-named
+#                                            checkpoint (issue 22; also in a full run)
 #
 # Creates (or reuses) a venv at $BUILD/interop-venv from plain PyPI with the packages
 # pinned in tests/interop/requirements.txt (fixtures/requirements.txt + the compressed-tensors
