@@ -14,6 +14,11 @@ transformers, safetensors, bitsandbytes. Everything runs on the CPU, offline.
   4 consolidate   torch's consolidate_safetensors_files(dcp output) == our hf output
   5 open questions of FORMATS.md s5: ranks with no rows (W=8), 0-d tensors; what
                   torch's own HuggingFaceStorageWriter writes for both
+  6 w1024         issue 22: W=1024 of a few layers of a DeepSeek-V3-named FP8 checkpoint
+                  (bench/gen_synth.py dsv3-names, 163 input files); dcp.load(no_dist) with
+                  HuggingFaceStorageReader over the 1024 rank files == upstream, every rank's
+                  metadata checked, a sample of rank files with safe_open. --only w1024
+                  (INTEROP_ONLY=w1024) runs this check alone.
 
 Upstream = transformers convert_moe_packed_tensors (MXFP4), bitsandbytes
 dequantize_4bit (NF4/FP4), tensor.to(torch.bfloat16) (casts), and for the issue-12
@@ -211,10 +216,12 @@ def upstream_quant(d, sd, ref, consumed):
         from transformers.integrations.finegrained_fp8 import Fp8Dequantize
         for k in [k for k in sd if k.endswith(".activation_scale")]:
             consumed.add(k)
-        for k in [k for k in sd if k.endswith(".weight_scale_inv")]:
+        # P.weight + P.weight_scale_inv, and the fused experts' P.gate_up_proj + P.gate_up_proj_scale_inv
+        # ([E, 1, 1], gate_up [E, 2, 1]; docs/FORMATS.md 7.8): _dequantize_one on the tensors as they are
+        for k in [k for k in sd if k.endswith("_scale_inv") and k[: -len("_scale_inv")] in sd]:
             w = k[: -len("_scale_inv")]
             x = Fp8Dequantize(None)._dequantize_one(sd[w], sd[k], output_dtype=torch.bfloat16)
-            ref[w] = (x.contiguous(), "fp8-tensor", None)
+            ref[w] = (x.contiguous(), "fp8-experts" if sd[w].dim() == 3 else "fp8-tensor", None)
             consumed |= {w, k}
     elif qm == "fp8" and any(k.endswith(".scale") and k[:-6] + ".weight" in sd for k in sd):  # DeepSeek-V4
         from transformers.integrations.finegrained_fp8 import Fp8Dequantize
@@ -401,7 +408,8 @@ def load_reference(path):
 # 1. every output file opens with safetensors and equals the upstream dequant
 
 
-def check_dcp_files(outdir, W, ref):
+def check_dcp_files(outdir, W, ref, only_ranks=None):
+    """only_ranks: check only these ranks' files (None: every rank's)."""
     from safetensors import safe_open
     files = sorted(f for f in os.listdir(outdir) if f.endswith(".safetensors"))
     want = [f"shard-{r + 1:05d}-model-00001-of-00001.safetensors" for r in range(W)]
@@ -410,6 +418,8 @@ def check_dcp_files(outdir, W, ref):
     seen = {k: [] for k in ref}
     tol = {}
     for r, fn in enumerate(files):
+        if only_ranks is not None and r not in only_ranks:
+            continue
         with safe_open(os.path.join(outdir, fn), framework="pt") as f:
             md = f.metadata() or {}
             if md.get("format") != "pt" or md.get("DCP_VERSION") != "1.0" or "DCP_SHARDING_INFO" not in md:
@@ -445,6 +455,8 @@ def check_dcp_files(outdir, W, ref):
     for k, ranks in seen.items():
         R = ref[k][0]
         want_r = [0] if R.dim() == 0 else [r for r in range(W) if rows_of(R.shape[0], W, r)[1] > rows_of(R.shape[0], W, r)[0]]
+        if only_ranks is not None:
+            want_r = [r for r in want_r if r in only_ranks]
         if ranks != want_r:
             return False, f"{k}: present on ranks {ranks}, want {want_r}", tol
     return True, "", tol
@@ -526,14 +538,20 @@ def _build_model(job):
         torch.manual_seed(0)
         m = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).to(torch.bfloat16)
         return m, list(m.model.layers)
-    # plain module from the reference names: >=1-d -> parameters, 0-d -> buffers
+    # plain module from the reference names (dotted: nested modules): >=1-d -> parameters, 0-d -> buffers
     ref = load_reference(job["ref"])
     m = nn.Module()
     for k, (t, _, _) in ref.items():
+        *path, leaf = k.split(".")
+        sub = m
+        for p in path:
+            if not hasattr(sub, p):
+                sub.add_module(p, nn.Module())
+            sub = getattr(sub, p)
         if t.dim() == 0:
-            m.register_buffer(k, torch.zeros_like(t))
+            sub.register_buffer(leaf, torch.zeros_like(t))
         else:
-            m.register_parameter(k, nn.Parameter(torch.zeros_like(t)))
+            sub.register_parameter(leaf, nn.Parameter(torch.zeros_like(t)))
     return m, []
 
 
@@ -939,6 +957,143 @@ def check_consolidation(dcpdir, hfdir, dst):
 
 
 # ---------------------------------------------------------------------------------
+# 6. W=1024 (issue 22): a few layers of the DeepSeek-V3-named checkpoint, 1024 rank files
+
+
+W1024_LAYERS, W1024_FILES = 4, 163  # layers 0-2 dense, layer 3 MoE (256 routed experts + the shared one)
+
+
+def check_w1024(bfshard, root, work, device, W=1024):
+    """bench/gen_synth.py dsv3-names (DeepSeek-V3's names, FP8 block + weight_scale_inv, 163
+    input files) -> bfshard convert --world-size 1024, then in this one process (no process
+    group): dcp.load(full-size state dict, HuggingFaceStorageReader(OUT), no_dist=True) of
+    every tensor == the upstream dequant bit for bit, the read metadata's chunks are exactly
+    rank r's torch.chunk rows in rank r's file for every tensor and all W ranks, and a sample
+    of rank files (0, 1, W/2-1, W-1, the last rank with rows of the smallest tensor) opened
+    with safe_open equal the upstream rows of that rank."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    t_all = time.time()
+    tag = f"dsv3-names-l{W1024_LAYERS}"
+    inp = os.path.join(work, tag + "-input")
+    out = os.path.join(work, "out", f"{tag}.dcp-w{W}")
+    hf = os.path.join(work, "out", f"{tag}.hf")
+    name = (f"6 w{W}: {tag} ({W1024_FILES} input files, FP8 block) -> bfshard --world-size {W}; "
+            f"dcp.load(HuggingFaceStorageReader, no_dist) of every tensor == upstream")
+
+    shutil.rmtree(inp, ignore_errors=True)
+    p = subprocess.run([sys.executable, os.path.join(root, "bench", "gen_synth.py"), "dsv3-names", inp,
+                        "--layers", str(W1024_LAYERS), "--files", str(W1024_FILES)], capture_output=True, text=True)
+    if p.returncode != 0:
+        record(name, False, f"gen_synth.py exit {p.returncode}: {p.stderr.strip()[-500:]}")
+        return
+    t_gen = time.time() - t_all
+    t0 = time.time()
+    for d, extra in ((out, ["--world-size", str(W)]), (hf, ["--layout", "hf", "--world-size", "1"])):
+        shutil.rmtree(d, ignore_errors=True)
+        cmd = [bfshard, "convert", inp, d, *extra, "--device", device, "--quiet"]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode != 0:
+            record(name, False, f"{' '.join(cmd)} -> exit {p.returncode}: {p.stderr.strip()[-500:]}")
+            return
+    t_conv = time.time() - t0
+
+    t0 = time.time()
+    ref = upstream_reference(inp)
+    t_ref = time.time() - t0
+    kinds = {}
+    for _, kind, _ in ref.values():
+        kinds[kind] = kinds.get(kind, 0) + 1
+    if kinds.get("fp8-block", 0) == 0 or any(t.dim() == 0 for t, _, _ in ref.values()):
+        record(name, False, f"unexpected reference: kinds {kinds}")
+        return
+
+    # the hf output (W=1) is the whole-tensor form of the same conversion
+    ok, msg, _ = check_hf_files(hf, ref)
+    if not ok:
+        record(name, False, f"{tag}.hf != upstream: {msg}")
+        return
+
+    Base = _recording_reader_cls()
+
+    class Reader(Base):
+        def read_metadata(self, *a, **k):
+            self.md = super().read_metadata(*a, **k)
+            return self.md
+
+    sd = {k: torch.zeros(t.shape, dtype=t.dtype) for k, (t, _, _) in ref.items()}
+    reader = Reader(out)
+    t0 = time.time()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+        try:
+            dcp.load(sd, storage_reader=reader, no_dist=True)
+        except (Exception, CheckpointException) as e:  # noqa: BLE001 (CheckpointException is a BaseException)
+            last = (str(e).strip().splitlines() or [""])[-1]  # the planner's own error, after the traceback
+            record(name, False, f"dcp.load: {type(e).__name__}: {last}")
+            return
+    t_load = time.time() - t0
+
+    errs, tol = [], {}
+    own = [f"shard-{r + 1:05d}-model-00001-of-00001.safetensors" for r in range(W)]
+    md = reader.md
+    where = {(i.fqn, tuple(int(x) for x in i.offset)): os.path.basename(str(v.relative_path))
+             for i, v in md.storage_data.items()}
+    if set(md.state_dict_metadata) != set(ref):
+        errs.append(f"metadata names differ: missing {sorted(set(ref) - set(md.state_dict_metadata))[:3]}, "
+                    f"extra {sorted(set(md.state_dict_metadata) - set(ref))[:3]}")
+    nchunks = 0
+    for k, (R, kind, c8) in sorted(ref.items()):
+        m = md.state_dict_metadata.get(k)
+        if m is None:
+            continue
+        if tuple(m.size) != tuple(R.shape):
+            errs.append(f"{k}: assembled size {list(m.size)}, want {list(R.shape)}")
+            continue
+        # every rank with rows, in rank order: offsets [start, 0...], sizes [rows, ...], in its own file
+        want = []
+        for r in range(W):
+            s_, e_ = rows_of(R.shape[0], W, r)
+            if e_ > s_:
+                want.append(((s_,) + (0,) * (R.dim() - 1), (e_ - s_,) + tuple(R.shape[1:]), own[r]))
+        got = sorted((tuple(int(x) for x in c.offsets), tuple(int(x) for x in c.sizes),
+                      where.get((k, tuple(int(x) for x in c.offsets)))) for c in m.chunks)
+        nchunks += len(got)
+        if got != want:
+            diff = [g for g in got if g not in want][:2] + [("missing",) + w for w in want if w not in got][:2]
+            errs.append(f"{k}: {len(got)} chunks (offsets, sizes, file), want {len(want)}; first differences {diff}")
+            continue
+        ok, msg, tl = compare(sd[k], R, kind, c8)
+        if not ok:
+            errs.append(f"{k}: {msg}")
+        add_tol(tol, tl)
+    if len(reader.meta_opens) != W or set(reader.meta_opens) != set(own):
+        errs.append(f"read_metadata opened {len(reader.meta_opens)} files, want the {W} rank files")
+
+    # a sample of rank files with safe_open, against the upstream rows of that rank
+    small = min((k for k, (t, _, _) in ref.items()), key=lambda k: (ref[k][0].shape[0], ref[k][0].numel(), k))
+    d0 = ref[small][0].shape[0]
+    last_small = max(r for r in range(W) if rows_of(d0, W, r)[1] > rows_of(d0, W, r)[0])
+    sample = sorted({0, 1, W // 2 - 1, W - 1, last_small})
+    t0 = time.time()
+    ok, msg, tl = check_dcp_files(out, W, ref, only_ranks=set(sample))
+    t_sample = time.time() - t0
+    if not ok:
+        errs.append(f"rank files {sample}: {msg}")
+    add_tol(tol, tl)
+
+    total = time.time() - t_all
+    record(name, not errs,
+           "; ".join(errs[:4]) if errs else
+           (f"{len(ref)} tensors ({', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))}), {tol_text(tol)}; "
+            f"metadata: {nchunks} chunks over all {W} ranks == torch.chunk rows, each in its rank's file; "
+            f"read_data opened {len(set(reader.data_opens))} files; safe_open of ranks {sample} == upstream rows "
+            f"(rank {last_small}: last with rows of the smallest, {small} [{d0}]); == {tag}.hf; "
+            f"{total:.1f} s: gen {t_gen:.1f}, convert W={W} + hf {t_conv:.1f}, upstream {t_ref:.1f}, "
+            f"dcp.load {t_load:.1f}, rank files {t_sample:.1f}"))
+
+
+# ---------------------------------------------------------------------------------
 
 
 def make_zero_row_variant(src, dst, W, ref):
@@ -985,7 +1140,10 @@ def main():
     ap.add_argument("--work", required=True)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dist-timeout", type=int, default=480)
+    ap.add_argument("--only", default=os.environ.get("INTEROP_ONLY", ""),
+                    help="comma-separated fixtures: check only these (INTEROP_ONLY=...; default: all)")
     args = ap.parse_args()
+    only = set(x for x in args.only.split(",") if x)
     t_start = time.time()
     warnings.filterwarnings("ignore", message=".*TypedStorage.*")
     for n in ("torch._dynamo", "torch.utils.cpp_extension", "torch._inductor"):
@@ -1007,6 +1165,13 @@ def main():
         f"{consolidate_fn().__module__}.{consolidate_fn().__name__}")
 
     work = args.work
+    # check 6 runs in a full run and when --only names w1024 (--only w1024: check 6 alone)
+    run6, only6 = not only or "w1024" in only, only == {"w1024"}
+    only.discard("w1024")
+    if only6:
+        os.makedirs(os.path.join(work, "out"), exist_ok=True)
+        run_w1024(args)
+        return summary(t_start)
     outs = os.path.join(work, "out")
     refs = os.path.join(work, "ref")
     os.makedirs(outs, exist_ok=True)
@@ -1017,9 +1182,19 @@ def main():
     qfix = sorted(os.path.basename(os.path.dirname(c)) for c in glob.glob(os.path.join(args.fixtures, "*", "config.json"))
                   if quant_config(os.path.dirname(c)).get("quant_method") in QUANT_METHODS)
     fixtures += qfix
+    if only:
+        missing = only - set(fixtures)
+        if missing:
+            say(f"interop: --only names no such fixture: {sorted(missing)}")
+            return 2
+        fixtures = [f for f in fixtures if f in only]
+        qfix = [f for f in qfix if f in only]
     # FSDP2 / DCP loads: one fixture per format (Llama-shaped: a transformers model is built from the output config)
     q_dcp = [f for f in ("fp8-block", "ct-fp8-channel", "ct-int4-asym", "ct-nvfp4", "modelopt-nvfp4",
                          "fp8-tensor", "ct-mxfp8", "ct-mxfp4", "ct-mxfp6") if f in qfix]
+    # issue 23's checkpoints that no transformers model is built from (DeepSeek-V4's own names; fused
+    # FP8 experts): loaded into a plain module of the checkpoint's names and shapes
+    q_plain = [f for f in ("fp8-fused-tensor", "dsv4-tiny", "dsv41-tiny", "dsv4-float") if f in qfix]
     inputs = {f: os.path.join(args.fixtures, f) for f in fixtures}
     scalar_in = os.path.join(work, "scalar0d-input")
     os.makedirs(scalar_in, exist_ok=True)
@@ -1031,8 +1206,12 @@ def main():
     conv = []
     for f in fixtures:
         conv += [(f, "dcp", 2, ()), (f, "dcp", 3, ()), (f, "hf", 1, ())]
-    conv += [("mxfp4-tiny", "dcp", 8, ()), ("mxfp4-tiny", "dcp", 3, ("--mxfp4-layout", "openai")),
-             ("scalar0d", "dcp", 3, ()), ("scalar0d", "dcp", 8, ()), ("scalar0d", "hf", 1, ())]
+    if "mxfp4-tiny" in fixtures:
+        conv += [("mxfp4-tiny", "dcp", 8, ()), ("mxfp4-tiny", "dcp", 3, ("--mxfp4-layout", "openai"))]
+    if not only:
+        conv += [("scalar0d", "dcp", 3, ()), ("scalar0d", "dcp", 8, ()), ("scalar0d", "hf", 1, ())]
+    else:
+        del inputs["scalar0d"]
     outdir = {}
     t0 = time.time()
     conv_fail = []
@@ -1057,8 +1236,10 @@ def main():
         r = upstream_reference(inputs[f])
         ref[f] = r
         save_reference(r, os.path.join(refs, f + ".safetensors"))
-    ref_oa = upstream_reference(inputs["mxfp4-tiny"], layout="openai")
-    save_reference(ref_oa, os.path.join(refs, "mxfp4-tiny-openai.safetensors"))
+    ref_oa = None
+    if "mxfp4-tiny" in fixtures:
+        ref_oa = upstream_reference(inputs["mxfp4-tiny"], layout="openai")
+        save_reference(ref_oa, os.path.join(refs, "mxfp4-tiny-openai.safetensors"))
     info(f"upstream reference computed in {time.time() - t0:.1f} s")
     # sanity: live upstream vs the committed expected files (same pinned versions)
     from safetensors import safe_open
@@ -1163,14 +1344,18 @@ def main():
         return j
 
     plans = {
-        2: [job(f, 2) for f in fixtures if f not in qfix or f in q_dcp] + [rjob("mxfp4-tiny", 2), rjob("bnb-nf4", 2)],
-        3: [job(f, 3) for f in fixtures if f not in qfix or f in q_dcp] + [rjob("mxfp4-tiny", 3), rjob("bnb-fp4-dq", 3)] + [job("scalar0d", 3, scalar_param_probe=True,
+        2: [job(f, 2) for f in fixtures if f not in qfix or f in q_dcp] + [rjob("mxfp4-tiny", 2), rjob("bnb-nf4", 2)]
+           + [job(f, 2, model="plain") for f in q_plain],
+        3: [job(f, 3) for f in fixtures if f not in qfix or f in q_dcp] + [job(f, 3, model="plain") for f in q_plain]
+           + [rjob("mxfp4-tiny", 3), rjob("bnb-fp4-dq", 3)] + [job("scalar0d", 3, scalar_param_probe=True,
                                                 torch_writer=os.path.join(work, "torch-written", "scalar0d-w3"))],
         8: [job("mxfp4-tiny", 8, torch_writer=os.path.join(work, "torch-written", "mxfp4-tiny-w8")),
             job("scalar0d", 8, torch_writer=os.path.join(work, "torch-written", "scalar0d-w8")), zjob("mxfp4-tiny"), zjob("scalar0d"), rjob("mxfp4-tiny", 8)],
     }
     for W, jobs in plans.items():
         jobs = [j for j in jobs if j]
+        if not jobs:
+            continue
         per_rank, err, secs = run_dist(W, jobs, work, args.dist_timeout)
         if err or len(per_rank) != W:
             record(f"2 fsdp2-dcp: W={W} gloo job", False, err or f"only ranks {sorted(per_rank)} reported")
@@ -1233,7 +1418,20 @@ def main():
                            ok, msg)
         info(f"W={W}: {secs:.1f} s (spawn of {W} processes included)")
 
-    # ---- summary ---------------------------------------------------------------------
+    # ---- 6. W=1024 ------------------------------------------------------------------------
+    if run6:
+        run_w1024(args)
+    return summary(t_start)
+
+
+def run_w1024(args):
+    try:
+        check_w1024(args.bfshard, os.path.dirname(os.path.abspath(args.fixtures)), args.work, args.device)
+    except Exception as e:  # noqa: BLE001
+        record("6 w1024: the W=1024 check ran", False, f"{type(e).__name__}: {e} {traceback.format_exc(limit=4)}")
+
+
+def summary(t_start):
     nfail = sum(1 for _, ok, _ in RESULTS if not ok)
     say(f"interop: {len(RESULTS) - nfail} passed, {nfail} failed, {time.time() - t_start:.1f} s")
     for n, ok, d in RESULTS:

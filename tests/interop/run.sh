@@ -4,6 +4,8 @@
 # consolidation), against the upstream dequant computed live.
 #
 # usage: tests/interop/run.sh [BUILD]        (BUILD defaults to build)
+#        INTEROP_ONLY=w1024 tests/interop/run.sh   only check 6: W=1024 of a DeepSeek-V3-named
+#                                            checkpoint (issue 22; also in a full run)
 #
 # Creates (or reuses) a venv at $BUILD/interop-venv from plain PyPI with the packages
 # pinned in tests/interop/requirements.txt (fixtures/requirements.txt + the compressed-tensors
@@ -15,6 +17,8 @@
 #   INTEROP_VENV=DIR        use/create the venv at DIR instead
 #   INTEROP_DEVICE=cpu      --device passed to bfshard convert (cpu, auto, cuda)
 #   INTEROP_KEEP=1          keep $BUILD/interop-work (outputs, logs) after a pass
+#   INTEROP_ONLY=a,b        check only these fixtures (interop.py --only), e.g.
+#                           fp8-fused-tensor,dsv41-tiny,dsv4-float
 set -eu
 
 BUILD=${1:-build}
