@@ -615,10 +615,11 @@ static void bfs__run_free(bfs_run *r, int rc)
         bfs__rank_free(&r->rank[i]);
         bfs__rank_buf_free(&r->rank[i]);
     }
-    for (int i = 0; i < BFS_GROUP_MAX; i++) {
+    for (int i = 0; r->grp && i < BFS_GROUP_MAX; i++) {
         bfs__rank_free(&r->grp[i]);
         bfs__rank_buf_free(&r->grp[i]);
     }
+    free(r->grp);
     free(r->wsteps);
     bfs__wscratch_free(&r->ws);
     bfs__srchash_free(r->sh);
@@ -689,8 +690,6 @@ int bfs_convert(const char *input_arg, const char *outdir, const bfs_convert_opt
     r->lock.fd = r->lock.dirfd = -1;
     for (int i = 0; i < 2; i++)
         r->rank[i].t = r->rank[i].zt = (bfs_tmpfile){.fd = -1, .dirfd = -1};
-    for (int i = 0; i < BFS_GROUP_MAX; i++)
-        r->grp[i].t = r->grp[i].zt = (bfs_tmpfile){.fd = -1, .dirfd = -1};
     bfs__err_clear();
     bfs__cancel_reset();
     bfs_convert_opts_init(o); /* the caller's fields within its size, defaults past it (abi.c) */

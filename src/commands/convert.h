@@ -76,7 +76,7 @@ typedef struct bfs_run {
     bfs_rank rank[2];          /* the rank file being written, and the one before (committing) */
     int rank_cur;
     int group;                 /* rank files written together (units.h: bfs__group_size); 1: one at a time */
-    bfs_rank grp[BFS_GROUP_MAX]; /* a group's files (bfs__write_group) */
+    bfs_rank *grp;             /* a group's files (bfs__write_group), BFS_GROUP_MAX once a group runs */
     uint64_t carved;           /* bytes of buffer r->slot a window's batches took (0: none yet) */
     bfs_gstep *wsteps;         /* a window's batches, to release their input pages after it */
     size_t nwsteps, cwsteps;

@@ -587,6 +587,12 @@ int bfs__write_group(bfs_run *r, const int *fidx, int n)
     bfs_gwalk gw;
     bfs_gstep s;
     BFS_TRY(bfs__ranks_finish(r)); /* the files before, written one at a time, committed */
+    if (!r->grp) { /* off the stack: BFS_GROUP_MAX paths */
+        if (!(r->grp = calloc(BFS_GROUP_MAX, sizeof *r->grp)))
+            BFS_FAIL(BFS_ENOMEM, "out of memory");
+        for (int i = 0; i < BFS_GROUP_MAX; i++)
+            r->grp[i].t = r->grp[i].zt = (bfs_tmpfile){.fd = -1, .dirfd = -1};
+    }
     for (int g = 0; g < n; g++) {
         bfs__rank_reset(&r->grp[g], fidx[g]);
         BFS_TRY(bfs__rank_begin(r, &r->grp[g]));
@@ -643,7 +649,7 @@ void bfs__ranks_abort(bfs_run *r)
         r->rank[i].active = false;
         bfs__rank_free(&r->rank[i]);
     }
-    for (int i = 0; i < BFS_GROUP_MAX; i++) {
+    for (int i = 0; r->grp && i < BFS_GROUP_MAX; i++) {
         r->grp[i].active = false;
         bfs__rank_free(&r->grp[i]);
     }
