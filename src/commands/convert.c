@@ -15,7 +15,8 @@
  * Memory: the ring of unit buffers (bfs__ring_budget), the writer's carries and the
  * headers of the files in flight (two, or a group's: units.h); input pages are released
  * (madvise + fadvise DONTNEED) after each unit or a group's window (bfs__advise_sources,
- * bfs__release_window, convert_ranks.c), so neither RSS nor page cache grows with the model.
+ * bfs__release_window, convert_ranks.c), so RSS does not grow with the model, nor the page
+ * cache, but for input slices under 64 KiB (BFS_DROP_MIN), which are left to the kernel's LRU.
  */
 #include "commands/convert.h"
 #include "commands/commands.h"
