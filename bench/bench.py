@@ -979,7 +979,9 @@ def main():
     ap.add_argument("--check", type=int, default=0, help="1: check the upstream output equals bfshard's")
     ap.add_argument("--data", default=os.path.join(ROOT, "build", "bench-data"))
     ap.add_argument("--disk-dir", default=os.path.join(ROOT, "build", "bench-tmp"))
-    ap.add_argument("--shm", default="/dev/shm/bfshard-bench")
+    # per process: a second bench (another checkout) removes its own tmpfs folder when it ends,
+    # never this one's (a shared one was removed under a running convert: rename ENOENT, exit 4)
+    ap.add_argument("--shm", default=f"/dev/shm/bfshard-bench-{os.getpid()}")
     ap.add_argument("--keep-data", type=int, default=1)
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "out"))
     a = ap.parse_args()
