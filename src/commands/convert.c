@@ -387,11 +387,9 @@ static int bfs__run_setup(bfs_run *r, const char *input)
     r->fstamp = calloc((size_t)r->in->nfiles + 1, sizeof *r->fstamp);
     if (!r->file_hex || !r->zst || !r->piece_hex || !r->slices_hex || !r->reused || !r->src_hex || !r->aux || !r->pr || !r->fstamp)
         BFS_FAIL(BFS_ENOMEM, "out of memory");
-    for (int f = 0; f < nf; f++) {
-        r->piece_hex[f] = calloc(r->plan->files[f].npieces + 1, sizeof **r->piece_hex);
-        if (!r->piece_hex[f])
-            BFS_FAIL(BFS_ENOMEM, "out of memory");
-    }
+    /* each file's piece hashes: allocated when it is written (bfs__piece_hex_alloc), freed at
+     * its commit, so that they never add up to files x tensors (W = 1024 on DeepSeek-V3's 92k
+     * tensors: 3.1 GB of address space otherwise) */
     /* + the headroom before each unit's output that lets the writer use O_DIRECT; on the
      * buffers' page (writer.h: bfs__buf_page), huge pages advised where available */
     const size_t bp = (size_t)bfs__buf_page();

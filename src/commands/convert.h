@@ -109,5 +109,7 @@ int bfs__rehash_pieces(bfs_run *r, int fidx);
 /* File fidx's slice index (slices.h) written from its pieces' hashes, which are then freed:
  * at its commit, so that the hashes held do not grow with files x tensors. */
 int bfs__file_slices(bfs_run *r, int fidx);
+/* File fidx's piece hashes (r->piece_hex[fidx]) allocated, when they are not yet. */
+int bfs__piece_hex_alloc(bfs_run *r, int fidx);
 
 #endif

@@ -396,6 +396,7 @@ static int bfs__rank_begin(bfs_run *r, bfs_rank *k)
         BFS_TRY(bfs__zcopy_open(r, of, &k->zt, k->zname, sizeof k->zname));
         BFS_TRY(bfs__zst_writer_create(k->zt.fd, r->o->compress_level, r->o->threads, 0, r->o->compress_mode, &k->zw));
     }
+    BFS_TRY(bfs__piece_hex_alloc(r, k->fidx));
     BFS_TRY(k->wslot = bfs__writer_begin_file(&r->w, k->t.fd, k->what, r->piece_hex[k->fidx], k->zw, r->plan, of));
     /* [0, data_start): the length and the text, in the rank's own buffer, aligned, kept for
      * its next file (its pages not faulted in afresh every file); the writer writes its
@@ -681,7 +682,9 @@ int bfs__hash_reused_sources(bfs_run *r, int fidx)
 int bfs__rehash_pieces(bfs_run *r, int fidx)
 {
     const bfs_outfile *of = &r->plan->files[fidx];
-    int rc = 0;
+    int rc = bfs__piece_hex_alloc(r, fidx);
+    if (rc < 0)
+        return rc;
     const int fd = openat(r->dirfd, of->name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0)
         return bfs__errno(BFS_EIO, errno, "%s/%s: cannot open", r->outdir, of->name);
@@ -705,10 +708,19 @@ int bfs__rehash_pieces(bfs_run *r, int fidx)
     return rc;
 }
 
+int bfs__piece_hex_alloc(bfs_run *r, int fidx)
+{
+    if (!r->piece_hex[fidx] && !(r->piece_hex[fidx] = calloc(r->plan->files[fidx].npieces + 1, sizeof **r->piece_hex)))
+        return bfs__err(BFS_ENOMEM, "%s: out of memory for its piece hashes", r->plan->files[fidx].name);
+    return 0;
+}
+
 int bfs__file_slices(bfs_run *r, int fidx)
 {
-    if (!r->piece_hex[fidx])
+    if (r->slices_hex[fidx][0])
         return 0; /* written already */
+    if (!r->piece_hex[fidx])
+        return bfs__err(BFS_EINTERNAL, "%s: its slice index before its pieces were hashed", r->plan->files[fidx].name);
     const int rc = bfs__slices_write(r->dirfd, r->outdir, r->plan, fidx, r->piece_hex[fidx],
                                      r->hdr_hex && r->hdr_hex[fidx][0] ? r->hdr_hex[fidx] : NULL, r->mine != NULL,
                                      r->slices_hex[fidx], r->slices_sha ? r->slices_sha[fidx] : NULL);
