@@ -309,6 +309,7 @@ static int bfs__run_part(bfs_run *r)
         return 0;
     if (p->layout != BFS_LAYOUT_DCP || p->nfiles != o->world_size)
         return bfs__err(BFS_EUSAGE, "--ranks is for --layout dcp (one file per rank)");
+    free(r->mine); /* resolved again, now with its message on failure (the layout's was quiet) */
     r->mine = calloc((size_t)p->nfiles, sizeof *r->mine);
     if (!r->mine)
         BFS_FAIL(BFS_ENOMEM, "out of memory");
@@ -321,8 +322,11 @@ static int bfs__run_part(bfs_run *r)
     BFS_TRY(bfs__part_names(r->part, r->pname, r->jname, sizeof r->pname));
     r->part_bytes = 0;
     for (int f = 0; f < p->nfiles; f++)
-        if (r->mine[f])
+        if (r->mine[f]) {
+            if (p->files[f].data_start == 0) /* not laid out: the ranks resolved otherwise before */
+                BFS_FAIL(BFS_EINTERNAL, "%s: a rank of this part the layout did not count", p->files[f].name);
             r->part_bytes += p->files[f].size - p->files[f].data_start;
+        }
     bfs__log(r, "ranks %s of --world-size %d (%s); threads %d; part manifest %s", r->part, o->world_size,
              how[0] ? how : "--ranks", o->threads, r->pname);
 cleanup:
@@ -343,7 +347,17 @@ static int bfs__run_setup(bfs_run *r, const char *input)
     BFS_TRY(bfs__plan_tensors(r->in, o, &r->plan));
     r->t_plan = bfs__now() - t;
     t = bfs__now();
-    BFS_TRY(bfs__plan_layout(r->plan, o));
+    if (o->ranks && o->layout == BFS_LAYOUT_DCP && o->world_size > 0) { /* a part: its files laid out in full */
+        char how[192];
+        if (!(r->mine = calloc((size_t)o->world_size, sizeof *r->mine)))
+            BFS_FAIL(BFS_ENOMEM, "out of memory");
+        if (bfs__ranks_resolve(o, r->mine, how, sizeof how) < 0) { /* bfs__run_part says why */
+            free(r->mine);
+            r->mine = NULL;
+            bfs__err_clear();
+        }
+    }
+    BFS_TRY(bfs__plan_layout_for(r->plan, o, r->mine));
     r->t_layout = bfs__now() - t;
 #ifdef __GLIBC__
     /* the pages of the JSON trees parsing freed (every input header, the index): their

@@ -491,7 +491,26 @@ static uint64_t bfs__dcp_ranks(const bfs_ltensor *t, uint64_t W)
     return (t->d0 + chunk - 1) / chunk;
 }
 
-static int bfs__layout_dcp(bfs_plan *p, uint64_t W)
+/* A rank file that another part writes (bfs__plan_layout_for): its pieces' sizes only
+ * (the plan's data bytes count them); no order, no header counted, no offsets: size and
+ * data_start stay 0, and nothing of a part reads them. */
+static int bfs__skip_file(bfs_plan *p, bfs_outfile *f)
+{
+    uint64_t pos = 0;
+    for (size_t i = 0; i < f->npieces; i++) {
+        bfs_piece *pc = &f->pieces[i];
+        const bfs_ltensor *t = &p->t[pc->tensor];
+        pc->nbytes = (pc->row1 - pc->row0) * t->row_elems * bfs__dtype_size(t->out_dtype);
+        if (!bfs__add_ok(pos, pc->nbytes, &pos) || pos > BFS_MAX_EXTENT)
+            return bfs__err(BFS_EINPUT, "%s: tensor \"%s\": the file's data would exceed %llu bytes", f->name, t->name,
+                            (unsigned long long)BFS_MAX_EXTENT);
+    }
+    if (!bfs__add_ok(p->total_bytes, pos, &p->total_bytes) || p->total_bytes > BFS_MAX_EXTENT)
+        return bfs__err(BFS_EINPUT, "%s: the output would exceed %llu bytes", f->name, (unsigned long long)BFS_MAX_EXTENT);
+    return 0;
+}
+
+static int bfs__layout_dcp(bfs_plan *p, uint64_t W, const bool *only)
 {
     int rc = 0;
     char name[128];
@@ -532,6 +551,10 @@ static int bfs__layout_dcp(bfs_plan *p, uint64_t W)
          * consolidate_safetensors_files rejects a file whose DCP_SHARDING_INFO is {}. */
         if (f->npieces == 0 && first_nd < p->nt)
             f->pieces[f->npieces++] = (bfs_piece){.tensor = (int)first_nd, .row0 = p->t[first_nd].d0, .row1 = p->t[first_nd].d0};
+        if (only && !only[r]) {
+            BFS_TRY(bfs__skip_file(p, f));
+            continue;
+        }
         BFS_TRY(bfs__file_order(p, f));
         BFS_TRY(bfs__finish_file(p, f));
     }
@@ -589,12 +612,14 @@ cleanup:
     return rc;
 }
 
-int bfs__plan_layout(bfs_plan *p, const bfs_convert_opts *o)
+int bfs__plan_layout(bfs_plan *p, const bfs_convert_opts *o) { return bfs__plan_layout_for(p, o, NULL); }
+
+int bfs__plan_layout_for(bfs_plan *p, const bfs_convert_opts *o, const bool *only)
 {
     p->world_size = o->world_size;
     p->layout = o->layout;
     p->total_bytes = 0;
     if (o->layout == BFS_LAYOUT_DCP)
-        return bfs__layout_dcp(p, (uint64_t)o->world_size);
+        return bfs__layout_dcp(p, (uint64_t)o->world_size, only);
     return bfs__layout_hf(p, o->max_shard_size ? o->max_shard_size : 5000000000ull);
 }
