@@ -15,6 +15,8 @@
 #   INTEROP_VENV=DIR        use/create the venv at DIR instead
 #   INTEROP_DEVICE=cpu      --device passed to bfshard convert (cpu, auto, cuda)
 #   INTEROP_KEEP=1          keep $BUILD/interop-work (outputs, logs) after a pass
+#   INTEROP_ONLY=a,b        check only these fixtures (interop.py --only), e.g.
+#                           fp8-fused-tensor,dsv41-tiny,dsv4-float
 set -eu
 
 BUILD=${1:-build}
