@@ -330,6 +330,8 @@ static void refuse(const char *fx, const st_edit *edits, const char *const *qset
             fail_msg("%s: error \"%s\" does not name \"%s\"", fx, msg, *needles);
     assert_int_equal(tu_sh("test -e %s/out/config.json", tmp), 1);
     assert_int_equal(tu_sh("ls %s/out/*.safetensors >/dev/null 2>&1", tmp), 2);
+    /* nothing at all under a final name (manifest, sums, slices, ...): OUT is not even made */
+    assert_int_equal(tu_sh("test -z \"$(ls -A %s/out 2>/dev/null)\"", tmp), 0);
     tu_rmrf(tmp);
     free(tmp);
 }
@@ -407,6 +409,9 @@ static void fp8_fused_tensor_rules(void **s)
     refuse("fp8-fused-tensor", E({GU "_scale_inv", NULL, "I32", 0, {0}}), NULL, S(GU "_scale_inv", "I32"));
     refuse("fp8-fused-tensor", NULL, S("weight_block_size=[16, 16]"), S("weight_block_size [16, 16]"));
     refuse("fp8-fused-tensor", E({"model.layers.2.mlp.experts.up_proj_scale_inv", "zz.unrelated", NULL, 0, {0}}), NULL, S("layers.2.mlp.experts.up_proj\""));
+    /* a compressed-tensors style scale on a fused expert tensor beside its _scale_inv */
+    refuse("fp8-fused-tensor", E({"model.layers.0.input_layernorm.weight", GU ".weight_scale", NULL, 0, {0}}), NULL,
+           S(GU ".weight_scale\"", "no quantized weight uses"));
     assert_int_equal(tu_sh("%s inspect fixtures/fp8-fused-tensor | grep -q 'layers.2.mlp.experts.up_proj  *fp8-experts  *dequantized  *BF16  *\\[3, 32, 32\\]'", tu_bfshard()), 0);
     assert_int_equal(tu_sh("%s inspect fixtures/fp8-fused-tensor | grep -q 'layers.1.mlp.experts.gate_up_proj  *fp8-experts  *dequantized'", tu_bfshard()), 0);
 }
@@ -499,6 +504,11 @@ static void fp8_tensor_rules(void **s)
     refuse("fp8-tensor", NULL, S("weight_block_size=[128]"), S("weight_block_size"));
     /* scale missing */
     refuse("fp8-tensor", E({Q "weight_scale_inv", "zz.unrelated", NULL, 0, {0}}), NULL, S(Q "weight", "without its scale"));
+    /* two formats on one weight: a compressed-tensors weight_scale beside weight_scale_inv; a zero point */
+    refuse("fp8-tensor", E({"model.layers.0.mlp.down_proj.activation_scale", Q "weight_scale", NULL, 0, {0}}), NULL,
+           S(Q "weight\"", "both", Q "weight_scale_inv\"", Q "weight_scale\""));
+    refuse("fp8-tensor", E({"model.layers.0.input_layernorm.weight", Q "weight_zero_point", NULL, 0, {0}}), NULL,
+           S(Q "weight_zero_point\"", "zero points"));
 }
 
 /* activation_scale (static activations) is dropped under quant_method "fp8", and listed */
