@@ -228,9 +228,8 @@ static inline void fp8_run(const uint8_t *w, size_t n, float sf, uint16_t *o)
  * 128-row band, not once per row. Where a call spans a row and a row's blocks fit the cache,
  * a band's tables are made current once when the band starts, so its rows run through them
  * with no scale read and no key test per block (a 32 x 32 block, DeepSeek-V4.1 with
- * scale_fmt "float", would pay those every 32 elements: 0.69x memcpy before, 0.95x after, the
- * median of 3 processes on a shared 2-core EPYC; its 224 tables, 64 bytes a block, are read
- * from L2 each row there: with 8 of them standing in for all it ran at the E8M0 rate). */
+ * scale_fmt "float", would pay those every 32 elements: 0.69x memcpy before, 1.03x and 1.09x
+ * after, medians of 3 processes on a shared 2-core EPYC). */
 
 enum { FP8_SLOTS = 512 };
 
