@@ -330,6 +330,8 @@ static void refuse(const char *fx, const st_edit *edits, const char *const *qset
             fail_msg("%s: error \"%s\" does not name \"%s\"", fx, msg, *needles);
     assert_int_equal(tu_sh("test -e %s/out/config.json", tmp), 1);
     assert_int_equal(tu_sh("ls %s/out/*.safetensors >/dev/null 2>&1", tmp), 2);
+    /* nothing at all under a final name (manifest, sums, slices, ...): OUT is not even made */
+    assert_int_equal(tu_sh("test -z \"$(ls -A %s/out 2>/dev/null)\"", tmp), 0);
     tu_rmrf(tmp);
     free(tmp);
 }
@@ -407,6 +409,9 @@ static void fp8_fused_tensor_rules(void **s)
     refuse("fp8-fused-tensor", E({GU "_scale_inv", NULL, "I32", 0, {0}}), NULL, S(GU "_scale_inv", "I32"));
     refuse("fp8-fused-tensor", NULL, S("weight_block_size=[16, 16]"), S("weight_block_size [16, 16]"));
     refuse("fp8-fused-tensor", E({"model.layers.2.mlp.experts.up_proj_scale_inv", "zz.unrelated", NULL, 0, {0}}), NULL, S("layers.2.mlp.experts.up_proj\""));
+    /* a compressed-tensors style scale on a fused expert tensor beside its _scale_inv */
+    refuse("fp8-fused-tensor", E({"model.layers.0.input_layernorm.weight", GU ".weight_scale", NULL, 0, {0}}), NULL,
+           S(GU ".weight_scale\"", "no quantized weight uses"));
     assert_int_equal(tu_sh("%s inspect fixtures/fp8-fused-tensor | grep -q 'layers.2.mlp.experts.up_proj  *fp8-experts  *dequantized  *BF16  *\\[3, 32, 32\\]'", tu_bfshard()), 0);
     assert_int_equal(tu_sh("%s inspect fixtures/fp8-fused-tensor | grep -q 'layers.1.mlp.experts.gate_up_proj  *fp8-experts  *dequantized'", tu_bfshard()), 0);
 }
@@ -499,6 +504,11 @@ static void fp8_tensor_rules(void **s)
     refuse("fp8-tensor", NULL, S("weight_block_size=[128]"), S("weight_block_size"));
     /* scale missing */
     refuse("fp8-tensor", E({Q "weight_scale_inv", "zz.unrelated", NULL, 0, {0}}), NULL, S(Q "weight", "without its scale"));
+    /* two formats on one weight: a compressed-tensors weight_scale beside weight_scale_inv; a zero point */
+    refuse("fp8-tensor", E({"model.layers.0.mlp.down_proj.activation_scale", Q "weight_scale", NULL, 0, {0}}), NULL,
+           S(Q "weight\"", "both", Q "weight_scale_inv\"", Q "weight_scale\""));
+    refuse("fp8-tensor", E({"model.layers.0.input_layernorm.weight", Q "weight_zero_point", NULL, 0, {0}}), NULL,
+           S(Q "weight_zero_point\"", "zero points"));
 }
 
 /* activation_scale (static activations) is dropped under quant_method "fp8", and listed */
@@ -814,6 +824,36 @@ static void dsv4_rules(void **s)
     free(tmp);
 }
 
+/* ---- DeepSeek-V4.1 (dsv41-tiny: weight_block_size [32, 32], expert_dtype in quantization_config)
+ * and scale_fmt "float" (dsv4-float: F32 P.scale, E8M0 FP4 expert scales): the same refusals on
+ * their own layouts; each edit keeps the tensor's byte count */
+#define SX0 "layers.0.ffn.shared_experts."
+static void dsv41_float_rules(void **s)
+{
+    (void)s;
+    /* a scale of the wrong dtype */
+    refuse("dsv41-tiny", E({A0 "wo_a.scale", NULL, "I8", 0, {0}}), NULL, S(A0 "wo_a.scale", "I8", "F8_E8M0 or U8"));
+    refuse("dsv4-float", E({A0 "wq_a.scale", NULL, "I32", 0, {0}}), NULL, S(A0 "wq_a.scale", "I32", "F32"));
+    refuse("dsv4-float", E({SX0 "w1.scale", NULL, "F8_E8M0", 1, {4}}), NULL, S(SX0 "w1.scale", "F8_E8M0"));
+    refuse("dsv4-float", E({X0 "w1.scale", NULL, "F32", 2, {64, 2}}), NULL, S(X0 "w1.scale", "F32"));
+    /* a scale of the wrong shape or count (the grid of the config's block) */
+    refuse("dsv41-tiny", E({A0 "wq_a.scale", NULL, NULL, 2, {8, 7}}), NULL, S(A0 "wq_a.scale", "[8, 7]", "[7, 8]"));
+    refuse("dsv41-tiny", E({A0 "wq_b.scale", NULL, NULL, 1, {35}}), NULL, S(A0 "wq_b.scale", "[35]"));
+    refuse("dsv4-float", E({A0 "wq_b.scale", NULL, NULL, 2, {4, 1}}), NULL, S(A0 "wq_b.scale", "[4, 1]", "[2, 2]"));
+    refuse("dsv41-tiny", E({X0 "w2.scale", NULL, NULL, 2, {128, 4}}), NULL, S(X0 "w2.scale", "[128, 4]", "[256, 2]"));
+    /* the config disagrees with the tensors */
+    refuse("dsv41-tiny", NULL, S("weight_block_size=[128, 128]"), S(".scale\"", "weight_block_size [128, 128]"));
+    refuse("dsv41-tiny", NULL, S("expert_dtype=\"fp8\""), S("expert_dtype"));
+    refuse("dsv41-tiny", NULL, S("scale_fmt=\"float\""), S(".scale\"", "expected F32"));
+    refuse("dsv4-float", NULL, S("scale_fmt=\"ue8m0\""), S(".scale\"", "F32"));
+    refuse("dsv4-float", NULL, S("weight_block_size=[32, 32]"), S(".scale\"", "weight_block_size [32, 32]"));
+    /* two formats' scales on one weight: V3's weight_scale_inv (an F32 tensor renamed) beside V4's scale */
+    refuse("dsv41-tiny", E({"layers.0.attn.attn_sink", A0 "wq_a.weight_scale_inv", NULL, 0, {0}}), NULL,
+           S(A0 "wq_a.weight_scale_inv"));
+    refuse("dsv4-float", E({"layers.0.attn.attn_sink", SX0 "w1.weight_scale_inv", NULL, 0, {0}}), NULL,
+           S(SX0 "w1.weight_scale_inv"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -833,6 +873,7 @@ int main(void)
         cmocka_unit_test(refuse_ctmx6),
         cmocka_unit_test(ct_mixed_matching),
         cmocka_unit_test(dsv4_rules),
+        cmocka_unit_test(dsv41_float_rules),
         cmocka_unit_test(quark_rules),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

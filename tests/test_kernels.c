@@ -1196,7 +1196,7 @@ static void test_q12_fp8_table(void **state)
         sv[ns++] = -f_;                                                            \
     } while (0)
     for (int e = -126; e <= 127; e++) {
-        if (e > -112 && e < 112)
+        if (e > -112 && e < 112 && (e < 95 || e > 99)) /* 2^97: where the AVX2 build stops checking */
             continue;
         const uint32_t p = (uint32_t)(e + 127) << 23;
         SV_ADD(f32_of(p));
@@ -1243,7 +1243,7 @@ static void test_q12_fp8_table(void **state)
 
     /* blocks: bh x bw, scales cycling through the list */
     {
-        static const size_t bws[][2] = {{1, 5}, {1, 31}, {1, 32}, {3, 33}, {1, 100}, {3, 128}, {2, 256}};
+        static const size_t bws[][2] = {{1, 5}, {1, 31}, {1, 32}, {3, 33}, {1, 100}, {3, 128}, {2, 256}, {32, 32}};
         for (size_t bi = 0; bi < sizeof bws / sizeof *bws; bi++) {
             const size_t bh = bws[bi][0], bw = bws[bi][1], cols = bw * 70 + 11;
             const size_t gcols = (cols + bw - 1) / bw, grows = (ns + gcols - 1) / gcols + 1;
