@@ -491,36 +491,30 @@ static uint64_t bfs__dcp_ranks(const bfs_ltensor *t, uint64_t W)
     return (t->d0 + chunk - 1) / chunk;
 }
 
-/* A rank file that another part writes (bfs__plan_layout_for): its pieces' sizes only
- * (the plan's data bytes count them); no order, no header counted, no offsets: size and
- * data_start stay 0, and nothing of a part reads them. */
-static int bfs__skip_file(bfs_plan *p, bfs_outfile *f)
-{
-    uint64_t pos = 0;
-    for (size_t i = 0; i < f->npieces; i++) {
-        bfs_piece *pc = &f->pieces[i];
-        const bfs_ltensor *t = &p->t[pc->tensor];
-        pc->nbytes = (pc->row1 - pc->row0) * t->row_elems * bfs__dtype_size(t->out_dtype);
-        if (!bfs__add_ok(pos, pc->nbytes, &pos) || pos > BFS_MAX_EXTENT)
-            return bfs__err(BFS_EINPUT, "%s: tensor \"%s\": the file's data would exceed %llu bytes", f->name, t->name,
-                            (unsigned long long)BFS_MAX_EXTENT);
-    }
-    if (!bfs__add_ok(p->total_bytes, pos, &p->total_bytes) || p->total_bytes > BFS_MAX_EXTENT)
-        return bfs__err(BFS_EINPUT, "%s: the output would exceed %llu bytes", f->name, (unsigned long long)BFS_MAX_EXTENT);
-    return 0;
-}
-
 static int bfs__layout_dcp(bfs_plan *p, uint64_t W, const bool *only)
 {
     int rc = 0;
     char name[128];
     size_t *count = calloc(W, sizeof *count);
+    /* a part (only): the files it does not write get no pieces (their tensors x ranks of
+     * plan were most of its layout and memory), their data bytes only, for the plan's total */
+    uint64_t *bytes = only ? calloc(W, sizeof *bytes) : NULL;
     p->files = calloc(W, sizeof *p->files);
-    if (!count || !p->files)
+    if (!count || !p->files || (only && !bytes))
         BFS_FAIL(BFS_ENOMEM, "out of memory");
-    for (size_t i = 0; i < p->nt; i++)
-        for (uint64_t r = 0, n = bfs__dcp_ranks(&p->t[i], W); r < n; r++)
+    for (size_t i = 0; i < p->nt; i++) {
+        const bfs_ltensor *t = &p->t[i];
+        const uint64_t rb = t->row_elems * bfs__dtype_size(t->out_dtype);
+        for (uint64_t r = 0, n = bfs__dcp_ranks(t, W); r < n; r++) {
             count[r]++;
+            if (only && !only[r]) {
+                uint64_t a = 0, b = t->ndim == 0 ? 1 : 0;
+                if (t->ndim > 0)
+                    bfs__chunk_rows(t->d0, W, r, &a, &b);
+                bytes[r] += (b - a) * rb; /* bounded: the tensor's bytes were checked by the plan */
+            }
+        }
+    }
     size_t first_nd = p->nt; /* the first tensor that has a dim 0, for ranks without rows */
     for (size_t i = 0; i < p->nt && first_nd == p->nt; i++)
         if (p->t[i].ndim > 0)
@@ -530,13 +524,15 @@ static int bfs__layout_dcp(bfs_plan *p, uint64_t W, const bool *only)
         p->nfiles = (int)r + 1;
         snprintf(name, sizeof name, "shard-%05llu-model-00001-of-00001.safetensors", (unsigned long long)r + 1);
         f->name = bfs__strdup(name);
-        f->pieces = calloc(count[r] + 1, sizeof *f->pieces);
+        f->pieces = calloc(only && !only[r] ? 1 : count[r] + 1, sizeof *f->pieces);
         if (!f->name || !f->pieces)
             BFS_FAIL(BFS_ENOMEM, "out of memory");
     }
     for (size_t i = 0; i < p->nt; i++) {
         const bfs_ltensor *t = &p->t[i];
         for (uint64_t r = 0, n = bfs__dcp_ranks(t, W); r < n; r++) {
+            if (only && !only[r])
+                continue;
             uint64_t a = 0, b = t->ndim == 0 ? 1 : 0;
             if (t->ndim > 0)
                 bfs__chunk_rows(t->d0, W, r, &a, &b);
@@ -546,20 +542,22 @@ static int bfs__layout_dcp(bfs_plan *p, uint64_t W, const bool *only)
     }
     for (uint64_t r = 0; r < W; r++) {
         bfs_outfile *f = &p->files[r];
+        if (only && !only[r]) { /* another part's: no pieces, no header, size 0; its data counted */
+            if (!bfs__add_ok(p->total_bytes, bytes[r], &p->total_bytes) || p->total_bytes > BFS_MAX_EXTENT)
+                BFS_FAIL(BFS_EINPUT, "%s: the output would exceed %llu bytes", f->name, (unsigned long long)BFS_MAX_EXTENT);
+            continue;
+        }
         /* A rank with no rows of any tensor still gets one entry, zero rows at offset d0
          * (what torch's HuggingFaceStorageWriter writes for an empty shard): torch's
          * consolidate_safetensors_files rejects a file whose DCP_SHARDING_INFO is {}. */
         if (f->npieces == 0 && first_nd < p->nt)
             f->pieces[f->npieces++] = (bfs_piece){.tensor = (int)first_nd, .row0 = p->t[first_nd].d0, .row1 = p->t[first_nd].d0};
-        if (only && !only[r]) {
-            BFS_TRY(bfs__skip_file(p, f));
-            continue;
-        }
         BFS_TRY(bfs__file_order(p, f));
         BFS_TRY(bfs__finish_file(p, f));
     }
 cleanup:
     free(count);
+    free(bytes);
     return rc;
 }
 

@@ -45,9 +45,9 @@ int bfs__plan_tensors(const bfs_input *in, const bfs_convert_opts *o, bfs_plan *
 /* Lay out the output files for o->world_size / o->layout (headers, offsets). */
 int bfs__plan_layout(bfs_plan *p, const bfs_convert_opts *o);
 /* The same, for a part (DCP layout): only[r] rank files laid out in full; every other
- * file's pieces get their sizes (the plan's total counts them) but no order, header,
- * offsets, size or data_start (0): a part never reads them, and the header counting of
- * the files it does not write was most of its layout (issue 22). only NULL: all. */
+ * file gets its name and no pieces, header, size or data_start (0; its data bytes are in
+ * the plan's total): a part never reads them, and their pieces and headers counted were
+ * most of its layout (issue 22). only NULL: all. */
 int bfs__plan_layout_for(bfs_plan *p, const bfs_convert_opts *o, const bool *only);
 void bfs__plan_free(bfs_plan *p);
 /* File f's complete header bytes (length f->data_start - 8, space padded, NUL-terminated)
