@@ -5,6 +5,7 @@
 # usage: tests/group_identical.sh BFSHARD TMPDIR
 set -u
 B=$1 T=$2 grouped=0 n=0
+mkdir -p "$T" || exit 1
 for d in fixtures/*/; do
     [ -f "$d/config.json" ] || continue
     for W in 3 8; do

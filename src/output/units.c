@@ -91,6 +91,23 @@ static int bfs__cmp_prange(const void *x, const void *y)
     return a->a < b->a ? -1 : a->a > b->a;
 }
 
+/* o[0..n) sorted (unless sorted already) and merged where ranges of a file touch; returns how many */
+static size_t bfs__prange_merge(bfs_prange *o, size_t n, bool sorted)
+{
+    if (!sorted)
+        qsort(o, n, sizeof *o, bfs__cmp_prange);
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (m > 0 && o[m - 1].file == o[i].file && o[i].a <= o[m - 1].b) {
+            if (o[i].b > o[m - 1].b)
+                o[m - 1].b = o[i].b;
+        } else {
+            o[m++] = o[i];
+        }
+    }
+    return m;
+}
+
 size_t bfs__batch_pages(const bfs_plan *p, const bfs_outfile *of, size_t p0, size_t p1, uint64_t pg, bool inward,
                         bfs_prange *out)
 {
@@ -116,18 +133,7 @@ size_t bfs__batch_pages(const bfs_plan *p, const bfs_outfile *of, size_t p0, siz
             n++;
         }
     }
-    if (!sorted)
-        qsort(out, n, sizeof *out, bfs__cmp_prange);
-    size_t m = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (m > 0 && out[m - 1].file == out[i].file && out[i].a <= out[m - 1].b) {
-            if (out[i].b > out[m - 1].b)
-                out[m - 1].b = out[i].b;
-        } else {
-            out[m++] = out[i];
-        }
-    }
-    return m;
+    return bfs__prange_merge(out, n, sorted);
 }
 
 /* ---- groups of rank files (units.h) ------------------------------------------------ */
@@ -288,19 +294,7 @@ size_t bfs__window_pages(const bfs_gwalk *gw, const bfs_gstep *steps, size_t n, 
             m++;
         }
     }
-    if (!sorted)
-        qsort(ws->pr, m, sizeof *ws->pr, bfs__cmp_prange);
-    size_t k = 0;
-    for (size_t i = 0; i < m; i++) {
-        bfs_prange *const o = ws->pr;
-        if (k > 0 && o[k - 1].file == o[i].file && o[i].a <= o[k - 1].b) {
-            if (o[i].b > o[k - 1].b)
-                o[k - 1].b = o[i].b;
-        } else {
-            o[k++] = o[i];
-        }
-    }
-    return k;
+    return bfs__prange_merge(ws->pr, m, sorted);
 }
 
 void bfs__wscratch_free(bfs_wscratch *ws)
