@@ -30,6 +30,7 @@ typedef struct bfs_rank {
     char *hbuf;                  /* [0, data_start) of the file (bfs__plan_header_into), queued to the
                                   * writer; aligned, kept from file to file (bfs__rank_buf_free) */
     size_t hcap;
+    uint64_t hjob;               /* the writer job of the header last built in hbuf + 1 (0: none) */
 } bfs_rank;
 
 typedef struct bfs_run {

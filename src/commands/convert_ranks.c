@@ -100,9 +100,11 @@ static void bfs__rank_reset(bfs_rank *k, int fidx)
 {
     char *const hb = k->hbuf;
     const size_t hc = k->hcap;
+    const uint64_t hj = k->hjob;
     memset(k, 0, sizeof *k);
     k->hbuf = hb;
     k->hcap = hc;
+    k->hjob = hj;
     k->t = k->zt = (bfs_tmpfile){.fd = -1, .dirfd = -1};
     k->fidx = fidx;
     k->active = true;
@@ -377,16 +379,16 @@ cleanup:
  * ring is full of this one's units (bfs__unit_push), so that the writer writes the last
  * file's last units meanwhile, and a file is never begun before the one before it is
  * committed. */
-static int bfs__rank_begin(bfs_run *r, bfs_rank *k);
+static int bfs__rank_begin(bfs_run *r, bfs_rank *k, bfs_rank *hb);
 static int bfs__rank_start(bfs_run *r, bfs_rank *k)
 {
     const int rc = bfs__rank_finish(r, &r->rank[r->rank_cur ^ 1]);
-    return rc < 0 ? rc : bfs__rank_begin(r, k);
+    return rc < 0 ? rc : bfs__rank_begin(r, k, k);
 }
 
 /* The rank file's temporary opened, given to the writer (a slot of its own), its header
- * queued. */
-static int bfs__rank_begin(bfs_run *r, bfs_rank *k)
+ * built in hb's buffer (k's own, or one of the two a group takes turns with) and queued. */
+static int bfs__rank_begin(bfs_run *r, bfs_rank *k, bfs_rank *hb)
 {
     int rc = 0;
     const bfs_outfile *of = &r->plan->files[k->fidx];
@@ -398,27 +400,31 @@ static int bfs__rank_begin(bfs_run *r, bfs_rank *k)
     }
     BFS_TRY(bfs__piece_hex_alloc(r, k->fidx));
     BFS_TRY(k->wslot = bfs__writer_begin_file(&r->w, k->t.fd, k->what, r->piece_hex[k->fidx], k->zw, r->plan, of));
-    /* [0, data_start): the length and the text, in the rank's own buffer, aligned, kept for
-     * its next file (its pages not faulted in afresh every file); the writer writes its
-     * whole blocks O_DIRECT from it */
+    /* [0, data_start): the length and the text, in an aligned buffer kept from file to file
+     * (its pages not faulted in afresh every file); the writer writes its whole blocks
+     * O_DIRECT from it. A group's files take turns with two: before one is built again, the
+     * writer is done with the header last built in it (the first jobs of a group: no wait
+     * on data), so a group holds two headers, not one per file. */
     if (of->data_start >= SIZE_MAX - 4096)
         BFS_FAIL(BFS_ENOMEM, "%s: out of memory for its %llu-byte header", of->name, (unsigned long long)of->data_start);
-    if (k->hcap <= of->data_start) {
-        free(k->hbuf);
-        k->hbuf = NULL;
-        k->hcap = 0;
+    BFS_TRY(bfs__writer_wait_job(&r->w, hb->hjob));
+    if (hb->hcap <= of->data_start) {
+        free(hb->hbuf);
+        hb->hbuf = NULL;
+        hb->hcap = 0;
         const size_t cap = ((size_t)of->data_start + 1 + 4095) & ~(size_t)4095;
-        void *hb = NULL;
-        if (posix_memalign(&hb, BFS_DIO_ALIGN, cap) != 0)
+        void *p = NULL;
+        if (posix_memalign(&p, BFS_DIO_ALIGN, cap) != 0)
             BFS_FAIL(BFS_ENOMEM, "%s: out of memory for its %llu-byte header", of->name, (unsigned long long)of->data_start);
-        k->hbuf = hb;
-        k->hcap = cap;
+        hb->hbuf = p;
+        hb->hcap = cap;
     }
-    BFS_TRY(bfs__plan_header_into(r->plan, of, k->hbuf, k->hcap));
+    BFS_TRY(bfs__plan_header_into(r->plan, of, hb->hbuf, hb->hcap));
     if (r->hdr_hex) /* for its slice index (slices.c): the header's text is built once a file */
-        bfs__hash_hex(XXH3_128bits(k->hbuf, (size_t)of->data_start), r->hdr_hex[k->fidx]);
-    BFS_TRY(bfs__writer_push(&r->w, &(bfs_wjob){.buf = k->hbuf, .len = (size_t)of->data_start, .off = 0, .piece = -1,
+        bfs__hash_hex(XXH3_128bits(hb->hbuf, (size_t)of->data_start), r->hdr_hex[k->fidx]);
+    BFS_TRY(bfs__writer_push(&r->w, &(bfs_wjob){.buf = hb->hbuf, .len = (size_t)of->data_start, .off = 0, .piece = -1,
                                                 .headroom = true}));
+    hb->hjob = bfs__writer_pushed(&r->w);
 cleanup:
     return rc;
 }
@@ -604,7 +610,7 @@ int bfs__write_group(bfs_run *r, const int *fidx, int n)
     }
     for (int g = 0; g < n; g++) {
         bfs__rank_reset(&r->grp[g], fidx[g]);
-        BFS_TRY(bfs__rank_begin(r, &r->grp[g]));
+        BFS_TRY(bfs__rank_begin(r, &r->grp[g], &r->grp[g % 2]));
     }
     bfs__gwalk_init(&gw, r->plan, fidx, n, &r->ring);
     while (bfs__gwalk_next(&gw, &s)) {

@@ -156,7 +156,9 @@ int bfs__group_size(const bfs_plan *p, const bool *mine, const bfs_ring *rg, uin
         const long v = strtol(env, NULL, 10);
         g = v < 1 ? 1 : v < g ? (int)v : g;
     }
-    while (g > 1 && (uint64_t)g * (header + BFS_CARRY_BYTES) > mem / 2) /* every header held at once */
+    /* two headers held at once (convert_ranks.c: a group's files take turns with two
+     * buffers) and every file's carry */
+    while (g > 1 && 2 * header + (uint64_t)g * BFS_CARRY_BYTES > mem / 2)
         g--;
     while (g > 1 && rg->slot < (uint64_t)g * (BFS_GROUP_MIN_SHARE + 2 * BFS_DIO_ALIGN))
         g--;
@@ -477,7 +479,9 @@ int bfs__mem_model(const bfs_plan *p, const bool *mine, uint64_t mem, int nthrea
      * each), and a group's headers beside the one bfs__base_rss counts */
     const uint64_t carry = header + BFS_DIO_ALIGN < BFS_CARRY_BYTES ? header + BFS_DIO_ALIGN : BFS_CARRY_BYTES;
     const uint64_t files = m->group < 2 ? 2 : (uint64_t)m->group;
-    m->fixed = files * carry + (files - 1) * (header + 4095) / 4096 * 4096 * (m->group > 1) + BFS_SRC_HASH_WINDOW +
+    /* two headers either way: the file before's and this one's, or a group's two buffers;
+     * bfs__base_rss counts one */
+    m->fixed = files * carry + (header + 4095) / 4096 * 4096 + BFS_SRC_HASH_WINDOW +
                (uint64_t)(nthreads + 2) * (64u << 10);
 cleanup:
     free(w.pr);

@@ -73,10 +73,11 @@ size_t bfs__batch_pages(const bfs_plan *p, const bfs_outfile *of, size_t p0, siz
  * (each file a share `cap` of it), so a window's input pages are faulted once for the
  * group and released after it. Large pieces are cut into units as bfs__write_piece does.
  * bfs__group_size picks G (1: one file at a time, as before): the DCP layout only, the
- * files this run writes, every file's header held at once within --mem / 2, a share of at
+ * files this run writes, two headers (a group takes turns with two buffers) and every file's
+ * carry within --mem / 2, a share of at
  * least BFS_GROUP_MIN_SHARE; BFSHARD_GROUP=N caps it (bench and tests). Convert and the
  * memory model walk the same steps (bfs__gwalk_next). */
-#define BFS_GROUP_MAX 64
+#define BFS_GROUP_MAX 32
 #define BFS_GROUP_MIN_SHARE 4096u
 int bfs__group_size(const bfs_plan *p, const bool *mine, const bfs_ring *rg, uint64_t mem);
 typedef struct bfs_gwalk {

@@ -79,7 +79,7 @@ typedef struct bfs_wfile {
     char (*piece_hex)[33];
 } bfs_wfile;
 
-#define BFS_WRITER_FILES 64
+#define BFS_WRITER_FILES 32
 
 #define BFS_WQ_MAX 64
 typedef struct bfs_writer {
