@@ -51,6 +51,27 @@ static void bfs__drop_cache(const bfs_infile *f, uint64_t a, uint64_t b)
 
 
 #define BFS_RELEASE_SLACK (2ull << 20)
+/* Pages [pa, pe) of f unmapped, BFS_RELEASE_SLACK further each side (see below) */
+static void bfs__unmap_slack(const bfs_infile *f, uint64_t pa, uint64_t pe)
+{
+    pe = pe < f->size ? pe : f->size;
+    const uint64_t ma = pa > BFS_RELEASE_SLACK ? pa - BFS_RELEASE_SLACK : 0;
+    const uint64_t mb = pe + BFS_RELEASE_SLACK < f->size ? pe + BFS_RELEASE_SLACK : f->size;
+    madvise((void *)(f->map + ma), (size_t)(mb - ma), MADV_DONTNEED);
+}
+
+/* Sorted, merged page ranges pr[0..n) unmapped with their slacks (a batch's, a window's):
+ * ranges whose slacks meet in one call, which unmaps what one call each would */
+static void bfs__unmap_ranges(const bfs_input *in, const bfs_prange *pr, size_t n)
+{
+    for (size_t i = 0, j; i < n; i = j) {
+        uint64_t pe = pr[i].b;
+        for (j = i + 1; j < n && pr[j].file == pr[i].file && pr[j].a <= pe + 2 * BFS_RELEASE_SLACK; j++)
+            pe = pr[j].b > pe ? pr[j].b : pe;
+        bfs__unmap_slack(&in->files[pr[i].file], pr[i].a, pe);
+    }
+}
+
 static void bfs__advise_sources(const bfs_input *in, const bfs_unit *u, bool release)
 {
     bfs_srange s[BFS_UNIT_MAX_SRC];
@@ -69,9 +90,7 @@ static void bfs__advise_sources(const bfs_input *in, const bfs_unit *u, bool rel
              * folio of the page cache (up to 2 MiB), so the neighbouring slice's pages (the
              * next rank's) stay mapped otherwise, one folio per tensor, until that slice's
              * unit: RSS grew with the model. Only unmapped: they stay in the page cache. */
-            const uint64_t ma = pa > BFS_RELEASE_SLACK ? pa - BFS_RELEASE_SLACK : 0;
-            const uint64_t mb = pe + BFS_RELEASE_SLACK < f->size ? pe + BFS_RELEASE_SLACK : f->size;
-            madvise((void *)(f->map + ma), (size_t)(mb - ma), MADV_DONTNEED);
+            bfs__unmap_slack(f, pa, pe);
             bfs__drop_cache(f, (a + pg - 1) / pg * pg, b / pg * pg);
         } else {
             madvise((void *)(f->map + pa), (size_t)(pe - pa), MADV_WILLNEED);
@@ -455,13 +474,7 @@ static void bfs__release_batch(bfs_run *r, const bfs_outfile *of, size_t p0, siz
 {
     const uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
     size_t n = bfs__batch_pages(r->plan, of, p0, p1, pg, false, r->pr);
-    for (size_t i = 0; i < n; i++) {
-        const bfs_infile *f = &r->in->files[r->pr[i].file];
-        const uint64_t pa = r->pr[i].a, pe = r->pr[i].b < f->size ? r->pr[i].b : f->size;
-        const uint64_t ma = pa > BFS_RELEASE_SLACK ? pa - BFS_RELEASE_SLACK : 0;
-        const uint64_t mb = pe + BFS_RELEASE_SLACK < f->size ? pe + BFS_RELEASE_SLACK : f->size;
-        madvise((void *)(f->map + ma), (size_t)(mb - ma), MADV_DONTNEED);
-    }
+    bfs__unmap_ranges(r->in, r->pr, n);
     n = bfs__batch_pages(r->plan, of, p0, p1, pg, true, r->pr);
     for (size_t i = 0; i < n; i++)
         bfs__drop_cache(&r->in->files[r->pr[i].file], r->pr[i].a, r->pr[i].b);
@@ -481,9 +494,7 @@ static void bfs__carve_close(bfs_run *r)
  * (units.h: bfs__carve_at), or at the start of the next buffer. */
 static int bfs__carve(bfs_run *r, const bfs_outfile *of, size_t p0, size_t p1, uint8_t **out)
 {
-    uint64_t len = 0;
-    for (size_t k = p0; k < p1; k++)
-        len += of->pieces[k].nbytes;
+    const uint64_t len = bfs__pieces_bytes(of, p0, p1);
     const uint64_t cap = r->ring.slot + BFS_DIO_ALIGN, off0 = of->pieces[p0].offset;
     uint64_t at = r->carved ? bfs__carve_at(r->carved, off0, len, cap) : UINT64_MAX;
     if (at == UINT64_MAX) {
@@ -576,17 +587,7 @@ static int bfs__release_window(bfs_run *r, const bfs_gwalk *gw)
     size_t n = bfs__window_pages(gw, r->wsteps, r->nwsteps, pg, false, &r->ws);
     if (n == (size_t)-1)
         return bfs__err(BFS_ENOMEM, "out of memory");
-    for (size_t i = 0, j; i < n; i = j) { /* ranges whose slacks meet: one call */
-        const bfs_infile *f = &r->in->files[r->ws.pr[i].file];
-        uint64_t pe = r->ws.pr[i].b;
-        for (j = i + 1; j < n && r->ws.pr[j].file == r->ws.pr[i].file && r->ws.pr[j].a <= pe + 2 * BFS_RELEASE_SLACK; j++)
-            pe = r->ws.pr[j].b > pe ? r->ws.pr[j].b : pe;
-        const uint64_t pa = r->ws.pr[i].a;
-        pe = pe < f->size ? pe : f->size;
-        const uint64_t ma = pa > BFS_RELEASE_SLACK ? pa - BFS_RELEASE_SLACK : 0;
-        const uint64_t mb = pe + BFS_RELEASE_SLACK < f->size ? pe + BFS_RELEASE_SLACK : f->size;
-        madvise((void *)(f->map + ma), (size_t)(mb - ma), MADV_DONTNEED);
-    }
+    bfs__unmap_ranges(r->in, r->ws.pr, n);
     n = bfs__window_pages(gw, r->wsteps, r->nwsteps, pg, true, &r->ws);
     if (n == (size_t)-1)
         return bfs__err(BFS_ENOMEM, "out of memory");
@@ -627,14 +628,8 @@ int bfs__write_group(bfs_run *r, const int *fidx, int n)
             continue;
         }
         BFS_TRY(bfs__write_batch(r, k, of, s.p0, s.p1, true));
-        if (r->nwsteps == r->cwsteps) {
-            const size_t nc = r->cwsteps ? 2 * r->cwsteps : 64;
-            bfs_gstep *b = realloc(r->wsteps, nc * sizeof *b);
-            if (!b)
-                BFS_FAIL(BFS_ENOMEM, "out of memory");
-            r->wsteps = b;
-            r->cwsteps = nc;
-        }
+        if (bfs__grow((void **)&r->wsteps, &r->cwsteps, r->nwsteps + 1, sizeof *r->wsteps) < 0)
+            BFS_FAIL(BFS_ENOMEM, "out of memory");
         r->wsteps[r->nwsteps++] = s;
     }
     for (int g = 0; g < n; g++) {

@@ -222,19 +222,6 @@ bool bfs__gwalk_next(bfs_gwalk *gw, bfs_gstep *s)
     return true;
 }
 
-static bool bfs__ws_grow(void **p, size_t *cap, size_t need, size_t size)
-{
-    if (need <= *cap)
-        return true;
-    const size_t nc = need > 2 * *cap ? need : 2 * *cap;
-    void *q = realloc(*p, nc * size);
-    if (!q)
-        return false;
-    *p = q;
-    *cap = nc;
-    return true;
-}
-
 size_t bfs__window_pages(const bfs_gwalk *gw, const bfs_gstep *steps, size_t n, uint64_t pg, bool inward,
                          bfs_wscratch *ws)
 {
@@ -260,7 +247,7 @@ size_t bfs__window_pages(const bfs_gwalk *gw, const bfs_gstep *steps, size_t n, 
                 continue;
             const int t = pc->tensor;
             if (ws->lo[t] > ws->hi[t]) {
-                if (!bfs__ws_grow((void **)&ws->list, &ws->clist, ws->nlist + 1, sizeof *ws->list))
+                if (bfs__grow((void **)&ws->list, &ws->clist, ws->nlist + 1, sizeof *ws->list) < 0)
                     return (size_t)-1;
                 ws->list[ws->nlist++] = t;
                 ws->lo[t] = pc->row0;
@@ -273,7 +260,7 @@ size_t bfs__window_pages(const bfs_gwalk *gw, const bfs_gstep *steps, size_t n, 
     }
     size_t m = 0;
     bool sorted = true;
-    if (!bfs__ws_grow((void **)&ws->pr, &ws->cpr, ws->nlist * BFS_UNIT_MAX_SRC + 1, sizeof *ws->pr))
+    if (bfs__grow((void **)&ws->pr, &ws->cpr, ws->nlist * BFS_UNIT_MAX_SRC + 1, sizeof *ws->pr) < 0)
         return (size_t)-1;
     for (size_t i = 0; i < ws->nlist; i++) {
         const int t = ws->list[i];
@@ -368,13 +355,9 @@ static void bfs__mw_file(bfs_mwalk *w, const bfs_plan *p, const bfs_outfile *of)
     for (size_t pi = 0; pi < of->npieces;) {
         const size_t pe = bfs__batch_end(p, of, pi, w->m->ring.unit);
         if (pe > pi + 1) { /* a batch, as bfs__write_batch runs it; its pages go after it */
-            uint64_t len = 0, in = 0;
-            for (size_t k = pi; k < pe; k++)
-                len += of->pieces[k].nbytes;
+            const uint64_t len = bfs__pieces_bytes(of, pi, pe);
             const size_t nr = bfs__batch_pages(p, of, pi, pe, 4096, false, w->pr);
-            for (size_t i = 0; i < nr; i++)
-                in += w->pr[i].b - w->pr[i].a;
-            bfs__mw_touch(w, of->pieces[pi].offset % BFS_DIO_ALIGN + len, in);
+            bfs__mw_touch(w, of->pieces[pi].offset % BFS_DIO_ALIGN + len, bfs__pranges_bytes(w->pr, nr));
             bfs__mw_next(w);
             pi = pe;
             continue;
@@ -405,13 +388,7 @@ static int bfs__mw_group(bfs_mwalk *w, const bfs_plan *p, const int *files, int 
             const size_t k = bfs__window_pages(&gw, st, nst, 4096, false, &ws);
             if (k == (size_t)-1)
                 BFS_FAIL(BFS_ENOMEM, "out of memory");
-            uint64_t in = 0;
-            for (size_t i = 0; i < k; i++)
-                in += ws.pr[i].b - ws.pr[i].a;
-            if (w->sum + in > w->m->buffers + w->m->input) {
-                w->m->buffers = w->sum;
-                w->m->input = in;
-            }
+            bfs__mw_touch(w, 0, bfs__pranges_bytes(ws.pr, k)); /* no buffer, the window's pages */
             nst = 0;
             continue;
         }
@@ -420,9 +397,7 @@ static int bfs__mw_group(bfs_mwalk *w, const bfs_plan *p, const int *files, int 
             bfs__mw_piece(w, p, &of->pieces[s.p0]);
             continue;
         }
-        uint64_t len = 0;
-        for (size_t k = s.p0; k < s.p1; k++)
-            len += of->pieces[k].nbytes;
+        const uint64_t len = bfs__pieces_bytes(of, s.p0, s.p1);
         uint64_t at = bfs__carve_at(w->used, of->pieces[s.p0].offset, len, bufcap);
         if (at == UINT64_MAX) { /* a share that outgrew its window: the next buffer */
             bfs__mw_next(w);
@@ -430,14 +405,8 @@ static int bfs__mw_group(bfs_mwalk *w, const bfs_plan *p, const int *files, int 
         }
         w->used = at + len > 0 ? at + len : 1;
         bfs__mw_touch(w, at + len, 0);
-        if (nst == cst) {
-            const size_t nc = cst ? 2 * cst : 64;
-            bfs_gstep *b = realloc(st, nc * sizeof *b);
-            if (!b)
-                BFS_FAIL(BFS_ENOMEM, "out of memory");
-            st = b;
-            cst = nc;
-        }
+        if (bfs__grow((void **)&st, &cst, nst + 1, sizeof *st) < 0)
+            BFS_FAIL(BFS_ENOMEM, "out of memory");
         st[nst++] = s;
     }
 cleanup:

@@ -52,6 +52,14 @@ static inline uint64_t bfs__unit_rows(const bfs_ring *rg, uint64_t row_bytes)
  * bfs__write_piece). At most BFS_BATCH_MAX pieces. */
 #define BFS_BATCH_MAX 4096
 size_t bfs__batch_end(const bfs_plan *p, const bfs_outfile *of, size_t pi, uint64_t unit_bytes);
+/* The bytes of pieces [p0, p1) of `of` together (a batch's) */
+static inline uint64_t bfs__pieces_bytes(const bfs_outfile *of, size_t p0, size_t p1)
+{
+    uint64_t n = 0;
+    for (size_t k = p0; k < p1; k++)
+        n += of->pieces[k].nbytes;
+    return n;
+}
 /* The input pages that pieces [p0, p1) of `of` read (dim-0 rows of their sources),
  * outward to pages of `pg` bytes (inward: only the pages they read whole; none where a
  * source range holds no whole page), sorted by (file, offset) and merged where they touch:
@@ -62,6 +70,14 @@ typedef struct bfs_prange {
 } bfs_prange;
 size_t bfs__batch_pages(const bfs_plan *p, const bfs_outfile *of, size_t p0, size_t p1, uint64_t pg, bool inward,
                         bfs_prange *out);
+/* The bytes of ranges pr[0..n) together */
+static inline uint64_t bfs__pranges_bytes(const bfs_prange *pr, size_t n)
+{
+    uint64_t b = 0;
+    for (size_t i = 0; i < n; i++)
+        b += pr[i].b - pr[i].a;
+    return b;
+}
 
 /* Groups (issue 22: per-piece cost). In the DCP layout every rank file holds a slice of
  * every tensor, so written one after another, W files read each input page W times, and
