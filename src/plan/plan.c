@@ -189,7 +189,6 @@ typedef struct {
     bool count; /* count the bytes only (p stays NULL) */
     bool esc;   /* inside a JSON string: '"' and '\\' escaped (DCP_SHARDING_INFO) */
     bool fixed; /* p is the caller's: never regrown (out of room: oom) */
-    const uint32_t *jl; /* counting: each tensor's name as JSON, its length outside [0] and inside [1] a string */
 } bfs_sbuf;
 
 static void bfs__sb_raw(bfs_sbuf *b, const char *s, size_t n)
@@ -289,13 +288,15 @@ static void bfs__sb_shape(bfs_sbuf *b, const uint64_t *shape, int ndim)
     bfs__sb_raw(b, "]", 1);
 }
 
-/* tensor i's name as a JSON string; counted from the cache when there is one (issue 22:
- * the layout counts every file's header, W x tensors names escaped over and over) */
+/* tensor i's name as a JSON string, from the plan's cache of each name's JSON length
+ * (outside [0] and inside [1] a string) when there is one (issue 22: every file's header
+ * counted and built, W x tensors names escaped over and over): counted from it, or copied
+ * as it is where it says there is nothing to escape */
 static void bfs__sb_name(bfs_sbuf *b, const bfs_plan *p, int i)
 {
     const uint32_t *jl = p->name_jlen;
-    if (b->count && b->jl && !b->oom) {
-        b->n += b->jl[2 * (size_t)i + b->esc];
+    if (b->count && jl && !b->oom) {
+        b->n += jl[2 * (size_t)i + b->esc];
     } else if (jl && jl[2 * (size_t)i + 1] - jl[2 * (size_t)i] == 2) {
         /* nothing to escape (quoted: 2 bytes more; inside a string: 4), copied as it is */
         const size_t n = jl[2 * (size_t)i] - 2;
@@ -403,8 +404,7 @@ int bfs__plan_header_into(const bfs_plan *p, const bfs_outfile *f, char *buf, si
     if (cap <= f->data_start)
         return bfs__err(BFS_EINTERNAL, "%s: a %zu-byte buffer for its %llu-byte header", f->name, cap,
                         (unsigned long long)f->data_start);
-    for (int i = 0; i < 8; i++) /* safetensors: the header's length, u64 little-endian */
-        buf[i] = (char)(uint8_t)(hl >> (8 * i));
+    bfs__st_put_len((uint8_t *)buf, hl); /* safetensors: the header's length, u64 little-endian */
     bfs_sbuf b = {.p = buf + 8, .cap = cap - 8, .fixed = true};
     return bfs__header_text(p, f, &b);
 }
@@ -440,7 +440,7 @@ static int bfs__finish_file(bfs_plan *p, bfs_outfile *f)
             }
         p->name_jlen_failed = !p->name_jlen;
     }
-    bfs_sbuf b = {.count = true, .jl = p->name_jlen}; /* no cache (out of memory): every name counted */
+    bfs_sbuf b = {.count = true}; /* no name cache (out of memory): every name counted */
     bfs__emit_header(p, f, &b);
     if (b.oom)
         return bfs__err(BFS_ENOMEM, "out of memory");
