@@ -189,10 +189,10 @@ static int bfs__writer_do(bfs_writer *w, const bfs_wjob *j)
         for (int k = j->piece; rc == 0; k++) {
             size_t n = j->len - (size_t)(o - j->off);
             if (k >= 0 && k < last)
-                n = (size_t)(f->zof->pieces[k].offset + f->zof->pieces[k].nbytes - o);
+                n = (size_t)(f->of->pieces[k].offset + f->of->pieces[k].nbytes - o);
             if (k >= 0 && k != f->zpiece) {
                 f->zpiece = k;
-                rc = bfs__zst_cut_tensor(f->zw, f->zplan->t[f->zof->pieces[k].tensor].out_dtype);
+                rc = bfs__zst_cut_tensor(f->zw, f->zplan->t[f->of->pieces[k].tensor].out_dtype);
             }
             if (rc == 0)
                 rc = bfs__zst_write(f->zw, p, n);
@@ -385,7 +385,6 @@ int bfs__writer_begin_file(bfs_writer *w, int fd, const char *what, char (*piece
     if (!w->no_direct)
         bfs__writer_set_direct(f, true); /* refused: buffered, the same bytes */
     f->zw = zw;
-    f->zof = of;
     f->zplan = plan;
     f->zpiece = -1;
     if (w->sha) {

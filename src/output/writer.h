@@ -66,16 +66,15 @@ typedef struct bfs_wfile {
     size_t carry_len;
     uint64_t flushed;  /* bytes pushed out and dropped (buffered writes) */
     uint64_t written;  /* bytes handed to the kernel */
-    /* the compressed copy, fed in order; NULL when off */
+    /* the compressed copy, fed in order, cut before each piece of `of`; NULL when off */
     bfs_zst_writer *zw;
-    const bfs_outfile *zof;
     const bfs_plan *zplan;
     int zpiece;        /* piece that zw is in, -1 for the header */
     bfs_sha256 *sha;   /* the file's SHA-256 (the sha thread's), when on */
     char sha_hex[65];  /* its digest, once the file's end job is done */
-    /* the pushing thread's: the file's and the current piece's XXH3-128, its pieces */
+    /* the pushing thread's: the file's and the current piece's XXH3-128 */
     XXH3_state_t *file_st, *piece_st;
-    const bfs_outfile *of;
+    const bfs_outfile *of; /* its pieces (set at its begin: both threads read them) */
     char (*piece_hex)[33];
 } bfs_wfile;
 
