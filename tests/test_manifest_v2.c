@@ -6,7 +6,7 @@
  * byte is still narrowed to its tensor (plain and compressed), a bad header to the header,
  * a bad or malformed index to the file alone (no crash, exit 7); a manifest naming two
  * indexes for one file is refused; a part writes only its own indexes and merge's output
- * is byte for byte a whole run's. And v1 outputs from the wild (tests/data/manifest-v1,
+ * is byte for byte a whole run's; a part's manifest lists its ranks' share of tensors[]. And v1 outputs from the wild (tests/data/manifest-v1,
  * written by bfshard 119853f, built from `git archive`: revision "unknown") still verify, narrow, inspect, compress and merge.
  */
 #include "testutil.h"
@@ -156,6 +156,33 @@ static void parts_write_their_own_indexes(void **s)
     free(t);
 }
 
+/* A part's manifest lists its ranks' share of tensors[] (docs/MANIFEST.md): the parts'
+ * shares, in any order, cover it once and merge puts them together byte for byte; a part
+ * from a bfshard before shares (every tensor) merges beside them; a part short of a tensor
+ * is refused (exit 10) and nothing is written. */
+static void parts_hold_their_share_of_tensors(void **s)
+{
+    (void)s;
+    char *t = tu_tmpdir("mv2share");
+    const char *B = bin();
+    assert_int_equal(tu_sh("cd '%s' && F='%s/" FIX "' && '%s' convert $F whole -w 8 -q --device cpu && "
+                           "for r in 4-7 0 1-3; do '%s' convert $F p -w 8 --ranks $r -q --device cpu || exit 1; done && "
+                           "python3 '%s/tests/part_tensors.py' check whole/bfshard.manifest.json 8 p/bfshard.part-4-7.json "
+                           "p/bfshard.part-0.json p/bfshard.part-1-3.json && cp -r p old && cp -r p short",
+                           t, here(), B, B, here()), 0);
+    assert_int_equal(tu_sh("cd '%s' && python3 '%s/tests/part_tensors.py' oldstyle old/bfshard.part-1-3.json "
+                           "whole/bfshard.manifest.json && '%s' merge old -q && cmp old/bfshard.manifest.json "
+                           "whole/bfshard.manifest.json", t, here(), B), 0);
+    assert_int_equal(tu_sh("cd '%s' && python3 '%s/tests/part_tensors.py' drop short/bfshard.part-4-7.json && "
+                           "'%s' merge short 2>rep", t, here(), B), 10);
+    assert_int_equal(tu_sh("cd '%s' && grep -q 'bfshard.part-4-7.json lists .* tensors where its ranks hold' rep && "
+                           "test $(wc -l <rep) -eq 1 && test ! -e short/bfshard.manifest.json", t), 0);
+    assert_int_equal(tu_sh("cd '%s' && '%s' merge p -q && for f in whole/*; do cmp \"$f\" p/$(basename \"$f\") || exit 1; done "
+                           "&& '%s' verify p -q", t, B, B), 0);
+    tu_rmrf(t);
+    free(t);
+}
+
 static void v1_outputs_still_work(void **s)
 {
     (void)s;
@@ -186,6 +213,7 @@ int main(void)
         cmocka_unit_test(size_does_not_grow_with_w),
         cmocka_unit_test(narrowing),
         cmocka_unit_test(parts_write_their_own_indexes),
+        cmocka_unit_test(parts_hold_their_share_of_tensors),
         cmocka_unit_test(v1_outputs_still_work),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

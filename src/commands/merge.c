@@ -7,7 +7,8 @@
  * A part of ranks R converts only R's rank files (convert.c), reading only their rows of
  * the input (and every header), adds R's terms of each source file's hash (src/input/
  * srchash.c: the blocks of the rows R's kernels read), and writes bfshard.part-R.json: the
- * whole manifest with null hashes where another part knows them, and its sums of terms.
+ * manifest with null hashes where another part knows them, its sums of terms, and its
+ * ranks' share of tensors[] (bfs__part_share).
  */
 #include "commands/commands.h"
 #include "base/bfs_io.h"

@@ -6,6 +6,7 @@
  * check and narrowing manifest_check.c, the shared entries manifest_common.c.
  */
 #include "output/manifest_int.h"
+#include "output/parts.h"
 #include "output/slices.h"
 #include "input/srchash.h"
 
@@ -174,8 +175,9 @@ int bfs__manifest_build_head(const bfs_manifest_in *mi, json_t **out)
         if (json_object_set_new(m, "dropped", d) != 0)
             whole = false;
     }
-    if (mi->part && json_object_set_new(m, "part", json_pack("{s:s, s:i}", "ranks", mi->part, "world_size",
-                                                             mi->o->world_size)) != 0)
+    if (mi->part && json_object_set_new(m, "part", json_pack("{s:s, s:i, s:I}", "ranks", mi->part, "world_size",
+                                                             mi->o->world_size, BFS_MF_PART_TENSORS,
+                                                             (json_int_t)mi->plan->nt)) != 0)
         whole = false;
     if (json_object_set_new(m, BFS_MF_SEAL, json_string(BFS_MF_ZERO_SEAL)) != 0 || !whole) { /* sealed on write */
         json_decref(m);
@@ -186,19 +188,28 @@ int bfs__manifest_build_head(const bfs_manifest_in *mi, json_t **out)
 }
 
 /* ---- a conversion's manifest, streamed (manifest_write.c writes and seals it) ----------------- */
-/* convert's tensors[]: built from the plan one tensor at a time, one line each */
+/* convert's tensors[]: built from the plan one tensor at a time, one line each; a part's
+ * holds its ranks' share (bfs__part_share), which merge puts together in rank order */
 static int bfs__mf_emit_conv(bfs_mf_out *w, void *user)
 {
     const bfs_manifest_in *mi = user;
-    for (size_t i = 0; i < mi->plan->nt; i++) {
-        json_t *e = bfs__manifest_tensor(mi, i);
-        if (!e)
-            return bfs__err(BFS_ENOMEM, "out of memory building the manifest");
-        const int rc = bfs__mf_put_line(w, e, i == 0);
-        json_decref(e);
-        BFS_MF_RET(rc);
+    const int W = mi->part ? mi->o->world_size : 1;
+    size_t k = 0;
+    for (int r = 0; r < W; r++) {
+        uint64_t lo = 0;
+        const uint64_t n = bfs__part_share(mi->plan->nt, W, r, &lo);
+        if (mi->part && !mi->mine[r])
+            continue;
+        for (size_t i = (size_t)lo; i < lo + n; i++, k++) {
+            json_t *e = bfs__manifest_tensor(mi, i);
+            if (!e)
+                return bfs__err(BFS_ENOMEM, "out of memory building the manifest");
+            const int rc = bfs__mf_put_line(w, e, k == 0);
+            json_decref(e);
+            BFS_MF_RET(rc);
+        }
     }
-    bfs__mf_put_end(w, mi->plan->nt);
+    bfs__mf_put_end(w, k);
     return w->rc;
 }
 

@@ -17,6 +17,7 @@
 #define BFS_MF_SHA256 "sha256" /* files[]: only when convert --sha256 (ISSUE 24); v1 readers ignore it */
 #define BFS_MF_SRC_HASH "content_xxh3_128" /* source.files[]: srchash.c */
 #define BFS_MF_SRC_PART "content_xxh3_128_part" /* a part's source.files[]: its terms' sum (srchash.c) */
+#define BFS_MF_PART_TENSORS "tensors_total" /* a part's "part": tensors[] holds its ranks' share of these */
 #define BFS_MF_SRC_SCHEME "content_xxh3_128_scheme" /* source: how content_xxh3_128 is made (absent: v2's) */
 #define BFS_MF_SEAL "manifest_xxh3_128"
 #define BFS_MF_ZERO_SEAL "00000000000000000000000000000000"
@@ -95,6 +96,10 @@ void bfs__mf_put_end(bfs_mf_out *w, size_t n);
  * (may be NULL) runs before the commit: an error there leaves no manifest */
 typedef int (*bfs_mf_emit_fn)(bfs_mf_out *w, void *user);
 typedef int (*bfs_mf_pre_commit_fn)(void *user); /* before the commit */
+
+/* The next element of tensors[] as its bytes (*el valid until the next call), scanned
+ * (structure checked), not parsed: 1, 0 at the array's end, < 0 on an error. */
+int bfs__mf_next_raw(bfs_mf *r, const char **el, size_t *n);
 
 int bfs__mf_write_streamed(int dirfd, const char *outdir, const char *name, const json_t *head, bfs_mf_emit_fn emit,
                            void *user, bfs_mf_pre_commit_fn pre_commit, void *pre_user);

@@ -477,6 +477,23 @@ int bfs__mf_next(bfs_mf *r, json_t **tensor)
     return 1;
 }
 
+int bfs__mf_next_raw(bfs_mf *r, const char **el, size_t *n)
+{
+    *el = NULL;
+    *n = 0;
+    if (!r->stop_at_array_end)
+        BFS_MF_RET(bfs__mf_rewind(r));
+    if (!r->in_tensors)
+        return 0;
+    const int got = bfs__mf_scan(r);
+    if (got <= 0)
+        return got;
+    *el = r->el;
+    *n = r->el_n;
+    r->nel++;
+    return 1;
+}
+
 int bfs__mf_check_seal(const bfs_mf *r, FILE *report)
 {
     const char *jv = json_string_value(json_object_get(r->head, BFS_MF_SEAL));

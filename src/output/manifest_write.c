@@ -7,6 +7,7 @@
  */
 #include "output/manifest_int.h"
 #include "output/durable.h"
+#include "output/parts.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -233,13 +234,15 @@ cleanup:
     return rc;
 }
 
-/* ---- parts (ISSUE 13): a part's manifest is the whole manifest with null hashes where
- * another part knows them, plus "part": {"ranks", "world_size"}. Merging takes every
+/* ---- parts (ISSUE 13): a part's manifest is the whole run's head with null hashes where
+ * another part knows them, plus "part": {"ranks", "world_size", "tensors_total"}. Merging takes every
  * rank's entries (files[], and in v1 tensors[].shards[]) from the one part that holds the
  * rank, each slice index's entry (v2) and every source hash from the part that hashed it:
  * the result is, key for key and in the same order, what a single run builds. The heads
- * are merged as trees. A v2 tensors[] holds nothing per rank (issue 22): part 0's is
- * copied byte for byte, never parsed, so merging costs parts + files. A v1 tensors[] is
+ * are merged as trees. A v2 tensors[] holds nothing per rank (issue 22), and each part
+ * lists its ranks' share of it (bfs__part_share): the shares are put together in rank
+ * order, scanned, never parsed, so merging costs parts + files + the list's bytes (a part
+ * from before shares lists them all: its list is copied byte for byte). A v1 tensors[] is
  * read from every part in lockstep, one tensor at a time, and written as convert wrote it. */
 bool bfs__manifest_part_info(const json_t *m, const char **ranks, int *world_size, const char **fingerprint)
 {
@@ -289,8 +292,7 @@ static int bfs__merge_agree(bfs_mf *const *parts, const char *const *names, int 
                             "this bfshard", outdir, names[0], names[k], BFS_MF_SRC_SCHEME,
                             x0 ? json_string_value(x0) : "none", xk ? json_string_value(xk) : "none");
         const json_t *fk = json_object_get(mk, "files"), *sk = json_object_get(json_object_get(mk, "source"), "files");
-        if (json_array_size(fk) != json_array_size(f0) || bfs__mf_ntensors(parts[k]) != bfs__mf_ntensors(parts[0]) ||
-            json_array_size(sk) != json_array_size(s0))
+        if (json_array_size(fk) != json_array_size(f0) || json_array_size(sk) != json_array_size(s0))
             return bfs__err(BFS_EPARTS, "%s: %s and %s list different files or tensors for the same plan", outdir, names[0], names[k]);
     }
     return 0;
@@ -324,6 +326,66 @@ static int bfs__merge_owners(bfs_mf *const *parts, const char *const *names, int
         return bfs__err(BFS_EINCOMPLETE, "%s: %d of %d ranks are in no finished part (first: rank %d); run their parts "
                         "(convert --ranks), then merge", outdir, missing, W, first);
     return 0;
+}
+
+/* A part's "part".tensors_total: 1 and *T when its tensors[] is its ranks' share, 0 when
+ * it lists every tensor (a bfshard before shares), < 0 when malformed. */
+static int bfs__part_total(const bfs_mf *part, const char *outdir, const char *name, uint64_t *T)
+{
+    const json_t *t = json_object_get(json_object_get(bfs__mf_head(part), "part"), BFS_MF_PART_TENSORS);
+    *T = 0;
+    if (!t)
+        return 0;
+    if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) > ((json_int_t)1 << 40))
+        return bfs__err(BFS_EINPUT, "%s/%s: part.%s is not a tensor count", outdir, name, BFS_MF_PART_TENSORS);
+    *T = (uint64_t)json_integer_value(t);
+    return 1;
+}
+
+/* Every part lists the tensors the plan says it does: its ranks' share of T (bfs__part_share),
+ * or all T of them (a part by a bfshard before shares; *full: the first such part, or -1).
+ * Counted by the read, so a part that lost or gained one is refused before anything is written. */
+static int bfs__merge_tensor_counts(bfs_mf *const *parts, const char *const *names, int n, const char *outdir, int W,
+                                    const int *owner, uint64_t *T, int *full)
+{
+    uint64_t *want = calloc((size_t)n, sizeof *want), Tk = 0;
+    int rc = 0, shared = -1;
+    *full = -1;
+    if (!want)
+        return bfs__err(BFS_ENOMEM, "out of memory");
+    for (int k = 0; k < n && rc == 0; k++) {
+        const int got = bfs__part_total(parts[k], outdir, names[k], &Tk);
+        if (got < 0)
+            rc = got;
+        else if (got == 0 && *full < 0)
+            *full = k;
+        else if (got == 1 && shared < 0)
+            shared = k;
+        if (rc == 0 && got == 1 && Tk != *T && shared != k)
+            rc = bfs__err(BFS_EPARTS, "%s: %s and %s list different files or tensors for the same plan", outdir,
+                          names[shared], names[k]);
+        if (got == 1)
+            *T = Tk;
+    }
+    if (rc == 0 && *full >= 0) {
+        if (shared >= 0 && bfs__mf_ntensors(parts[*full]) != *T)
+            rc = bfs__err(BFS_EPARTS, "%s: %s and %s list different files or tensors for the same plan", outdir,
+                          names[*full], names[shared]);
+        *T = bfs__mf_ntensors(parts[*full]);
+    }
+    for (int r = 0; r < W && rc == 0; r++) {
+        uint64_t lo = 0;
+        want[owner[r]] += bfs__part_share(*T, W, r, &lo);
+    }
+    for (int k = 0; k < n && rc == 0; k++) {
+        const bool all = bfs__part_total(parts[k], outdir, names[k], &Tk) == 0;
+        if (bfs__mf_ntensors(parts[k]) != (all ? *T : want[k]))
+            rc = bfs__err(BFS_EPARTS, "%s/%s lists %zu tensors where its ranks hold %llu of %llu: rerun that part",
+                          outdir, names[k], bfs__mf_ntensors(parts[k]), (unsigned long long)(all ? *T : want[k]),
+                          (unsigned long long)*T);
+    }
+    free(want);
+    return rc;
 }
 
 /* The merged source.files[] (in m, part 0's head): each file's content hash the sum of the
@@ -419,6 +481,8 @@ typedef struct {
     int n, W;
     const int *owner;
     const char *outdir;
+    uint64_t T; /* tensors */
+    int full;   /* a part listing all of them (a bfshard before shares), or -1 */
     json_t **el; /* tensor t of each part */
     const json_t *head;
     bfs_manifest_pre_commit_fn pre_commit;
@@ -452,12 +516,37 @@ static int bfs__mf_merge_one(bfs_mf_merge *g, size_t t)
     return 0;
 }
 
+/* v2 tensors[] from the parts' shares, in rank order, each element's bytes as its part wrote them */
+static int bfs__mf_emit_shares(bfs_mf_out *w, bfs_mf_merge *g)
+{
+    size_t k = 0;
+    for (int r = 0; r < g->W; r++) {
+        uint64_t lo = 0;
+        const uint64_t cnt = bfs__part_share(g->T, g->W, r, &lo);
+        bfs_mf *part = g->parts[g->owner[r]];
+        for (uint64_t i = 0; i < cnt; i++, k++) {
+            const char *el = NULL;
+            size_t len = 0;
+            const int got = bfs__mf_next_raw(part, &el, &len);
+            BFS_MF_RET(got);
+            if (got == 0) /* counted when read: only a file changed since */
+                return bfs__err(BFS_EPARTS, "%s: %s changed while merging: rerun that part", g->outdir,
+                                g->names[g->owner[r]]);
+            bfs__mf_puts(w, k == 0 ? "[\n  " : ",\n  ");
+            bfs__mf_put(w, el, len);
+        }
+    }
+    bfs__mf_put_end(w, k);
+    return w->rc;
+}
+
 static int bfs__mf_emit_merge(bfs_mf_out *w, void *user)
 {
     bfs_mf_merge *g = user;
     const json_t *mv = json_object_get(g->head, "manifest_version");
-    if (json_is_integer(mv) && json_integer_value(mv) >= 2) /* tensors[] has no per-rank records: part 0's, as is */
-        return bfs__mf_emit_copy(w, g->parts[0]);
+    /* v2: tensors[] has no per-rank records: each part's share in rank order, or all of one part's as is */
+    if (json_is_integer(mv) && json_integer_value(mv) >= 2)
+        return g->full >= 0 ? bfs__mf_emit_copy(w, g->parts[g->full]) : bfs__mf_emit_shares(w, g);
     const size_t nt = bfs__mf_ntensors(g->parts[0]);
     int rc = 0;
     for (size_t t = 0; t < nt && rc == 0; t++) {
@@ -490,10 +579,13 @@ int bfs__manifest_merge(int dirfd, bfs_mf *const *parts, const char *const *name
     if (!(owner = malloc((size_t)W * sizeof *owner)) || !(el = calloc((size_t)n, sizeof *el)))
         BFS_FAIL(BFS_ENOMEM, "out of memory");
     BFS_TRY(bfs__merge_owners(parts, names, n, outdir, W, owner));
+    uint64_t T = 0;
+    int full = -1;
+    BFS_TRY(bfs__merge_tensor_counts(parts, names, n, outdir, W, owner, &T, &full));
     BFS_TRY(bfs__merge_head(parts, names, n, outdir, W, owner, &m));
     for (int k = 0; k < n; k++)
         BFS_TRY(bfs__mf_rewind(parts[k]));
-    bfs_mf_merge g = {parts, names, n, W, owner, outdir, el, m, pre_commit, pre_user};
+    bfs_mf_merge g = {parts, names, n, W, owner, outdir, T, full, el, m, pre_commit, pre_user};
     BFS_TRY(bfs__mf_write_streamed(dirfd, outdir, BFS_MANIFEST_NAME, m, bfs__mf_emit_merge, &g, bfs__mf_merge_pre_commit, &g));
 cleanup:
     free(owner);

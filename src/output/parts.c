@@ -6,7 +6,8 @@
  * A part of ranks R converts only R's rank files (convert.c), reading only their rows of
  * the input (and every header), adds R's terms of each source file's hash (src/input/
  * srchash.c: the blocks of the rows R's kernels read), and writes bfshard.part-R.json: the
- * whole manifest with null hashes where another part knows them, and its sums of terms.
+ * manifest with null hashes where another part knows them, its sums of terms, and its
+ * ranks' share of tensors[] (bfs__part_share).
  */
 #include "output/parts.h"
 #include "base/bfs_io.h"
@@ -242,4 +243,11 @@ int bfs__part_manifests(DIR *d, char ***names, int *n)
     if (*n > 1)
         qsort(*names, (size_t)*n, sizeof **names, bfs__name_cmp);
     return 0;
+}
+
+uint64_t bfs__part_share(uint64_t T, int W, int r, uint64_t *lo)
+{
+    /* T < 2^40 tensors and W <= 10^6 ranks: the products fit 64 bits */
+    *lo = T * (uint64_t)r / (uint64_t)W;
+    return T * (uint64_t)(r + 1) / (uint64_t)W - *lo;
 }
