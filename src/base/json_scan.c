@@ -146,11 +146,17 @@ static int js_dec(const char *p, size_t *i, unsigned char o[4])
     return js_utf8_put(cp, o);
 }
 
-static uint32_t js_hash(const char *p, size_t off)
+/* FNV-1a of the string's decoded bytes: its raw bytes when it holds no escape (raw: their count) */
+static uint32_t js_hash(const char *p, size_t off, bool esc, size_t raw)
 {
     uint32_t h = 2166136261u;
     unsigned char o[4];
     int k;
+    if (!esc) {
+        for (size_t i = 0; i < raw; i++)
+            h = (h ^ (unsigned char)p[off + i]) * 16777619u;
+        return h;
+    }
     for (size_t i = off; (k = js_dec(p, &i, o)) > 0;)
         for (int j = 0; j < k; j++)
             h = (h ^ o[j]) * 16777619u;
@@ -226,14 +232,10 @@ static bool js_scratch(bfs_jscan *s, size_t n)
     return true;
 }
 
-const char *bfs__js_str_at(bfs_jscan *s, size_t off, size_t *len)
+/* the string at off decoded into the scratch buffer; raw, esc: its raw length and whether
+ * it holds escapes */
+static const char *js_str_dec(bfs_jscan *s, size_t off, size_t raw, bool esc, size_t *len)
 {
-    size_t raw = 0;
-    bool esc = false;
-    while (s->p[off + raw] != '"') {
-        esc |= s->p[off + raw] == '\\';
-        raw += s->p[off + raw] == '\\' ? 2 : 1;
-    }
     if (!js_scratch(s, raw + 1))
         return NULL;
     size_t n = 0;
@@ -252,7 +254,19 @@ const char *bfs__js_str_at(bfs_jscan *s, size_t off, size_t *len)
     return s->buf;
 }
 
-const char *bfs__js_str(bfs_jscan *s, size_t *len) { return bfs__js_str_at(s, s->s_off, len); }
+const char *bfs__js_str_at(bfs_jscan *s, size_t off, size_t *len)
+{
+    size_t raw = 0;
+    bool esc = false;
+    while (s->p[off + raw] != '"') {
+        esc |= s->p[off + raw] == '\\';
+        raw += s->p[off + raw] == '\\' ? 2 : 1;
+    }
+    return js_str_dec(s, off, raw, esc, len);
+}
+
+/* the last string token: its raw length and escapes known from the scan */
+const char *bfs__js_str(bfs_jscan *s, size_t *len) { return js_str_dec(s, s->s_off, s->s_raw, s->s_esc, len); }
 
 /* jansson's utf8_check_first / utf8_check_full: the length of the UTF-8 sequence at
  * p[0..avail), 0 when it is not a valid one */
@@ -310,6 +324,16 @@ static size_t js_uesc(bfs_jscan *s, size_t i, bool *nul)
     return 12;
 }
 
+/* 1 for the bytes a string holds as they are, with nothing to check: 0x20-0x7F but '"' and '\\' */
+static const unsigned char js_plain[256] = {
+    [0x20] = 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, /* 0x22 '"' */
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, /* 0x5C '\\' */
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+};
+
 /* The string whose opening quote is at s->pos: validated, s->s_* set, pos past it. */
 static int js_string(bfs_jscan *s, bool key)
 {
@@ -318,6 +342,8 @@ static int js_string(bfs_jscan *s, bool key)
     size_t i = start + 1;
     bool esc = false, nul = false;
     for (;;) {
+        while (i < s->len && js_plain[(unsigned char)p[i]]) /* printable ASCII but '"' and '\\' */
+            i++;
         if (i == s->len)
             return js_bad(s, start, "premature end of input inside a string");
         const unsigned char c = (unsigned char)p[i];
@@ -485,7 +511,7 @@ static int js_key_add(bfs_jscan *s)
         k->slot = ns;
         k->cap = nc;
     }
-    const uint32_t h = js_hash(s->p, s->s_off);
+    const uint32_t h = js_hash(s->p, s->s_off, s->s_esc, s->s_raw);
     size_t j = h & (k->cap - 1);
     for (; k->slot[j].off1; j = (j + 1) & (k->cap - 1))
         if (k->slot[j].hash == h && bfs__js_strcmp(s, k->slot[j].off1 - 1, s->s_off) == 0)

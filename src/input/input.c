@@ -244,17 +244,64 @@ typedef struct {
     bfs_wm_entry *e;        /* in the file's order */
     size_t n, cap;
     bfs_wm_entry **by_name; /* sorted by tensor name */
+    char **files;           /* the distinct file names, each entry's .file one of them */
+    size_t nfiles, cfiles;
+    uint32_t *fset;         /* open addressing: 1 + index into files[], 0 empty */
+    size_t fcap;
 } bfs_wmap;
 
 static void bfs__wm_free(bfs_wmap *wm)
 {
-    for (size_t i = 0; i < wm->n; i++) {
+    for (size_t i = 0; i < wm->n; i++)
         free(wm->e[i].tensor);
-        free(wm->e[i].file);
-    }
+    for (size_t i = 0; i < wm->nfiles; i++)
+        free(wm->files[i]);
+    free(wm->files);
+    free(wm->fset);
     free(wm->e);
     free(wm->by_name);
     memset(wm, 0, sizeof *wm);
+}
+
+static uint32_t bfs__fnv(const char *s)
+{
+    uint32_t h = 2166136261u;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 16777619u;
+    return h;
+}
+
+/* fn as one of wm's distinct file names (an index names a few hundred files for up to
+ * millions of tensors: one copy each, not one per entry); NULL when out of memory */
+static const char *bfs__wm_file(bfs_wmap *wm, const char *fn)
+{
+    if ((wm->nfiles + 1) * 2 > wm->fcap) {
+        const size_t nc = wm->fcap ? wm->fcap * 2 : 64;
+        uint32_t *ns = calloc(nc, sizeof *ns);
+        if (!ns)
+            return NULL;
+        for (size_t i = 0; i < wm->nfiles; i++) {
+            size_t j = bfs__fnv(wm->files[i]) & (nc - 1);
+            while (ns[j])
+                j = (j + 1) & (nc - 1);
+            ns[j] = (uint32_t)i + 1;
+        }
+        free(wm->fset);
+        wm->fset = ns;
+        wm->fcap = nc;
+    }
+    size_t j = bfs__fnv(fn) & (wm->fcap - 1);
+    for (; wm->fset[j]; j = (j + 1) & (wm->fcap - 1))
+        if (strcmp(wm->files[wm->fset[j] - 1], fn) == 0)
+            return wm->files[wm->fset[j] - 1];
+    char *c = bfs__strdup(fn);
+    if (!c || bfs__grow((void **)&wm->files, &wm->cfiles, wm->nfiles + 1, sizeof *wm->files) != 0) {
+        free(c);
+        return NULL;
+    }
+    wm->files[wm->nfiles] = c;
+    wm->fset[j] = (uint32_t)++wm->nfiles;
+    return c;
 }
 
 static int bfs__cmp_wm(const void *a, const void *b)
@@ -296,7 +343,7 @@ static int bfs__index_wm(bfs_jscan *js, bfs_wmap *wm, const char *dir, const cha
             return snprintf(msg, cap, "%s: weight_map entry \"%s\" names \"%s\", not a plain file name in %s", index_path,
                             e->tensor, fn, dir),
                    1;
-        if (!(e->file = bfs__strdup(fn)))
+        if (!(e->file = (char *)bfs__wm_file(wm, fn)))
             return BFS_ENOMEM;
     }
     return rc;
@@ -351,20 +398,21 @@ static int bfs__read_index(const char *dir, const char *index_path, char ***name
         BFS_FAIL(BFS_EINPUT, "%s: no \"weight_map\" object", index_path);
     if (wm->n == 0)
         BFS_FAIL(BFS_EINPUT, "%s: weight_map is empty", index_path);
-    names = calloc(wm->n + 1, sizeof *names);
+    names = calloc(wm->nfiles + 1, sizeof *names);
     wm->by_name = malloc(wm->n * sizeof *wm->by_name);
     if (!names || !wm->by_name)
         BFS_FAIL(BFS_ENOMEM, "%s: out of memory", index_path);
+    bool sorted = true;
     for (size_t i = 0; i < wm->n; i++) {
-        names[i] = wm->e[i].file; /* owned by wm, copied below */
         wm->by_name[i] = &wm->e[i];
+        sorted = sorted && (i == 0 || strcmp(wm->e[i - 1].tensor, wm->e[i].tensor) < 0);
     }
-    qsort(wm->by_name, wm->n, sizeof *wm->by_name, bfs__cmp_wm);
-    /* unique by sorting: a quadratic search hangs on an index of a million names */
-    qsort(names, wm->n, sizeof *names, bfs__cmp_str);
-    for (size_t i = 0; i < wm->n; i++)
-        if (n == 0 || strcmp(names[n - 1], names[i]) != 0)
-            names[n++] = names[i];
+    if (!sorted) /* transformers writes the index with sort_keys: usually it is */
+        qsort(wm->by_name, wm->n, sizeof *wm->by_name, bfs__cmp_wm);
+    /* the distinct names (owned by wm, copied below), sorted */
+    n = wm->nfiles;
+    memcpy(names, wm->files, n * sizeof *names);
+    qsort(names, n, sizeof *names, bfs__cmp_str);
     for (size_t i = 0; i < n; i++)
         if (!(names[i] = bfs__strdup(names[i]))) {
             for (size_t j = 0; j < i; j++)
@@ -524,7 +572,13 @@ int bfs__input_open(const char *path, bfs_input **out)
             BFS_FAIL(BFS_EINPUT, "tensor \"%s\" appears in both %s and %s", in->raw[i].st->name,
                      in->files[in->raw[i - 1].file].path, in->files[in->raw[i].file].path);
 
-    for (size_t i = 0; i < wm.n; i++) {
+    /* the index against the headers: both sorted by name, one pass when they agree; when
+     * not, the checks below find the first disagreement and say it */
+    bool agree = wm.n == in->nraw;
+    for (size_t i = 0; agree && i < wm.n; i++)
+        agree = strcmp(wm.by_name[i]->tensor, in->raw[i].st->name) == 0 &&
+                strcmp(wm.by_name[i]->file, in->files[in->raw[i].file].name) == 0;
+    for (size_t i = 0; i < wm.n && !agree; i++) {
         const char *key = wm.e[i].tensor, *file = wm.e[i].file;
         const bfs_raw *r = bfs__input_find(in, key);
         if (!r)
@@ -533,7 +587,7 @@ int bfs__input_open(const char *path, bfs_input **out)
             BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" is mapped to %s but is in %s", index_path, key, file,
                      in->files[r->file].name);
     }
-    for (size_t i = 0; i < in->nraw && wm.n; i++)
+    for (size_t i = 0; i < in->nraw && wm.n && !agree; i++)
         if (!bfs__wm_find(&wm, in->raw[i].st->name))
             BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" (at offset %llu) is not listed in %s", in->files[in->raw[i].file].path,
                      in->raw[i].st->name, (unsigned long long)in->raw[i].file_offset, index_path);
