@@ -48,13 +48,18 @@ TARGETS = {
     "rss_growth": 1.05,        # peak RSS of the 4x larger checkpoint <= 1.05x the smaller one's
     "time_linear": 4.2,        # wall time of the 4x larger checkpoint <= 4.2x the smaller one's
     "rss_predicted": 0.10,     # measured peak RSS within 10% of `inspect`'s prediction
-    # issue 22, DeepSeek-V3's real tensor count (92k tensors, 163 files, small matrices):
-    "scale_w64_vs_w8": 1.5,    # convert at W=64 <= 1.5x convert at W=8 (same input bytes)
-    "parts_vs_whole": 1.1,     # 4 parts one after another + merge <= 1.1x the whole run at W=64
+    # issue 22's "done when", DeepSeek-V3's real tensor count (92k tensors, 163 files, small matrices):
+    "scale_w64_vs_w8": 2.0,    # convert at W=64 <= 2x convert at W=8 (same input bytes; the aim, 1.5x, below)
+    "manifest_w64_vs_w8": 2.0, # the manifest at W=64 <= 2x the one at W=8
+    "verify_w64_vs_w8": 2.0,   # verify at W=64 <= 2x verify at W=8
+    "parts_vs_whole": 1.3,     # 4 parts one after another <= 1.3x the whole run at W=64
+    "part_manifest_vs_whole": 0.5,  # each part's manifest <= 0.5x the whole run's
+    "merge_vs_whole": 0.1,     # merge <= 0.1x the whole run
 }
 # reported, not bars of issue 15: near-linear thread scaling would be >= 0.8; the project's
-# own aim for many tiny tensors (--tiny) is >= 50k tensors/s end to end at W = 1 and 8
-INFO_ONLY = {"thread_efficiency": 0.8, "tiny_tensors_per_s": 50000}
+# own aim for many tiny tensors (--tiny) is >= 50k tensors/s end to end at W = 1 and 8;
+# issue 22's aim for W=64 against W=8
+INFO_ONLY = {"thread_efficiency": 0.8, "tiny_tensors_per_s": 50000, "scale_w64_vs_w8_aim": 1.5}
 MEM_NOISE = 0.10
 MEM_ROWS = ("64M", "256M", "1G")  # bfshard_disk is the default, 256M; the others interleaved with it
 
@@ -180,6 +185,22 @@ def warm_cache(paths):
                 with open(os.path.join(dp, f), "rb", buffering=0) as fh:
                     while fh.readinto(buf):
                         pass
+
+
+def reread_cache(paths):
+    """drop these files from the page cache, then read them once: every contender starts from
+    the input as a read leaves it (readahead's large folios), whatever ran before. A checkpoint
+    just written by the generator sits in the cache as its writes left it: measured on the scale
+    case, a W=64 part's files took 0.68 s that way and 0.58 s after a reread."""
+    for root in paths:
+        for dp, _, fs in os.walk(root):
+            for f in fs:
+                fd = os.open(os.path.join(dp, f), os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+    warm_cache(paths)
 
 
 # ------------------------------------------------------------------------------------
@@ -552,6 +573,7 @@ class Bench:
 
         for W in a.scale_worlds:
             rmtree(out)
+            reread_cache([d])
             r = timed(self.convert_cmd(d, out, world=W))
             if r["rc"] != 0:
                 self.note(f"scale: convert W={W} failed (rc {r['rc']}): {r.get('stderr', '')[-300:]}")
@@ -570,13 +592,16 @@ class Bench:
             for lo in range(0, W, W // 4):
                 c = self.convert_cmd(d, out, world=W) + ["--ranks", f"{lo}-{lo + W // 4 - 1}"]
                 c.remove("--force")
+                reread_cache([d])
                 r = timed(c)
                 parts.append({"ranks": f"{lo}-{lo + W // 4 - 1}", "wall_s": r["wall_s"], "rc": r["rc"]})
                 t += r["wall_s"]
             pm = manifest_bytes(out) / 4
+            pmax = max((os.path.getsize(os.path.join(out, f)) for f in os.listdir(out) if f.startswith("bfshard.part-")),
+                       default=0)
             m = timed([self.bfshard, "merge", out])
             res["parts"] = {"world": W, "parts": parts, "parts_s": t, "merge_s": m["wall_s"], "merge_rc": m["rc"],
-                            "part_manifest_bytes": pm}
+                            "part_manifest_bytes": pm, "part_manifest_max": pmax}
             log(f"scale: W={W} in 4 parts: {t:.1f} s + merge {m['wall_s']:.1f} s (rc {m['rc']}), "
                 f"each part manifest {pm / 1e6:.0f} MB")
         if a.scale_w1024_layers:  # W = 1024 on fewer layers: 2048 files, every header lists every tensor
@@ -587,6 +612,7 @@ class Bench:
             rows = []
             for W in (64, 1024):
                 rmtree(out)
+                reread_cache([d5])
                 r = timed(self.convert_cmd(d5, out, world=W))
                 v = timed([self.bfshard, "verify", out, "--quiet"]) if r["rc"] == 0 else {"wall_s": None, "rc": None}
                 rows.append({"world": W, "wall_s": r["wall_s"], "rc": r["rc"], "max_rss_kb": r.get("max_rss_kb"),
@@ -850,13 +876,19 @@ class Bench:
                   f"verify {x['verify_s']:6.1f} s (peak RSS {(x['verify_rss_kb'] or 0) / 1e3:.0f} MB)")
             if 8 in by and 64 in by:
                 targ["scale_w64_vs_w8"] = [{"what": "W64/W8", "ratio": by[64]["wall_s"] / by[8]["wall_s"]}]
+                targ["scale_w64_vs_w8_aim"] = targ["scale_w64_vs_w8"]
+                targ["manifest_w64_vs_w8"] = [{"what": "W64/W8", "ratio": by[64]["manifest_bytes"] / by[8]["manifest_bytes"]}]
+                if by[8]["verify_s"] and by[64]["verify_s"]:
+                    targ["verify_w64_vs_w8"] = [{"what": "W64/W8", "ratio": by[64]["verify_s"] / by[8]["verify_s"]}]
             pt = sc.get("parts")
             if pt and 64 in by:
                 P(f"    W=64 in 4 parts one after another: {pt['parts_s']:.1f} s (" +
                   ", ".join(f"{x['ranks']} {x['wall_s']:.1f} s" for x in pt["parts"]) +
                   f") + merge {pt['merge_s']:.1f} s; each part manifest {pt['part_manifest_bytes'] / 1e6:.0f} MB")
-                targ["parts_vs_whole"] = [{"what": "(parts+merge)/whole",
-                                           "ratio": (pt["parts_s"] + pt["merge_s"]) / by[64]["wall_s"]}]
+                targ["parts_vs_whole"] = [{"what": "parts/whole", "ratio": pt["parts_s"] / by[64]["wall_s"]}]
+                targ["part_manifest_vs_whole"] = [{"what": "part/whole",
+                                                   "ratio": pt["part_manifest_max"] / by[64]["manifest_bytes"]}]
+                targ["merge_vs_whole"] = [{"what": "merge/whole", "ratio": pt["merge_s"] / by[64]["wall_s"]}]
             wk = sc.get("w1024")
             if wk:
                 for x in wk["rows"]:
@@ -864,7 +896,8 @@ class Bench:
                       f"peak RSS {(x['max_rss_kb'] or 0) / 1e3:.0f} MB, manifest {(x['manifest_bytes'] or 0) / 1e6:.1f} MB, "
                       f"verify {x['verify_s'] or 0:.1f} s")
         lower = ("rss_growth", "time_linear", "rss_predicted", "scale_w64_vs_w8", "parts_vs_whole",
-                 "mem_1g_vs_64m")  # lower is better
+                 "mem_1g_vs_64m", "manifest_w64_vs_w8", "verify_w64_vs_w8", "part_manifest_vs_whole",
+                 "merge_vs_whole", "scale_w64_vs_w8_aim")  # lower is better
         for key, lim in list(TARGETS.items()) + list(INFO_ONLY.items()):
             items = targ.get(key)
             if not items:
@@ -885,7 +918,12 @@ class Bench:
                     "time_linear": "4x model: time <= %.1fx (per byte x4, /dd)",
                     "rss_predicted": "peak RSS within %.2f of inspect",
                     "scale_w64_vs_w8": "92k tensors: W=64 time <= %.1fx W=8",
-                    "parts_vs_whole": "92k tensors: 4 parts + merge <= %.1fx whole",
+                    "scale_w64_vs_w8_aim": "(info) 92k tensors: aim W=64 <= %.1fx W=8",
+                    "manifest_w64_vs_w8": "92k tensors: W=64 manifest <= %.1fx W=8",
+                    "verify_w64_vs_w8": "92k tensors: W=64 verify <= %.1fx W=8",
+                    "parts_vs_whole": "92k tensors: 4 parts <= %.1fx whole",
+                    "part_manifest_vs_whole": "92k tensors: part manifest <= %.1fx whole",
+                    "merge_vs_whole": "92k tensors: merge <= %.1fx whole",
                     "tiny_tensors_per_s": "(info) tiny tensors, aim >= %.0f tensors/s"}[key] % lim
             detail = ", ".join(
                 f"{x.get('op') or x.get('model') or x.get('what') or ''} {x[field]:.2f}".strip() for x in items)
