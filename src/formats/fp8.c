@@ -275,16 +275,16 @@ static int bfs__fp8_claim(const bfs_fctx *c, bfs_raw *w, bfs_ltensor *t)
     if (sinv && sc)
         return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): FP8 weight with both \"%s\" and \"%s\"", AT(w),
                         sinv->st->name, sc->st->name);
-    char ws[160], ss[160];
-    bfs__shape_str(st->shape, st->ndim, ws, sizeof ws);
+    char ws[160], ss[160]; /* the shapes as text, made only for a message (WS, SS) */
+#define WS (bfs__shape_str(st->shape, st->ndim, ws, sizeof ws), ws)
+#define SS (bfs__shape_str(s->st->shape, s->st->ndim, ss, sizeof ss), ss)
     if (st->ndim == 3)
         return bfs__fp8_fused(c, w, sinv ? sinv : sc, t);
     if (st->ndim != 2)
-        return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): FP8 weight shape %s, expected [out, in] (or transformers' fused experts [E, out, in])", AT(w), ws);
+        return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): FP8 weight shape %s, expected [out, in] (or transformers' fused experts [E, out, in])", AT(w), WS);
     const uint64_t M = st->shape[0], N = st->shape[1];
     uint64_t bh = 0, bw = 0;
     bfs_raw *s = sinv ? sinv : sc;
-    bfs__shape_str(s->st->shape, s->st->ndim, ss, sizeof ss);
     const char *v4 = bfs__fp8_v4_key(c);
     if (v4)
         return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): quant_method \"fp8\" with %s is DeepSeek-V4's layout (P.weight + P.scale); a V3-style scale \"%s\" under it is not supported",
@@ -305,8 +305,8 @@ static int bfs__fp8_claim(const bfs_fctx *c, bfs_raw *w, bfs_ltensor *t)
                                 AT(s), bfs__dtype_name(s->st->dtype), st->name);
             if (!bfs__raw_shape_is(s, 2, (M + bh - 1) / bh, (N + bw - 1) / bw))
                 return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): scale shape %s, expected [%llu, %llu] for weight \"%s\" %s with config.json weight_block_size [%llu, %llu]",
-                                AT(s), ss, (unsigned long long)((M + bh - 1) / bh), (unsigned long long)((N + bw - 1) / bw),
-                                st->name, ws, (unsigned long long)bh, (unsigned long long)bw);
+                                AT(s), SS, (unsigned long long)((M + bh - 1) / bh), (unsigned long long)((N + bw - 1) / bw),
+                                st->name, WS, (unsigned long long)bh, (unsigned long long)bw);
             t->qname = "fp8-block";
         }
     } else {
@@ -326,6 +326,8 @@ static int bfs__fp8_claim(const bfs_fctx *c, bfs_raw *w, bfs_ltensor *t)
     rc = bfs__fp8_fill(w, s, t, (const uint64_t[]){M, N}, 2, bh, bw);
 cleanup:
     return rc;
+#undef WS
+#undef SS
 }
 
 static int bfs__fp8_sources(const bfs_unit *u, bfs_srange out[BFS_UNIT_MAX_SRC])

@@ -41,8 +41,44 @@ static bool bfs__ends_with(const char *s, const char *suffix)
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
+static uint32_t bfs__name_hash(const char *s)
+{
+    uint32_t h = 2166136261u;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 16777619u;
+    return h;
+}
+
+/* raw[] by name in a hash table (the formats look up each weight's scales: 92k tensors'
+ * binary searches over long common prefixes were most of a DeepSeek-V3 plan); nothing
+ * when out of memory, and the lookups go by binary search */
+static void bfs__input_hash(bfs_input *in)
+{
+    size_t cap = 64;
+    while (cap < 2 * in->nraw + 2 && cap < ((size_t)1 << 31))
+        cap *= 2;
+    if (in->nraw >= UINT32_MAX / 2 || !(in->by_hash = calloc(2 * cap, sizeof *in->by_hash)))
+        return;
+    in->hcap = cap;
+    for (size_t i = 0; i < in->nraw; i++) {
+        const uint32_t h = bfs__name_hash(in->raw[i].st->name);
+        size_t j = h & (cap - 1);
+        while (in->by_hash[2 * j])
+            j = (j + 1) & (cap - 1);
+        in->by_hash[2 * j] = (uint32_t)i + 1;
+        in->by_hash[2 * j + 1] = h;
+    }
+}
+
 const bfs_raw *bfs__input_find(const bfs_input *in, const char *name)
 {
+    if (in->by_hash) {
+        const uint32_t h = bfs__name_hash(name), *e;
+        for (size_t j = h & (in->hcap - 1); (e = &in->by_hash[2 * j])[0]; j = (j + 1) & (in->hcap - 1))
+            if (e[1] == h && strcmp(in->raw[e[0] - 1].st->name, name) == 0)
+                return &in->raw[e[0] - 1];
+        return NULL;
+    }
     size_t lo = 0, hi = in->nraw;
     while (lo < hi) {
         const size_t mid = lo + (hi - lo) / 2;
@@ -486,6 +522,7 @@ void bfs__input_free(bfs_input *in)
     }
     free(in->files);
     free(in->raw);
+    free(in->by_hash);
     free(in->root);
     free(in->config_json);
     free(in);
@@ -571,6 +608,7 @@ int bfs__input_open(const char *path, bfs_input **out)
         if (strcmp(in->raw[i - 1].st->name, in->raw[i].st->name) == 0)
             BFS_FAIL(BFS_EINPUT, "tensor \"%s\" appears in both %s and %s", in->raw[i].st->name,
                      in->files[in->raw[i - 1].file].path, in->files[in->raw[i].file].path);
+    bfs__input_hash(in);
 
     /* the index against the headers: both sorted by name, one pass when they agree; when
      * not, the checks below find the first disagreement and say it */

@@ -35,6 +35,9 @@ typedef struct bfs_input {
     size_t nraw;
     bfs_raw *raw;       /* sorted by name */
     char *config_json;  /* contents of config.json, or NULL */
+    uint32_t *by_hash;  /* open addressing over raw[] by name: pairs (1 + index, 0 empty; the
+                         * name's hash); NULL: lookups by binary search */
+    size_t hcap;        /* a power of two, at least twice nraw */
 } bfs_input;
 
 int bfs__input_open(const char *path, bfs_input **out);
