@@ -112,6 +112,10 @@ static void same_verdicts_as_jansson(void **s)
     static const char *const one[] = {
         T(""), T(",\"x\":null"), T(",\"x\":{\"a\":[1,2.5e3,-0,true,false,null,\"s\"]}"),
         T(",\"x\":{\"a\":1,\"a\":2}"),                       /* a duplicate key deep in an ignored field */
+        /* keys in increasing order are compared with the one before only, until one is not */
+        T(",\"x\":{\"a\":1,\"ab\":2,\"abc\":3}"), T(",\"x\":{\"a\":1,\"b\":2,\"b\":3}"),
+        T(",\"x\":{\"a\":1,\"b\":2,\"c\":3,\"a\":4}"), T(",\"x\":{\"a\":1,\"b\":2,\"\\u0061\":3}"),
+        T(",\"x\":{\"ab\":1,\"a\":2,\"abc\":3,\"ab\":4}"), T(",\"x\":{\"b\":1,\"a\":2,\"c\":3}"),
         T(",\"dtype\":\"U8\""), "{\"t\":{\"dt\\u0079pe\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}",
         "{\"t\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},\"\\u0074\":{}}", /* "t" twice */
         T(",\"x\":1e400"), T(",\"x\":-1e400"), T(",\"x\":1e-400"), T(",\"x\":1.7976931348623158e308"),

@@ -31,9 +31,16 @@
 enum { ST_TOP, ST_VALUE, ST_VALUE_OR_END, ST_KEY_OR_END, ST_KEY, ST_COLON, ST_COMMA_OR_END, ST_DONE };
 
 typedef struct { uint32_t off1, hash; } bfs_jslot; /* off1: the key's s_off + 1; 0: empty */
+/* An object's keys. While they come without escapes and in increasing byte order (an index
+ * written with sort_keys: 92k keys), each is only compared with the one before, which no
+ * earlier key can equal; at the first that does not, every key so far goes into the set. */
 struct bfs_jkeys {
     bfs_jslot *slot;
     size_t cap, n;
+    uint32_t *run;       /* the keys in increasing order, not in the set yet: their s_off */
+    size_t nrun, crun;
+    uint32_t last_raw;   /* run[nrun - 1]'s raw length */
+    bool hashed;         /* the set holds every key of the object */
 };
 
 static int js_bad(bfs_jscan *s, size_t at, const char *why)
@@ -58,7 +65,7 @@ void bfs__js_free(bfs_jscan *s)
     if (!s)
         return;
     for (int i = 0; i < s->nkeys; i++)
-        free(s->keys[i].slot);
+        free(s->keys[i].slot), free(s->keys[i].run);
     free(s->keys);
     free(s->buf);
     s->keys = NULL;
@@ -481,7 +488,9 @@ static int js_literal(bfs_jscan *s, bfs_jtok *tok)
     return 0;
 }
 
-/* the key at s->s_off into the set of the object at depth s->depth: BFS_EINPUT when it is
+static int js_set_put(bfs_jscan *s, bfs_jkeys *k, size_t off, uint32_t h);
+
+/* the key at s->s_off into the keys of the object at depth s->depth: BFS_EINPUT when it is
  * there already */
 static int js_key_add(bfs_jscan *s)
 {
@@ -494,6 +503,32 @@ static int js_key_add(bfs_jscan *s)
         s->nkeys = s->depth * 2;
     }
     bfs_jkeys *k = &s->keys[s->depth - 1];
+    if (!k->hashed) {
+        const char *a = s->p + (k->nrun ? k->run[k->nrun - 1] : 0), *b = s->p + s->s_off;
+        const size_t la = k->last_raw, lb = s->s_raw;
+        const int c = k->nrun ? memcmp(a, b, la < lb ? la : lb) : -1;
+        if (!s->s_esc && (c < 0 || (c == 0 && la < lb))) { /* after every key so far */
+            if (bfs__grow((void **)&k->run, &k->crun, k->nrun + 1, sizeof *k->run) != 0)
+                return BFS_ENOMEM;
+            k->run[k->nrun++] = (uint32_t)s->s_off;
+            k->last_raw = (uint32_t)s->s_raw;
+            return 0;
+        }
+        k->hashed = true; /* the run's keys into the set, then this one */
+        for (size_t i = 0; i < k->nrun; i++) {
+            const size_t off = k->run[i], raw = (size_t)((const char *)memchr(s->p + off, '"', s->len - off) - (s->p + off));
+            const int rc = js_set_put(s, k, off, js_hash(s->p, off, false, raw));
+            if (rc != 0)
+                return rc;
+        }
+        k->nrun = 0;
+    }
+    return js_set_put(s, k, s->s_off, js_hash(s->p, s->s_off, s->s_esc, s->s_raw));
+}
+
+/* key at off (hash h) into k's set: BFS_EINPUT when it is there already */
+static int js_set_put(bfs_jscan *s, bfs_jkeys *k, size_t off, uint32_t h)
+{
     if ((k->n + 1) * 2 > k->cap) {
         const size_t nc = k->cap ? k->cap * 2 : 8;
         bfs_jslot *ns = calloc(nc, sizeof *ns);
@@ -511,12 +546,11 @@ static int js_key_add(bfs_jscan *s)
         k->slot = ns;
         k->cap = nc;
     }
-    const uint32_t h = js_hash(s->p, s->s_off, s->s_esc, s->s_raw);
     size_t j = h & (k->cap - 1);
     for (; k->slot[j].off1; j = (j + 1) & (k->cap - 1))
-        if (k->slot[j].hash == h && bfs__js_strcmp(s, k->slot[j].off1 - 1, s->s_off) == 0)
+        if (k->slot[j].hash == h && bfs__js_strcmp(s, k->slot[j].off1 - 1, off) == 0)
             return js_bad(s, s->at, "duplicate object key");
-    k->slot[j].off1 = (uint32_t)s->s_off + 1;
+    k->slot[j].off1 = (uint32_t)off + 1;
     k->slot[j].hash = h;
     k->n++;
     return 0;
@@ -535,7 +569,13 @@ static void js_close(bfs_jscan *s)
         } else if (k->n) {
             memset(k->slot, 0, k->cap * sizeof *k->slot);
         }
-        k->n = 0;
+        if (k->crun > 64) {
+            free(k->run);
+            k->run = NULL;
+            k->crun = 0;
+        }
+        k->n = k->nrun = 0;
+        k->hashed = false;
     }
     s->state = s->depth ? ST_COMMA_OR_END : ST_DONE;
 }

@@ -50,15 +50,17 @@ static uint32_t bfs__name_hash(const char *s)
 }
 
 /* raw[] by name in a hash table (the formats look up each weight's scales: 92k tensors'
- * binary searches over long common prefixes were most of a DeepSeek-V3 plan); nothing
- * when out of memory, and the lookups go by binary search */
-static void bfs__input_hash(bfs_input *in)
+ * binary searches over long common prefixes were most of a DeepSeek-V3 plan); past 2^30
+ * tensors the lookups go by binary search */
+static int bfs__input_hash(bfs_input *in)
 {
     size_t cap = 64;
-    while (cap < 2 * in->nraw + 2 && cap < ((size_t)1 << 31))
+    while (cap < 2 * in->nraw + 2)
         cap *= 2;
-    if (in->nraw >= UINT32_MAX / 2 || !(in->by_hash = calloc(2 * cap, sizeof *in->by_hash)))
-        return;
+    if (in->nraw >= ((size_t)1 << 30))
+        return 0;
+    if (!(in->by_hash = calloc(2 * cap, sizeof *in->by_hash)))
+        return bfs__err(BFS_ENOMEM, "out of memory indexing %zu tensors", in->nraw);
     in->hcap = cap;
     for (size_t i = 0; i < in->nraw; i++) {
         const uint32_t h = bfs__name_hash(in->raw[i].st->name);
@@ -68,6 +70,7 @@ static void bfs__input_hash(bfs_input *in)
         in->by_hash[2 * j] = (uint32_t)i + 1;
         in->by_hash[2 * j + 1] = h;
     }
+    return 0;
 }
 
 const bfs_raw *bfs__input_find(const bfs_input *in, const char *name)
@@ -608,7 +611,7 @@ int bfs__input_open(const char *path, bfs_input **out)
         if (strcmp(in->raw[i - 1].st->name, in->raw[i].st->name) == 0)
             BFS_FAIL(BFS_EINPUT, "tensor \"%s\" appears in both %s and %s", in->raw[i].st->name,
                      in->files[in->raw[i - 1].file].path, in->files[in->raw[i].file].path);
-    bfs__input_hash(in);
+    BFS_TRY(bfs__input_hash(in));
 
     /* the index against the headers: both sorted by name, one pass when they agree; when
      * not, the checks below find the first disagreement and say it */
