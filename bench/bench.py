@@ -571,39 +571,74 @@ class Bench:
         def slices_bytes(o):  # manifest v2: each rank file's slice index (docs/MANIFEST.md)
             return sum(os.path.getsize(os.path.join(o, f)) for f in os.listdir(o) if f.endswith(".slices"))
 
-        for W in a.scale_worlds:
-            rmtree(out)
-            reread_cache([d])
-            r = timed(self.convert_cmd(d, out, world=W))
-            if r["rc"] != 0:
-                self.note(f"scale: convert W={W} failed (rc {r['rc']}): {r.get('stderr', '')[-300:]}")
-                continue
-            mb, sb = manifest_bytes(out), slices_bytes(out)
-            v = timed([self.bfshard, "verify", out, "--quiet"])
-            res["whole"].append({"world": W, "wall_s": r["wall_s"], "max_rss_kb": r.get("max_rss_kb"),
-                                 "manifest_bytes": mb, "slices_bytes": sb, "verify_s": v["wall_s"], "verify_rc": v["rc"],
-                                 "verify_rss_kb": v.get("max_rss_kb")})
-            log(f"scale: W={W}: convert {r['wall_s']:.1f} s, manifest {mb / 1e6:.0f} MB, "
-                f"verify {v['wall_s']:.1f} s (rc {v['rc']})")
-        W = 64
-        if W in a.scale_worlds:
-            rmtree(out)
-            parts, t = [], 0.0
-            for lo in range(0, W, W // 4):
-                c = self.convert_cmd(d, out, world=W) + ["--ranks", f"{lo}-{lo + W // 4 - 1}"]
-                c.remove("--force")
+        # rounds (REPEAT), interleaved: W=8, W=64 and W=64's 4 parts + merge in each, W=256 in the
+        # first only; every figure is the median of the rounds, each ratio the median of the
+        # rounds' ratios (this shared VM's load drifts between rounds)
+        rounds = []
+        for rep in range(max(1, a.repeat)):
+            rd = {"whole": {}, "parts": None}
+            for W in a.scale_worlds:
+                if rep > 0 and W not in (8, 64):
+                    continue
+                rmtree(out)
                 reread_cache([d])
-                r = timed(c)
-                parts.append({"ranks": f"{lo}-{lo + W // 4 - 1}", "wall_s": r["wall_s"], "rc": r["rc"]})
-                t += r["wall_s"]
-            pm = manifest_bytes(out) / 4
-            pmax = max((os.path.getsize(os.path.join(out, f)) for f in os.listdir(out) if f.startswith("bfshard.part-")),
-                       default=0)
-            m = timed([self.bfshard, "merge", out])
-            res["parts"] = {"world": W, "parts": parts, "parts_s": t, "merge_s": m["wall_s"], "merge_rc": m["rc"],
-                            "part_manifest_bytes": pm, "part_manifest_max": pmax}
-            log(f"scale: W={W} in 4 parts: {t:.1f} s + merge {m['wall_s']:.1f} s (rc {m['rc']}), "
-                f"each part manifest {pm / 1e6:.0f} MB")
+                r = timed(self.convert_cmd(d, out, world=W))
+                if r["rc"] != 0:
+                    self.note(f"scale: convert W={W} failed (rc {r['rc']}): {r.get('stderr', '')[-300:]}")
+                    continue
+                mb, sb = manifest_bytes(out), slices_bytes(out)
+                v = timed([self.bfshard, "verify", out, "--quiet"])
+                rd["whole"][W] = {"world": W, "wall_s": r["wall_s"], "max_rss_kb": r.get("max_rss_kb"),
+                                  "manifest_bytes": mb, "slices_bytes": sb, "verify_s": v["wall_s"], "verify_rc": v["rc"],
+                                  "verify_rss_kb": v.get("max_rss_kb")}
+                log(f"scale: round {rep + 1}: W={W}: convert {r['wall_s']:.1f} s, manifest {mb / 1e6:.0f} MB, "
+                    f"verify {v['wall_s']:.1f} s (rc {v['rc']})")
+            W = 64
+            if W in a.scale_worlds:
+                rmtree(out)
+                parts, t = [], 0.0
+                for lo in range(0, W, W // 4):
+                    c = self.convert_cmd(d, out, world=W) + ["--ranks", f"{lo}-{lo + W // 4 - 1}"]
+                    c.remove("--force")
+                    reread_cache([d])
+                    r = timed(c)
+                    parts.append({"ranks": f"{lo}-{lo + W // 4 - 1}", "wall_s": r["wall_s"], "rc": r["rc"]})
+                    t += r["wall_s"]
+                pm = manifest_bytes(out) / 4
+                pmax = max((os.path.getsize(os.path.join(out, f)) for f in os.listdir(out)
+                            if f.startswith("bfshard.part-")), default=0)
+                m = timed([self.bfshard, "merge", out])
+                rd["parts"] = {"world": W, "parts": parts, "parts_s": t, "merge_s": m["wall_s"], "merge_rc": m["rc"],
+                               "part_manifest_bytes": pm, "part_manifest_max": pmax}
+                log(f"scale: round {rep + 1}: W={W} in 4 parts: {t:.1f} s + merge {m['wall_s']:.1f} s (rc {m['rc']}), "
+                    f"each part manifest {pm / 1e6:.0f} MB")
+            rounds.append(rd)
+        med = statistics.median
+        for W in a.scale_worlds:
+            rs = [rd["whole"][W] for rd in rounds if W in rd["whole"]]
+            if not rs:
+                continue
+            x = dict(rs[0])
+            for k in ("wall_s", "verify_s", "max_rss_kb"):
+                vals = [q[k] for q in rs if q.get(k) is not None]
+                x[k] = med(vals) if vals else None
+            x["wall_s_rounds"] = [q["wall_s"] for q in rs]
+            res["whole"].append(x)
+        pr = [rd["parts"] for rd in rounds if rd["parts"]]
+        if pr:
+            x = dict(pr[-1])
+            x["parts_s"], x["merge_s"] = med([q["parts_s"] for q in pr]), med([q["merge_s"] for q in pr])
+            x["parts_s_rounds"] = [q["parts_s"] for q in pr]
+            res["parts"] = x
+        both = [rd for rd in rounds if 8 in rd["whole"] and 64 in rd["whole"]]
+        res["ratios"] = {
+            "w64_vs_w8": med([rd["whole"][64]["wall_s"] / rd["whole"][8]["wall_s"] for rd in both]) if both else None,
+            "verify_w64_vs_w8": med([rd["whole"][64]["verify_s"] / rd["whole"][8]["verify_s"] for rd in both]) if both else None,
+            "parts_vs_whole": med([rd["parts"]["parts_s"] / rd["whole"][64]["wall_s"] for rd in rounds
+                                   if rd["parts"] and 64 in rd["whole"]]) if pr else None,
+            "merge_vs_whole": med([rd["parts"]["merge_s"] / rd["whole"][64]["wall_s"] for rd in rounds
+                                   if rd["parts"] and 64 in rd["whole"]]) if pr else None,
+            "rounds": len(rounds)}
         if a.scale_w1024_layers:  # W = 1024 on fewer layers: 2048 files, every header lists every tensor
             d5 = os.path.join(self.data, f"dsv3-names-L{a.scale_w1024_layers}")
             if not os.path.isdir(d5):
@@ -868,27 +903,35 @@ class Bench:
         sc = R.get("scale")
         if sc and sc["whole"]:
             P("")
-            P(f"scale: DeepSeek-V3's tensor count ({sc['layers']} layers, 163 files, small matrices), to disk")
+            P(f"scale: DeepSeek-V3's tensor count ({sc['layers']} layers, 163 files, small matrices), to disk; "
+              f"medians of {(sc.get('ratios') or {}).get('rounds', 1)} interleaved rounds (W=256: the first)")
             by = {x["world"]: x for x in sc["whole"]}
             for x in sc["whole"]:
-                P(f"    W={x['world']:<4d} convert {x['wall_s']:7.1f} s, peak RSS {(x['max_rss_kb'] or 0) / 1e3:6.0f} MB, "
+                rr = "/".join(f"{v:.2f}" for v in x.get("wall_s_rounds", []))
+                P(f"    W={x['world']:<4d} convert {x['wall_s']:7.2f} s ({rr}), peak RSS {(x['max_rss_kb'] or 0) / 1e3:6.0f} MB, "
                   f"manifest {x['manifest_bytes'] / 1e6:7.1f} MB + slice indexes {(x.get('slices_bytes') or 0) / 1e6:.0f} MB, "
                   f"verify {x['verify_s']:6.1f} s (peak RSS {(x['verify_rss_kb'] or 0) / 1e3:.0f} MB)")
+            rt = sc.get("ratios") or {}
             if 8 in by and 64 in by:
-                targ["scale_w64_vs_w8"] = [{"what": "W64/W8", "ratio": by[64]["wall_s"] / by[8]["wall_s"]}]
+                w = rt.get("w64_vs_w8") or by[64]["wall_s"] / by[8]["wall_s"]
+                targ["scale_w64_vs_w8"] = [{"what": "W64/W8", "ratio": w}]
                 targ["scale_w64_vs_w8_aim"] = targ["scale_w64_vs_w8"]
                 targ["manifest_w64_vs_w8"] = [{"what": "W64/W8", "ratio": by[64]["manifest_bytes"] / by[8]["manifest_bytes"]}]
-                if by[8]["verify_s"] and by[64]["verify_s"]:
-                    targ["verify_w64_vs_w8"] = [{"what": "W64/W8", "ratio": by[64]["verify_s"] / by[8]["verify_s"]}]
+                v = rt.get("verify_w64_vs_w8") or (by[64]["verify_s"] / by[8]["verify_s"] if by[8]["verify_s"] else None)
+                if v:
+                    targ["verify_w64_vs_w8"] = [{"what": "W64/W8", "ratio": v}]
             pt = sc.get("parts")
             if pt and 64 in by:
-                P(f"    W=64 in 4 parts one after another: {pt['parts_s']:.1f} s (" +
+                P(f"    W=64 in 4 parts one after another: {pt['parts_s']:.2f} s (rounds "
+                  + "/".join(f"{v:.2f}" for v in pt.get("parts_s_rounds", [])) + "; last round " +
                   ", ".join(f"{x['ranks']} {x['wall_s']:.1f} s" for x in pt["parts"]) +
                   f") + merge {pt['merge_s']:.1f} s; each part manifest {pt['part_manifest_bytes'] / 1e6:.0f} MB")
-                targ["parts_vs_whole"] = [{"what": "parts/whole", "ratio": pt["parts_s"] / by[64]["wall_s"]}]
+                targ["parts_vs_whole"] = [{"what": "parts/whole",
+                                           "ratio": rt.get("parts_vs_whole") or pt["parts_s"] / by[64]["wall_s"]}]
                 targ["part_manifest_vs_whole"] = [{"what": "part/whole",
                                                    "ratio": pt["part_manifest_max"] / by[64]["manifest_bytes"]}]
-                targ["merge_vs_whole"] = [{"what": "merge/whole", "ratio": pt["merge_s"] / by[64]["wall_s"]}]
+                targ["merge_vs_whole"] = [{"what": "merge/whole",
+                                           "ratio": rt.get("merge_vs_whole") or pt["merge_s"] / by[64]["wall_s"]}]
             wk = sc.get("w1024")
             if wk:
                 for x in wk["rows"]:
