@@ -278,6 +278,69 @@ typedef struct {
     uint64_t a, b;
 } src_rng;
 
+/* A lazy plan (convert's, inspect's: plan.h) holds no rank file's pieces after its layout;
+ * made again, each file's are the eager layout's exactly, with the same size, header length,
+ * largest piece and row; dropped, none is held. Parts (an `only` mask) too: their other
+ * files never get any. Mixed dtypes, fewer rows than ranks, zero-element tensors. */
+static void lazy_pieces_are_the_layouts(void **s)
+{
+    (void)s;
+    const size_t nt = 300;
+    char *tmp = tu_tmpdir("pllazy");
+    char **names = numbered_names(nt, "model.layers.%zu.w");
+    write_input(tmp, names, nt, mixed_dtype, mixed_rows, 8);
+    static const int worlds[] = {1, 3, 8, 64};
+    for (size_t k = 0; k < sizeof worlds / sizeof *worlds; k++)
+        for (int part = 0; part < 2; part++) {
+            const int W = worlds[k];
+            bfs_convert_opts o;
+            bfs_convert_opts_init(&o);
+            o.world_size = W;
+            bool *only = calloc((size_t)W, sizeof *only);
+            for (int r = 0; r < W; r++)
+                only[r] = !part || r % 3 == 1;
+            bfs_input *in = NULL;
+            bfs_plan *e = plan_of(tmp, W, &in), *l = NULL;
+            assert_int_equal(bfs__plan_tensors(in, &o, &l), 0);
+            l->lazy = true;
+            assert_int_equal(bfs__plan_layout_for(l, &o, part ? only : NULL), 0);
+            assert_int_equal(l->nfiles, e->nfiles);
+            assert_int_equal(l->total_bytes, e->total_bytes);
+            for (int f = 0; f < l->nfiles; f++) {
+                bfs_outfile *lf = &l->files[f];
+                const bfs_outfile *ef = &e->files[f];
+                assert_null(lf->pieces);
+                if (!only[f]) { /* another part's: never laid out */
+                    assert_int_equal(lf->npieces, 0);
+                    assert_int_not_equal(bfs__plan_pieces(l, f), 0);
+                    bfs__err_clear();
+                    continue;
+                }
+                assert_int_equal(lf->size, ef->size);
+                assert_int_equal(lf->data_start, ef->data_start);
+                assert_int_equal(lf->max_piece, ef->max_piece);
+                assert_int_equal(lf->max_row, ef->max_row);
+                assert_int_equal(bfs__plan_pieces(l, f), 0);
+                assert_int_equal(lf->npieces, ef->npieces);
+                for (size_t i = 0; i < ef->npieces; i++) { /* field by field: not the padding */
+                    const bfs_piece *a = &lf->pieces[i], *b = &ef->pieces[i];
+                    assert_int_equal(a->tensor, b->tensor);
+                    assert_int_equal(a->row0, b->row0);
+                    assert_int_equal(a->row1, b->row1);
+                    assert_int_equal(a->offset, b->offset);
+                    assert_int_equal(a->nbytes, b->nbytes);
+                }
+                bfs__plan_pieces_drop(l, f);
+                assert_null(lf->pieces);
+            }
+            bfs__plan_free(e);
+            bfs__plan_free(l);
+            bfs__input_free(in);
+            free(only);
+        }
+    case_free(tmp, names, nt);
+}
+
 static void dropped_pages_are_read_once(void **s)
 {
     (void)s;
@@ -374,6 +437,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(header_built_on_demand_is_jansson),
         cmocka_unit_test(plan_heap_per_piece),
+        cmocka_unit_test(lazy_pieces_are_the_layouts),
         cmocka_unit_test(dropped_pages_are_read_once),
         cmocka_unit_test(source_hash_small_whole_large_streamed),
     };

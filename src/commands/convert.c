@@ -357,6 +357,7 @@ static int bfs__run_setup(bfs_run *r, const char *input)
             bfs__err_clear();
         }
     }
+    r->plan->lazy = true; /* a file's pieces made when it is written, dropped with its slice index */
     BFS_TRY(bfs__plan_layout_for(r->plan, o, r->mine));
     r->t_layout = bfs__now() - t;
 #ifdef __GLIBC__
@@ -580,6 +581,7 @@ static int bfs__run_files(bfs_run *r, bfs_convert_result *res)
             bfs__log(r, "%s: reused from the interrupted run (hash verified)", r->plan->files[f].name);
             if (r->o->compress_level)
                 BFS_TRY(bfs__zcopy_reused(r, f));
+            bfs__plan_pieces_drop(r->plan, f); /* a lazy plan's: made by bfs__rehash_pieces */
             continue;
         }
         grp[ng++] = f;

@@ -382,6 +382,7 @@ static int bfs__rank_finish(bfs_run *r, bfs_rank *k)
     BFS_TRY(bfs__outdir_journal_add(r->dirfd, r->outdir, r->mine ? r->jname : BFS_JOURNAL_NAME, r->file_hex[k->fidx],
                                     of->name));
     BFS_TRY(bfs__file_slices(r, k->fidx));
+    bfs__plan_pieces_drop(r->plan, k->fidx); /* a lazy plan's (plan.h): done with */
     r->t_commit += bfs__now() - t0;
     bfs__progress(r, ""); /* every byte of this file written */
 cleanup:
@@ -562,6 +563,7 @@ int bfs__write_file(bfs_run *r, int fidx)
     int rc = 0;
     bfs_rank *const k = &r->rank[r->rank_cur ^= 1]; /* the other one is the file before */
     const bfs_outfile *of = &r->plan->files[fidx];
+    BFS_TRY(bfs__plan_pieces(r->plan, fidx)); /* dropped at its commit (bfs__rank_finish) */
     bfs__rank_reset(k, fidx);
     for (size_t pi = 0, pe; pi < of->npieces; pi = pe) {
         pe = bfs__batch_end(r->plan, of, pi, r->unit_bytes);
@@ -606,6 +608,7 @@ int bfs__write_group(bfs_run *r, const int *fidx, int n)
             r->grp[i].t = r->grp[i].zt = (bfs_tmpfile){.fd = -1, .dirfd = -1};
     }
     for (int g = 0; g < n; g++) {
+        BFS_TRY(bfs__plan_pieces(r->plan, fidx[g])); /* dropped at its commit */
         bfs__rank_reset(&r->grp[g], fidx[g]);
         BFS_TRY(bfs__rank_begin(r, &r->grp[g], &r->grp[g % 2]));
     }
@@ -679,7 +682,9 @@ int bfs__hash_reused_sources(bfs_run *r, int fidx)
 int bfs__rehash_pieces(bfs_run *r, int fidx)
 {
     const bfs_outfile *of = &r->plan->files[fidx];
-    int rc = bfs__piece_hex_alloc(r, fidx);
+    int rc = bfs__plan_pieces(r->plan, fidx); /* dropped by the caller when done with the file */
+    if (rc == 0)
+        rc = bfs__piece_hex_alloc(r, fidx);
     if (rc < 0)
         return rc;
     const int fd = openat(r->dirfd, of->name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);

@@ -65,6 +65,7 @@ static int bfs__inspect_part(const bfs_input *in, const bfs_plan *p, const bfs_c
         if (!pp->mine[f])
             continue;
         pp->write += p->files[f].size;
+        rc = bfs__plan_pieces((bfs_plan *)p, f); /* a lazy plan's, made for this walk and dropped */
         for (size_t k = 0; k < p->files[f].npieces && rc == 0; k++) {
             const bfs_piece *pc = &p->files[f].pieces[k];
             bfs_srange sr[BFS_UNIT_MAX_SRC], blk[BFS_UNIT_MAX_SRC];
@@ -72,6 +73,7 @@ static int bfs__inspect_part(const bfs_input *in, const bfs_plan *p, const bfs_c
             const int ns = bfs__unit_hash_blocks(&u, pc->row0, pc->row1, sr, blk);
             rc = ns < 0 ? ns : bfs__srchash_ranges(h, sr, blk, ns);
         }
+        bfs__plan_pieces_drop((bfs_plan *)p, f);
     }
     if (rc == 0)
         rc = bfs__srchash_finish(h, NULL);
@@ -118,10 +120,10 @@ int bfs_inspect(const char *input_arg, const bfs_convert_opts *o_arg, int as_jso
     }
     BFS_TRY(bfs__input_open(input, &in));
     BFS_TRY(bfs__plan_tensors(in, o, &p));
+    p->lazy = true; /* as convert's: each file's pieces made when walked (plan.h) */
     BFS_TRY(bfs__plan_layout(p, o));
     if (o->ranks)
         BFS_TRY(bfs__inspect_part(in, p, o, &pp));
-
     /* what convert will allocate: its rule, bfs__ring_budget */
     uint64_t mem = 0;
     BFS_TRY(bfs__pick_mem(in, p, pp.mine, o, &mem));

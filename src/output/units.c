@@ -24,14 +24,8 @@ bool bfs__ring_budget(const bfs_plan *p, const bool *mine, uint64_t mem, bfs_rin
             continue;
         const uint64_t d = p->files[f].size - p->files[f].data_start;
         data = d > data ? d : data;
-        for (size_t i = 0; i < p->files[f].npieces; i++) {
-            const bfs_piece *pc = &p->files[f].pieces[i];
-            const bfs_ltensor *t = &p->t[pc->tensor];
-            const uint64_t rb = t->row_elems * bfs__dtype_size(t->out_dtype);
-            need = pc->nbytes > need ? pc->nbytes : need;
-            if (pc->row1 > pc->row0 && rb > row)
-                row = rb;
-        }
+        need = p->files[f].max_piece > need ? p->files[f].max_piece : need; /* the layout's */
+        row = p->files[f].max_row > row ? p->files[f].max_row : row;
     }
     /* room for batches of small pieces, where a file holds that many bytes */
     const uint64_t batch = data < BFS_BATCH_BYTES ? data : BFS_BATCH_BYTES;
@@ -415,6 +409,21 @@ cleanup:
     return rc;
 }
 
+/* the files' pieces, for the walk (a lazy plan holds none): made before, dropped after */
+static int bfs__mw_pieces(const bfs_plan *p, const int *files, int n, bool drop)
+{
+    for (int i = 0; i < n; i++) {
+        if (drop) {
+            bfs__plan_pieces_drop((bfs_plan *)p, files[i]); /* the plan's layout is unchanged */
+            continue;
+        }
+        const int rc = bfs__plan_pieces((bfs_plan *)p, files[i]);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
 int bfs__mem_model(const bfs_plan *p, const bool *mine, uint64_t mem, int nthreads, bfs_mem_model *m)
 {
     int rc = 0;
@@ -433,13 +442,18 @@ int bfs__mem_model(const bfs_plan *p, const bool *mine, uint64_t mem, int nthrea
         if (f < p->nfiles) {
             header = p->files[f].data_start > header ? p->files[f].data_start : header;
             if (m->group < 2) {
+                BFS_TRY(bfs__mw_pieces(p, &f, 1, false));
                 bfs__mw_file(&w, p, &p->files[f]);
+                bfs__mw_pieces(p, &f, 1, true);
                 continue;
             }
             grp[ng++] = f;
         }
         if (ng > 0 && (ng == m->group || f == p->nfiles)) {
-            BFS_TRY(bfs__mw_group(&w, p, grp, ng));
+            BFS_TRY(bfs__mw_pieces(p, grp, ng, false));
+            rc = bfs__mw_group(&w, p, grp, ng);
+            bfs__mw_pieces(p, grp, ng, true);
+            BFS_TRY(rc);
             ng = 0;
         }
     }
@@ -462,20 +476,33 @@ uint64_t bfs__base_rss(const bfs_input *in, const bfs_plan *p, const bool *mine)
     /* measured: `bfshard --version` peaks at 3.8 MB (program, libc, jansson, zstd,
      * xxhash, the static CUDA runtime's pages); a constant, so inspect's output is the
      * same every run */
-    uint64_t b = 4ull << 20, header = 0, pieces = 0;
+    uint64_t b = 4ull << 20, header = 0, pieces = 0, held[BFS_GROUP_MAX] = {0};
     for (int i = 0; i < in->nfiles; i++) /* the input headers, read through the map */
         b += (in->files[i].h.data_start + 4095) / 4096 * 4096;
     /* per input tensor: its parsed header entry and name, its raw entry, its source-hash
-     * slot; per output tensor: the plan's entry and name; per piece (every file's: the
-     * plan lays out all of them): the piece, its hash, the manifest's index of it. Fitted
+     * slot; per output tensor: the plan's entry and name; per piece (every file's; a lazy
+     * plan's: those of the BFS_GROUP_MAX largest files it writes, the most it holds at once,
+     * a group's): the piece, its hash, the manifest's index of it. Fitted
      * on gen_synth.py tiny (200k tensors, W = 1 and 8: 226 and 315 MB measured with
      * glibc malloc). The plan keeps no header text: convert builds one file's header at a
      * time, the largest of the files this run writes counts. */
     for (int f = 0; f < p->nfiles; f++) {
-        pieces += p->files[f].npieces;
+        if (!p->lazy || p->layout != BFS_LAYOUT_DCP) {
+            pieces += p->files[f].npieces;
+        } else if (!mine || mine[f]) { /* a lazy plan: the files of a group (and one more) at most */
+            uint64_t n = p->files[f].npieces;
+            for (int k = 0; k < BFS_GROUP_MAX; k++)
+                if (n > held[k]) {
+                    const uint64_t x = held[k];
+                    held[k] = n;
+                    n = x;
+                }
+        }
         if ((!mine || mine[f]) && p->files[f].data_start > header)
             header = p->files[f].data_start;
     }
+    for (int k = 0; k < BFS_GROUP_MAX; k++)
+        pieces += held[k];
     return b + (uint64_t)in->nraw * 256 + (uint64_t)p->nt * 340 + pieces * 72 + header;
 }
 

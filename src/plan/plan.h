@@ -19,7 +19,9 @@ typedef struct bfs_outfile {
     uint64_t size;
     uint64_t data_start; /* 8 + the header's length (counted by the layout; the text: bfs__plan_header) */
     size_t npieces;
-    bfs_piece *pieces;  /* in file order */
+    bfs_piece *pieces;  /* in file order; NULL while a lazy plan holds none (bfs__plan_pieces) */
+    uint64_t max_piece; /* its largest piece's bytes */
+    uint64_t max_row;   /* the largest dim-0 row's bytes of a piece with rows */
 } bfs_outfile;
 
 typedef struct bfs_plan {
@@ -35,6 +37,10 @@ typedef struct bfs_plan {
     uint32_t *name_jlen;  /* the layout's cache: tensor i's name as JSON, [2i] bytes outside, [2i+1]
                            * inside a JSON string (DCP_SHARDING_INFO) */
     bool name_jlen_failed; /* no cache (out of memory): the layout counts each name */
+    bool lazy;            /* set before the layout (convert, inspect): in the DCP layout a file's
+                           * pieces are made when it is used and dropped after (bfs__plan_pieces),
+                           * so that tensors x ranks of them are never held at once */
+    uint64_t *dcp_n;      /* DCP: per tensor, the ranks holding rows of it (torch.chunk) */
     const char **dropped; /* input tensors dropped (activation / KV-cache scales), by name
                            * (pointers into the input's headers), sorted */
 } bfs_plan;
@@ -50,6 +56,18 @@ int bfs__plan_layout(bfs_plan *p, const bfs_convert_opts *o);
  * most of its layout (issue 22). only NULL: all. */
 int bfs__plan_layout_for(bfs_plan *p, const bfs_convert_opts *o, const bool *only);
 void bfs__plan_free(bfs_plan *p);
+/* File f's pieces, made again where a lazy plan dropped them: in the DCP layout every rank
+ * file holds a slice of every tensor, so all files' pieces were tensors x W (DeepSeek-V3's
+ * 46k output tensors at W = 256: 470 MB; W = 1024: 1.9 GB). The layout counts each file's
+ * sizes and keeps none; convert makes a file's pieces when it writes (or re-hashes) it and
+ * drops them with its slice index, inspect's walks one file at a time. 0 or BFS_ENOMEM;
+ * BFS_EINTERNAL when they disagree with the layout's count. */
+int bfs__plan_pieces(bfs_plan *p, int f);
+/* A lazy plan's file f's pieces freed (npieces kept); nothing for other plans. */
+void bfs__plan_pieces_drop(bfs_plan *p, int f);
+/* File f's header length, counted (header.c; the layout's): 0, BFS_ENOMEM, or BFS_EINPUT
+ * when it would pass safetensors readers' limit. */
+int bfs__plan_header_len(bfs_plan *p, const bfs_outfile *f, uint64_t *hl);
 /* File f's complete header bytes (length f->data_start - 8, space padded, NUL-terminated)
  * into *out (free it): built when needed, so that the plan holds no file's header text. */
 int bfs__plan_header(const bfs_plan *p, const bfs_outfile *f, char **out);
