@@ -101,6 +101,50 @@ static void must_fail(void **s)
             fail_msg("header %zu (%s) was not refused", i, bad[i].header);
 }
 
+/* An input of many files opens them two threads at a time (input.c); with two broken files
+ * the error is the first one's in file order, as when they were opened one by one, and
+ * every opened file is released (the test runs under valgrind and ASan in CI). */
+static void many_files_first_error(void **s)
+{
+    (void)s;
+    char *dir = tu_tmpdir("stmany");
+    char path[4096];
+    for (int i = 0; i < 12; i++) {
+        char hdr[256];
+        snprintf(hdr, sizeof hdr, "{\"t%02d\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}", i);
+        snprintf(path, sizeof path, "%s/model-%05d-of-00012.safetensors", dir, i + 1);
+        tu_write_st(path, hdr, "abcd", i == 4 || i == 9 ? 2 : 4); /* 5 and 10: shorter than their header says */
+    }
+    bfs_input *in = NULL;
+    for (int k = 0; k < 3; k++) { /* the same verdict each time, whichever thread finishes first */
+        bfs__err_clear();
+        assert_int_equal(bfs__input_open(dir, &in), BFS_EINPUT);
+        assert_null(in);
+        assert_non_null(strstr(bfs_last_error(), "model-00005-of-00012.safetensors"));
+    }
+    snprintf(path, sizeof path, "%s/model-00005-of-00012.safetensors", dir);
+    tu_write_st(path, "{\"t04\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}", "abcd", 4);
+    bfs__err_clear(); /* the first error of a command sticks (base/error.c) */
+    assert_int_equal(bfs__input_open(dir, &in), BFS_EINPUT);
+    assert_non_null(strstr(bfs_last_error(), "model-00010-of-00012.safetensors"));
+    snprintf(path, sizeof path, "%s/model-00010-of-00012.safetensors", dir);
+    tu_write_st(path, "{\"t09\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}", "abcd", 4);
+    bfs__err_clear();
+    assert_int_equal(bfs__input_open(dir, &in), 0);
+    assert_int_equal(in->nfiles, 12);
+    assert_int_equal(in->nraw, 12);
+    for (size_t i = 0; i < in->nraw; i++) {
+        char nm[8];
+        snprintf(nm, sizeof nm, "t%02zu", i);
+        assert_string_equal(in->raw[i].st->name, nm);
+        assert_ptr_equal(bfs__input_find(in, nm), &in->raw[i]);
+    }
+    assert_null(bfs__input_find(in, "t12"));
+    bfs__input_free(in);
+    tu_rmrf(dir);
+    free(dir);
+}
+
 static void chunk_rule(void **s)
 {
     (void)s;
@@ -147,7 +191,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(valid_files),
         cmocka_unit_test(must_fail),
-        cmocka_unit_test(chunk_rule),
+        cmocka_unit_test(many_files_first_error), cmocka_unit_test(chunk_rule),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
