@@ -121,6 +121,25 @@ bfs_raw *bfs__sibling(const bfs_input *in, const char *base, const char *suffix,
     return r;
 }
 
+bfs_raw *bfs__sibling_of(const bfs_input *in, const bfs_raw *w, const char *suffix, int *rc)
+{
+    /* raw[] is sorted by name: the names that extend w's follow it in one run */
+    const char *base = w->st->name;
+    const size_t bl = strlen(base);
+    *rc = 0;
+    if (w < in->raw || w >= in->raw + in->nraw)
+        return bfs__sibling(in, base, suffix, rc);
+    for (const bfs_raw *x = w + 1; x < in->raw + in->nraw; x++) {
+        if (strncmp(x->st->name, base, bl) != 0)
+            return NULL; /* the run is over: no such name */
+        if (strcmp(x->st->name + bl, suffix) == 0)
+            return (bfs_raw *)x;
+        if (x == w + 4)
+            break; /* a long run: looked up by hash */
+    }
+    return bfs__sibling(in, base, suffix, rc);
+}
+
 uint64_t bfs__raw_nelem(const bfs_raw *r)
 {
     uint64_t n = 1;

@@ -179,6 +179,9 @@ const struct json_t *bfs__ct_group_next(const bfs_fctx *c, void **it, const char
 const struct json_t *bfs__ct_group_weights(const bfs_fctx *c, size_t k, const char **format);
 /* The raw tensor named base + suffix, or NULL (*rc < 0 only when out of memory). */
 bfs_raw *bfs__sibling(const bfs_input *in, const char *base, const char *suffix, int *rc);
+/* The same, of raw tensor w (in in->raw) and its own name: the names that extend w's
+ * follow it in raw[]'s order, so it is looked for there first. */
+bfs_raw *bfs__sibling_of(const bfs_input *in, const bfs_raw *w, const char *suffix, int *rc);
 uint64_t bfs__raw_nelem(const bfs_raw *r);
 /* r has ndim dims, and shape[0] == d0 (ndim >= 1), shape[1] == d1 (ndim >= 2). */
 bool bfs__raw_shape_is(const bfs_raw *r, int ndim, uint64_t d0, uint64_t d1);

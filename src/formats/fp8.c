@@ -249,10 +249,10 @@ static int bfs__fp8_claim(const bfs_fctx *c, bfs_raw *w, bfs_ltensor *t)
         bfs_raw *x = bfs__sibling(c->in, st->name, "_scale_inv", &rc);
         return rc < 0 || !x ? rc : bfs__fp8_fused(c, w, x, t);
     }
-    bfs_raw *sinv = bfs__sibling(c->in, st->name, "_scale_inv", &rc);
+    bfs_raw *sinv = bfs__sibling_of(c->in, w, "_scale_inv", &rc);
     if (rc < 0)
         return rc;
-    bfs_raw *sc = bfs__sibling(c->in, st->name, "_scale", &rc);
+    bfs_raw *sc = bfs__sibling_of(c->in, w, "_scale", &rc);
     if (rc < 0)
         return rc;
     const char *m = bfs__qc_method(c);
