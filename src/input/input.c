@@ -41,6 +41,7 @@ static bool bfs__ends_with(const char *s, const char *suffix)
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
+/* FNV-1a of a name (the tensor table's and the index's file names') */
 static uint32_t bfs__name_hash(const char *s)
 {
     uint32_t h = 2166136261u;
@@ -358,14 +359,6 @@ static void bfs__wm_free(bfs_wmap *wm)
     memset(wm, 0, sizeof *wm);
 }
 
-static uint32_t bfs__fnv(const char *s)
-{
-    uint32_t h = 2166136261u;
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 16777619u;
-    return h;
-}
-
 /* fn as one of wm's distinct file names (an index names a few hundred files for up to
  * millions of tensors: one copy each, not one per entry); NULL when out of memory */
 static const char *bfs__wm_file(bfs_wmap *wm, const char *fn)
@@ -376,7 +369,7 @@ static const char *bfs__wm_file(bfs_wmap *wm, const char *fn)
         if (!ns)
             return NULL;
         for (size_t i = 0; i < wm->nfiles; i++) {
-            size_t j = bfs__fnv(wm->files[i]) & (nc - 1);
+            size_t j = bfs__name_hash(wm->files[i]) & (nc - 1);
             while (ns[j])
                 j = (j + 1) & (nc - 1);
             ns[j] = (uint32_t)i + 1;
@@ -385,7 +378,7 @@ static const char *bfs__wm_file(bfs_wmap *wm, const char *fn)
         wm->fset = ns;
         wm->fcap = nc;
     }
-    size_t j = bfs__fnv(fn) & (wm->fcap - 1);
+    size_t j = bfs__name_hash(fn) & (wm->fcap - 1);
     for (; wm->fset[j]; j = (j + 1) & (wm->fcap - 1))
         if (strcmp(wm->files[wm->fset[j] - 1], fn) == 0)
             return wm->files[wm->fset[j] - 1];

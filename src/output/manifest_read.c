@@ -462,14 +462,18 @@ int bfs__mf_rewind(bfs_mf *r)
     return 0;
 }
 
+/* the next element of tensors[] cut out (r->el, r->el_n): 1, 0 at the array's end, < 0 */
+static int bfs__mf_step(bfs_mf *r)
+{
+    if (!r->stop_at_array_end)
+        BFS_MF_RET(bfs__mf_rewind(r));
+    return r->in_tensors ? bfs__mf_scan(r) : 0;
+}
+
 int bfs__mf_next(bfs_mf *r, json_t **tensor)
 {
     *tensor = NULL;
-    if (!r->stop_at_array_end)
-        BFS_MF_RET(bfs__mf_rewind(r));
-    if (!r->in_tensors)
-        return 0;
-    const int got = bfs__mf_scan(r);
+    const int got = bfs__mf_step(r);
     if (got <= 0)
         return got;
     BFS_MF_RET(bfs__mf_parse_el(r, tensor));
@@ -481,11 +485,7 @@ int bfs__mf_next_raw(bfs_mf *r, const char **el, size_t *n)
 {
     *el = NULL;
     *n = 0;
-    if (!r->stop_at_array_end)
-        BFS_MF_RET(bfs__mf_rewind(r));
-    if (!r->in_tensors)
-        return 0;
-    const int got = bfs__mf_scan(r);
+    const int got = bfs__mf_step(r);
     if (got <= 0)
         return got;
     *el = r->el;
