@@ -348,43 +348,45 @@ static int bfs__part_total(const bfs_mf *part, const char *outdir, const char *n
 static int bfs__merge_tensor_counts(bfs_mf *const *parts, const char *const *names, int n, const char *outdir, int W,
                                     const int *owner, uint64_t *T, int *full)
 {
-    uint64_t *want = calloc((size_t)n, sizeof *want), Tk = 0;
-    int rc = 0, shared = -1;
+    int rc = 0, first = -1; /* the first part that lists a share */
+    uint64_t *want = calloc((size_t)n, sizeof *want);
+    bool *all = calloc((size_t)n, sizeof *all);
     *full = -1;
-    if (!want)
-        return bfs__err(BFS_ENOMEM, "out of memory");
-    for (int k = 0; k < n && rc == 0; k++) {
+    *T = 0;
+    if (!want || !all)
+        BFS_FAIL(BFS_ENOMEM, "out of memory");
+    for (int k = 0; k < n; k++) {
+        uint64_t Tk = 0;
         const int got = bfs__part_total(parts[k], outdir, names[k], &Tk);
-        if (got < 0)
-            rc = got;
-        else if (got == 0 && *full < 0)
-            *full = k;
-        else if (got == 1 && shared < 0)
-            shared = k;
-        if (rc == 0 && got == 1 && Tk != *T && shared != k)
-            rc = bfs__err(BFS_EPARTS, "%s: %s and %s list different files or tensors for the same plan", outdir,
-                          names[shared], names[k]);
-        if (got == 1)
-            *T = Tk;
+        BFS_TRY(got);
+        if ((all[k] = got == 0)) {
+            *full = *full < 0 ? k : *full;
+            continue;
+        }
+        if (first >= 0 && Tk != *T)
+            BFS_FAIL(BFS_EPARTS, "%s: %s and %s list different files or tensors for the same plan", outdir,
+                     names[first], names[k]);
+        first = first < 0 ? k : first;
+        *T = Tk;
     }
-    if (rc == 0 && *full >= 0) {
-        if (shared >= 0 && bfs__mf_ntensors(parts[*full]) != *T)
-            rc = bfs__err(BFS_EPARTS, "%s: %s and %s list different files or tensors for the same plan", outdir,
-                          names[*full], names[shared]);
+    if (*full >= 0) {
+        if (first >= 0 && bfs__mf_ntensors(parts[*full]) != *T)
+            BFS_FAIL(BFS_EPARTS, "%s: %s and %s list different files or tensors for the same plan", outdir,
+                     names[*full], names[first]);
         *T = bfs__mf_ntensors(parts[*full]);
     }
-    for (int r = 0; r < W && rc == 0; r++) {
+    for (int r = 0; r < W; r++) {
         uint64_t lo = 0;
         want[owner[r]] += bfs__part_share(*T, W, r, &lo);
     }
-    for (int k = 0; k < n && rc == 0; k++) {
-        const bool all = bfs__part_total(parts[k], outdir, names[k], &Tk) == 0;
-        if (bfs__mf_ntensors(parts[k]) != (all ? *T : want[k]))
-            rc = bfs__err(BFS_EPARTS, "%s/%s lists %zu tensors where its ranks hold %llu of %llu: rerun that part",
-                          outdir, names[k], bfs__mf_ntensors(parts[k]), (unsigned long long)(all ? *T : want[k]),
-                          (unsigned long long)*T);
-    }
+    for (int k = 0; k < n; k++)
+        if (bfs__mf_ntensors(parts[k]) != (all[k] ? *T : want[k]))
+            BFS_FAIL(BFS_EPARTS, "%s/%s lists %zu tensors where its ranks hold %llu of %llu: rerun that part", outdir,
+                     names[k], bfs__mf_ntensors(parts[k]), (unsigned long long)(all[k] ? *T : want[k]),
+                     (unsigned long long)*T);
+cleanup:
     free(want);
+    free(all);
     return rc;
 }
 

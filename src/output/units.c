@@ -409,19 +409,22 @@ cleanup:
     return rc;
 }
 
-/* the files' pieces, for the walk (a lazy plan holds none): made before, dropped after */
-static int bfs__mw_pieces(const bfs_plan *p, const int *files, int n, bool drop)
+/* The walk's files' pieces (a lazy plan holds none): made before it, dropped after. The
+ * casts: making or dropping a file's pieces leaves the plan's layout as it is. */
+static int bfs__mw_make(const bfs_plan *p, const int *files, int n)
 {
     for (int i = 0; i < n; i++) {
-        if (drop) {
-            bfs__plan_pieces_drop((bfs_plan *)p, files[i]); /* the plan's layout is unchanged */
-            continue;
-        }
         const int rc = bfs__plan_pieces((bfs_plan *)p, files[i]);
         if (rc < 0)
             return rc;
     }
     return 0;
+}
+
+static void bfs__mw_drop(const bfs_plan *p, const int *files, int n)
+{
+    for (int i = 0; i < n; i++)
+        bfs__plan_pieces_drop((bfs_plan *)p, files[i]);
 }
 
 int bfs__mem_model(const bfs_plan *p, const bool *mine, uint64_t mem, int nthreads, bfs_mem_model *m)
@@ -442,17 +445,17 @@ int bfs__mem_model(const bfs_plan *p, const bool *mine, uint64_t mem, int nthrea
         if (f < p->nfiles) {
             header = p->files[f].data_start > header ? p->files[f].data_start : header;
             if (m->group < 2) {
-                BFS_TRY(bfs__mw_pieces(p, &f, 1, false));
+                BFS_TRY(bfs__mw_make(p, &f, 1));
                 bfs__mw_file(&w, p, &p->files[f]);
-                bfs__mw_pieces(p, &f, 1, true);
+                bfs__mw_drop(p, &f, 1);
                 continue;
             }
             grp[ng++] = f;
         }
         if (ng > 0 && (ng == m->group || f == p->nfiles)) {
-            BFS_TRY(bfs__mw_pieces(p, grp, ng, false));
+            BFS_TRY(bfs__mw_make(p, grp, ng));
             rc = bfs__mw_group(&w, p, grp, ng);
-            bfs__mw_pieces(p, grp, ng, true);
+            bfs__mw_drop(p, grp, ng);
             BFS_TRY(rc);
             ng = 0;
         }
