@@ -50,6 +50,17 @@ static uint32_t bfs__name_hash(const char *s)
     return h;
 }
 
+/* Both of this file's name tables: open addressing over pairs (1 + an index, the name's
+ * hash), 0 an empty slot, cap a power of two at least twice the entries */
+static void bfs__pair_put(uint32_t *tab, size_t cap, uint32_t idx, uint32_t h)
+{
+    size_t j = h & (cap - 1);
+    while (tab[2 * j])
+        j = (j + 1) & (cap - 1);
+    tab[2 * j] = idx + 1;
+    tab[2 * j + 1] = h;
+}
+
 /* raw[] by name in a hash table (the formats look up each weight's scales: 92k tensors'
  * binary searches over long common prefixes were most of a DeepSeek-V3 plan); past 2^30
  * tensors the lookups go by binary search */
@@ -63,14 +74,8 @@ static int bfs__input_hash(bfs_input *in)
     if (!(in->by_hash = calloc(2 * cap, sizeof *in->by_hash)))
         return bfs__err(BFS_ENOMEM, "out of memory indexing %zu tensors", in->nraw);
     in->hcap = cap;
-    for (size_t i = 0; i < in->nraw; i++) {
-        const uint32_t h = bfs__name_hash(in->raw[i].st->name);
-        size_t j = h & (cap - 1);
-        while (in->by_hash[2 * j])
-            j = (j + 1) & (cap - 1);
-        in->by_hash[2 * j] = (uint32_t)i + 1;
-        in->by_hash[2 * j + 1] = h;
-    }
+    for (size_t i = 0; i < in->nraw; i++)
+        bfs__pair_put(in->by_hash, cap, (uint32_t)i, bfs__name_hash(in->raw[i].st->name));
     return 0;
 }
 
@@ -342,7 +347,7 @@ typedef struct {
     bfs_wm_entry **by_name; /* sorted by tensor name */
     char **files;           /* the distinct file names, each entry's .file one of them */
     size_t nfiles, cfiles;
-    uint32_t *fset;         /* open addressing: 1 + index into files[], 0 empty */
+    uint32_t *fset;         /* files[] by name: pairs, as the tensor table's (bfs__pair_put) */
     size_t fcap;
 } bfs_wmap;
 
@@ -365,30 +370,26 @@ static const char *bfs__wm_file(bfs_wmap *wm, const char *fn)
 {
     if ((wm->nfiles + 1) * 2 > wm->fcap) {
         const size_t nc = wm->fcap ? wm->fcap * 2 : 64;
-        uint32_t *ns = calloc(nc, sizeof *ns);
+        uint32_t *ns = calloc(2 * nc, sizeof *ns);
         if (!ns)
             return NULL;
-        for (size_t i = 0; i < wm->nfiles; i++) {
-            size_t j = bfs__name_hash(wm->files[i]) & (nc - 1);
-            while (ns[j])
-                j = (j + 1) & (nc - 1);
-            ns[j] = (uint32_t)i + 1;
-        }
+        for (size_t i = 0; i < wm->nfiles; i++)
+            bfs__pair_put(ns, nc, (uint32_t)i, bfs__name_hash(wm->files[i]));
         free(wm->fset);
         wm->fset = ns;
         wm->fcap = nc;
     }
-    size_t j = bfs__name_hash(fn) & (wm->fcap - 1);
-    for (; wm->fset[j]; j = (j + 1) & (wm->fcap - 1))
-        if (strcmp(wm->files[wm->fset[j] - 1], fn) == 0)
-            return wm->files[wm->fset[j] - 1];
+    const uint32_t h = bfs__name_hash(fn), *e;
+    for (size_t j = h & (wm->fcap - 1); (e = &wm->fset[2 * j])[0]; j = (j + 1) & (wm->fcap - 1))
+        if (e[1] == h && strcmp(wm->files[e[0] - 1], fn) == 0)
+            return wm->files[e[0] - 1];
     char *c = bfs__strdup(fn);
     if (!c || bfs__grow((void **)&wm->files, &wm->cfiles, wm->nfiles + 1, sizeof *wm->files) != 0) {
         free(c);
         return NULL;
     }
     wm->files[wm->nfiles] = c;
-    wm->fset[j] = (uint32_t)++wm->nfiles;
+    bfs__pair_put(wm->fset, wm->fcap, (uint32_t)wm->nfiles++, h);
     return c;
 }
 
