@@ -85,15 +85,22 @@ static void bfs__sb_put(bfs_sbuf *b, const char *s, size_t n)
 
 static void bfs__sb_str(bfs_sbuf *b, const char *s) { bfs__sb_put(b, s, strlen(s)); }
 
-static void bfs__sb_u64(bfs_sbuf *b, uint64_t v)
+static char *bfs__u64_put(char *o, uint64_t v)
 {
-    char t[24];
+    char t[20];
     size_t k = sizeof t;
     do {
         t[--k] = (char)('0' + v % 10);
         v /= 10;
     } while (v);
-    bfs__sb_raw(b, t + k, sizeof t - k); /* digits need no escape */
+    memcpy(o, t + k, sizeof t - k);
+    return o + (sizeof t - k);
+}
+
+static void bfs__sb_u64(bfs_sbuf *b, uint64_t v)
+{
+    char t[20];
+    bfs__sb_raw(b, t, (size_t)(bfs__u64_put(t, v) - t)); /* digits need no escape */
 }
 
 /* s (n bytes, valid UTF-8) as a JSON string, quoted */
@@ -164,17 +171,6 @@ static size_t bfs__u64_len(uint64_t v)
     return n;
 }
 
-static char *bfs__u64_put(char *o, uint64_t v)
-{
-    char t[20];
-    size_t k = sizeof t;
-    do {
-        t[--k] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    memcpy(o, t + k, sizeof t - k);
-    return o + (sizeof t - k);
-}
 
 /* "[a,b,c]" */
 static size_t bfs__dims_len(const uint64_t *s, int ndim)
