@@ -211,10 +211,33 @@ int bfs__slot_take(bfs_run *r, uint8_t **buf)
     return bfs__writer_wait_job(&r->w, r->bufjob[r->slot]);
 }
 
+/* The ring's next buffer: the lowest-numbered one the writer is done with, else one not used
+ * yet, else the one whose job the writer will be done with first. While the writer keeps up,
+ * two or three buffers take turns and the others are never touched: the pages a buffer's
+ * first use faults in (and the kernel zeroes: 2 MiB at a time with huge pages) are paid for
+ * the buffers the run needs, not for all ring.n of them, in every process, whatever runs. A
+ * buffer whose unit waits for its file (bfs__unit_push) is held (bufjob UINT64_MAX). */
+static void bfs__slot_next(bfs_run *r)
+{
+    const uint64_t done = bfs__writer_retired(&r->w);
+    int oldest = -1;
+    if (r->live < 1)
+        r->live = 1; /* buffer 0: the first one filled */
+    for (int i = 0; i < r->live; i++) {
+        if (r->bufjob[i] <= done) {
+            r->slot = i;
+            return;
+        }
+        if (oldest < 0 || r->bufjob[i] < r->bufjob[oldest])
+            oldest = i;
+    }
+    r->slot = r->live < r->ring.n ? r->live++ : oldest;
+}
+
 void bfs__slot_pushed(bfs_run *r)
 {
     r->bufjob[r->slot] = bfs__writer_pushed(&r->w);
-    r->slot = (r->slot + 1) % r->ring.n;
+    bfs__slot_next(r);
 }
 
 /* A unit's job to the writer (slot: it fills the ring's buffer r->slot). A file is begun
@@ -230,8 +253,10 @@ static int bfs__unit_push(bfs_run *r, bfs_rank *rk, const bfs_wjob *j, bool slot
         if (j && prev->active && r->npend < r->ring.n - 1 && !bfs__writer_file_ended(&r->w, prev->wslot)) {
             r->pend[r->npend] = *j;
             r->pend_slot[r->npend++] = slot ? r->slot : -1;
-            if (slot)
-                r->slot = (r->slot + 1) % r->ring.n;
+            if (slot) {
+                r->bufjob[r->slot] = UINT64_MAX; /* held until its job is queued, below */
+                bfs__slot_next(r);
+            }
             return 0;
         }
         BFS_TRY(bfs__rank_start(r, rk));
@@ -482,7 +507,7 @@ static void bfs__release_batch(bfs_run *r, const bfs_outfile *of, size_t p0, siz
 static void bfs__carve_close(bfs_run *r)
 {
     if (r->carved) {
-        r->slot = (r->slot + 1) % r->ring.n;
+        bfs__slot_next(r);
         r->carved = 0;
     }
 }

@@ -513,6 +513,14 @@ int bfs__writer_wait(bfs_writer *w, int pending)
 
 uint64_t bfs__writer_pushed(const bfs_writer *w) { return w->pushed; }
 
+uint64_t bfs__writer_retired(bfs_writer *w)
+{
+    pthread_mutex_lock(&w->mu);
+    const uint64_t n = w->retired;
+    pthread_mutex_unlock(&w->mu);
+    return n;
+}
+
 int bfs__writer_wait_job(bfs_writer *w, uint64_t n)
 {
     const double t0 = bfs__wnow();

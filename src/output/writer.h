@@ -140,6 +140,9 @@ int bfs__writer_wait(bfs_writer *w, int pending);
  * number + 1); bfs__writer_wait_job(w, n): wait until the first n jobs are done with (their
  * buffers free again); returns as push. */
 uint64_t bfs__writer_pushed(const bfs_writer *w);
+/* How many jobs the writer is done with so far (it does not wait): job n's buffer is free
+ * once this is >= n. */
+uint64_t bfs__writer_retired(bfs_writer *w);
 int bfs__writer_wait_job(bfs_writer *w, uint64_t n);
 /* Whether the writer has run the end of the file in slot `file` (does not wait). */
 bool bfs__writer_file_ended(bfs_writer *w, int file);
