@@ -333,6 +333,13 @@ cleanup:
     return rc;
 }
 
+/* A ring buffer's bytes: a unit's capacity + the O_DIRECT headroom, in whole buffer pages. */
+static uint64_t bfs__buf_len(uint64_t slot)
+{
+    const uint64_t bp = bfs__buf_page();
+    return (slot + BFS_DIO_ALIGN + bp - 1) / bp * bp;
+}
+
 /* input -> plan -> buffer budget -> the run's tables and buffers */
 static int bfs__run_setup(bfs_run *r, const char *input)
 {
@@ -407,8 +414,7 @@ static int bfs__run_setup(bfs_run *r, const char *input)
      * tensors: 3.1 GB of address space otherwise) */
     /* + the headroom before each unit's output that lets the writer use O_DIRECT; on the
      * buffers' page (writer.h: bfs__buf_page), huge pages advised where available */
-    const size_t bp = (size_t)bfs__buf_page();
-    const size_t blen = ((size_t)r->ring.slot + BFS_DIO_ALIGN + bp - 1) / bp * bp;
+    const size_t bp = (size_t)bfs__buf_page(), blen = (size_t)bfs__buf_len(r->ring.slot);
     for (int i = 0; i < r->ring.n; i++) {
         void *b = NULL;
         if (posix_memalign(&b, bp > BFS_DIO_ALIGN ? bp : BFS_DIO_ALIGN, blen) != 0)
@@ -418,6 +424,7 @@ static int bfs__run_setup(bfs_run *r, const char *input)
             (void)madvise(b, blen, MADV_HUGEPAGE); /* advice: a kernel that refuses keeps 4 KiB pages */
         r->buf[i] = b;
     }
+    r->live = 1; /* buffer 0: the first one filled (bfs__slot_next) */
 cleanup:
     return rc;
 }
@@ -678,18 +685,23 @@ static void bfs__stages_print(const bfs_run *r, double total)
     if (!e || strcmp(e, "1") || !r->plan)
         return;
     const bfs_wstages *s = &r->w.st;
+    const uint64_t bp = bfs__buf_page();
+    uint64_t touched = 0; /* the buffers' pages the run filled (the memory model: units.h) */
+    for (int i = 0; i < r->ring.n; i++)
+        touched += (r->touched[i] + bp - 1) / bp * bp;
     /* writer_busy: the share of the run the writer spent writing (issue 25: keep the disk busy) */
     fprintf(stderr,
             "bfshard-stages {\"total_s\": %.4f, \"dequant_s\": %.4f, \"hash_s\": %.4f, \"wait_writer_s\": %.4f, "
             "\"write_s\": %.4f, \"zst_s\": %.4f, \"tail_s\": %.4f, \"commit_s\": %.4f, \"direct_bytes\": %llu, "
             "\"buffered_bytes\": %llu, \"input_s\": %.4f, \"plan_s\": %.4f, \"layout_s\": %.4f, \"setup_s\": %.4f, "
             "\"files_s\": %.4f, \"manifest_s\": %.4f, \"sha256_s\": %.4f, \"writer_busy\": %.4f, "
-            "\"writer_busy_files\": %.4f, \"buffers\": %d, \"buffer_bytes\": %llu, \"unit_bytes\": %llu, \"group\": %d, "
+            "\"writer_busy_files\": %.4f, \"buffers\": %d, \"buffers_used\": %d, \"buffers_touched_bytes\": %llu, \"buffer_bytes\": %llu, \"unit_bytes\": %llu, \"group\": %d, "
             "\"input_bytes_read\": %llu, \"source_bytes_hashed\": %llu}\n",
             total, r->t_dequant, s->hash, s->wait, s->write, s->zst, s->tail, r->t_commit,
             (unsigned long long)s->direct_bytes, (unsigned long long)s->buffered_bytes, r->t_input, r->t_plan,
             r->t_layout, r->t_setup, r->t_files, r->t_manifest, s->sha, total > 0 ? s->write / total : 0.0,
-            r->t_files > 0 ? s->write / r->t_files : 0.0, r->ring.n, (unsigned long long)r->ring.slot,
+            r->t_files > 0 ? s->write / r->t_files : 0.0, r->ring.n, r->live,
+            (unsigned long long)touched, (unsigned long long)r->ring.slot,
             (unsigned long long)r->ring.unit, r->group, (unsigned long long)r->in_read, (unsigned long long)r->src_read);
 }
 

@@ -42,6 +42,7 @@ typedef struct bfs_run {
     bfs_backend *be;
     uint8_t *buf[BFS_RING_MAX]; /* the ring of unit buffers (units.h), ring.n of them */
     uint64_t bufjob[BFS_RING_MAX]; /* per buffer: the writer job that last used it + 1 (bfs__writer_wait_job) */
+    uint64_t touched[BFS_RING_MAX]; /* per buffer: the end of the bytes filled in it so far (BFSHARD_STAGES) */
     bool buf_pinned;           /* buf[] from the backend's host_alloc (CUDA: pinned, D2H lands in place) */
     bfs_ring ring;             /* units' target size, each buffer's capacity, how many */
     uint64_t unit_bytes;       /* ring.unit */
@@ -100,6 +101,14 @@ int bfs__write_file(bfs_run *r, int fidx);
 /* Files fidx[0..n) (2 <= n <= BFS_GROUP_MAX, consecutive, none reused) written together
  * (units.h: groups), each committed in order at the end. */
 int bfs__write_group(bfs_run *r, const int *fidx, int n);
+/* Bytes up to `end` of the current buffer (r->slot) filled: what BFSHARD_STAGES reports
+ * as the buffers' touched bytes, beside the memory model's count (units.h). */
+static inline void bfs__slot_touch(bfs_run *r, const uint8_t *end)
+{
+    const uint64_t n = (uint64_t)(end - r->buf[r->slot]);
+    r->touched[r->slot] = n > r->touched[r->slot] ? n : r->touched[r->slot];
+}
+
 /* The unit buffer to fill next, once the writer is done with it (bfs__slot_pushed after its push). */
 int bfs__slot_take(bfs_run *r, uint8_t **buf);
 void bfs__slot_pushed(bfs_run *r);

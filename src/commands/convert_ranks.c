@@ -221,8 +221,6 @@ static void bfs__slot_next(bfs_run *r)
 {
     const uint64_t done = bfs__writer_retired(&r->w);
     int oldest = -1;
-    if (r->live < 1)
-        r->live = 1; /* buffer 0: the first one filled */
     for (int i = 0; i < r->live; i++) {
         if (r->bufjob[i] <= done) {
             r->slot = i;
@@ -371,6 +369,7 @@ static int bfs__write_piece(bfs_run *r, bfs_rank *rk, const bfs_outfile *of, siz
         bfs__advise_sources(r->in, &u, true);
         const bfs_wjob j = {.buf = out, .len = (size_t)(n * row_bytes), .off = off, .piece = (int)pi,
                             .piece_end = row + n == pc->row1, .headroom = true};
+        bfs__slot_touch(r, out + j.len);
         /* a file's first units are dequantized while the writer writes the last file's last
          * ones: this one is begun once that one is committed (bfs__unit_push) */
         BFS_TRY(bfs__unit_push(r, rk, &j, true));
@@ -571,6 +570,7 @@ static int bfs__write_batch(bfs_run *r, bfs_rank *rk, const bfs_outfile *of, siz
         BFS_TRY(bfs__run_units(r, u, n));
     }
     BFS_TRY(bfs__check_batch(r, of, p0, p1));
+    bfs__slot_touch(r, out + len);
     if (!carve) /* a window's pages go after the window (bfs__write_group) */
         bfs__release_batch(r, of, p0, p1);
     BFS_TRY(bfs__unit_push(r, rk, &(bfs_wjob){.buf = out, .len = (size_t)len, .off = off0, .piece = (int)p0,
