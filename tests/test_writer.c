@@ -23,7 +23,7 @@ static uint32_t rnd(void)
 
 /* one file of random jobs; returns the writer's direct byte count */
 static uint64_t write_one(const char *path, bool direct, const uint8_t *want, size_t size, uint32_t seed,
-                          char hex[33], char (*piece_hex)[33])
+                          char hex[33], bfs_dig16 *piece_dig)
 {
     bfs_writer w;
     memset(&w, 0, sizeof w);
@@ -35,7 +35,7 @@ static uint64_t write_one(const char *path, bool direct, const uint8_t *want, si
     const int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     assert_true(fd >= 0);
     assert_int_equal(ftruncate(fd, (off_t)size), 0);
-    const int ws = bfs__writer_begin_file(&w, fd, path, piece_hex, NULL, NULL, NULL);
+    const int ws = bfs__writer_begin_file(&w, fd, path, piece_dig, NULL, NULL, NULL);
     assert_true(ws >= 0);
     /* two unit buffers with headroom, as convert allocates them */
     const size_t cap = 3u << 20;
@@ -94,7 +94,7 @@ static void direct_and_buffered_same_bytes(void **s)
         for (size_t i = 0; i < size; i++)
             want[i] = (uint8_t)rnd();
         char ha[33], hb[33];
-        char(*pa)[33] = calloc(size + 1, 33), (*pb)[33] = calloc(size + 1, 33);
+        bfs_dig16 *pa = calloc(size + 1, sizeof *pa), *pb = calloc(size + 1, sizeof *pb);
         direct_total += write_one(a, true, want, size, seed, ha, pa);
         assert_int_equal(write_one(b, false, want, size, seed, hb, pb), 0);
         size_t la = 0, lb = 0;
@@ -107,7 +107,7 @@ static void direct_and_buffered_same_bytes(void **s)
         bfs__hash_hex(XXH3_128bits(want, size), hw);
         assert_string_equal(ha, hw);
         assert_string_equal(hb, hw);
-        assert_memory_equal(pa, pb, (size + 1) * 33);
+        assert_memory_equal(pa, pb, (size + 1) * sizeof *pa);
         free(ga), free(gb), free(want), free(pa), free(pb);
     }
     /* $TMPDIR on a filesystem that takes O_DIRECT: the direct path ran */

@@ -13,6 +13,13 @@ void bfs__hash_hex(XXH128_hash_t h, char out[33]);
 /* 16 bytes (a canonical XXH3-128) as 32 lowercase hex digits, and back: false unless s is
  * exactly 32 lowercase hex digits */
 void bfs__hex16_str(const uint8_t h[16], char out[33]);
+/* A piece's XXH3-128 as its canonical 16 bytes (what a slice index holds), kept binary:
+ * never formatted as hex to be parsed back. set: computed. */
+typedef struct bfs_dig16 {
+    uint8_t b[16];
+    bool set;
+} bfs_dig16;
+void bfs__dig16_of(XXH128_hash_t h, bfs_dig16 *d);
 bool bfs__hex16_parse(const char *s, uint8_t out[16]);
 /* Hash [off, off+len) of fd into st, reading through buf (bfs__hash_range2 without SHA-256). */
 int bfs__hash_range(int fd, uint64_t off, uint64_t len, uint8_t *buf, size_t bufsize, const char *what,

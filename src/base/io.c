@@ -49,6 +49,14 @@ int bfs__pread_all(int fd, void *buf, size_t len, uint64_t off, const char *what
     return 0;
 }
 
+void bfs__dig16_of(XXH128_hash_t h, bfs_dig16 *d)
+{
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, h);
+    memcpy(d->b, c.digest, 16);
+    d->set = true;
+}
+
 void bfs__hash_hex(XXH128_hash_t h, char out[33])
 {
     XXH128_canonical_t c;

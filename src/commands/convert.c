@@ -397,7 +397,7 @@ static int bfs__run_setup(bfs_run *r, const char *input)
     if (o->sha256 && !(r->file_sha = calloc((size_t)nf, sizeof *r->file_sha)))
         BFS_FAIL(BFS_ENOMEM, "out of memory");
     r->zst = calloc((size_t)nf, sizeof *r->zst);
-    r->piece_hex = calloc((size_t)nf, sizeof *r->piece_hex);
+    r->piece_dig = calloc((size_t)nf, sizeof *r->piece_dig);
     r->hdr_hex = calloc((size_t)nf, sizeof *r->hdr_hex); /* NULL: each slice index builds its header again */
     r->slices_hex = calloc((size_t)nf, sizeof *r->slices_hex);
     if (o->sha256 && !(r->slices_sha = calloc((size_t)nf, sizeof *r->slices_sha)))
@@ -407,9 +407,9 @@ static int bfs__run_setup(bfs_run *r, const char *input)
     r->aux = json_array();
     r->pr = malloc(BFS_BATCH_MAX * BFS_UNIT_MAX_SRC * sizeof *r->pr);
     r->fstamp = calloc((size_t)r->in->nfiles + 1, sizeof *r->fstamp);
-    if (!r->file_hex || !r->zst || !r->piece_hex || !r->slices_hex || !r->reused || !r->src_hex || !r->aux || !r->pr || !r->fstamp)
+    if (!r->file_hex || !r->zst || !r->piece_dig || !r->slices_hex || !r->reused || !r->src_hex || !r->aux || !r->pr || !r->fstamp)
         BFS_FAIL(BFS_ENOMEM, "out of memory");
-    /* each file's piece hashes: allocated when it is written (bfs__piece_hex_alloc), freed at
+    /* each file's piece hashes: allocated when it is written (bfs__piece_dig_alloc), freed at
      * its commit, so that they never add up to files x tensors (W = 1024 on DeepSeek-V3's 92k
      * tensors: 3.1 GB of address space otherwise) */
     /* + the headroom before each unit's output that lets the writer use O_DIRECT; on the
@@ -654,9 +654,9 @@ static void bfs__run_free(bfs_run *r, int rc)
     for (int i = 0; i < BFS_RING_MAX; i++)
         free(r->buf[i]);
     if (r->plan)
-        for (int f = 0; f < r->plan->nfiles && r->piece_hex; f++)
-            free(r->piece_hex[f]);
-    free(r->piece_hex);
+        for (int f = 0; f < r->plan->nfiles && r->piece_dig; f++)
+            free(r->piece_dig[f]);
+    free(r->piece_dig);
     free(r->hdr_hex);
     free(r->slices_hex);
     free(r->slices_sha);

@@ -50,7 +50,7 @@ typedef struct bfs_run {
     char (*file_hex)[33];      /* per output file */
     char (*file_sha)[65];      /* per output file: SHA-256 (--sha256), else NULL */
     json_t **zst;              /* per output file: its compressed copy's manifest entry (ISSUE 7) */
-    char (**piece_hex)[33];    /* per output file, per piece */
+    bfs_dig16 **piece_dig;     /* per output file, per piece: its XXH3-128 */
     char (*hdr_hex)[33];       /* per output file: XXH3-128 of its header bytes, as written ("": not known) */
     char (*slices_hex)[33];    /* per output file: its slice index's XXH3-128, once written ("": not yet) */
     char (*slices_sha)[65];    /* per output file: its SHA-256 (--sha256), else NULL */
@@ -120,7 +120,7 @@ int bfs__rehash_pieces(bfs_run *r, int fidx);
 /* File fidx's slice index (slices.h) written from its pieces' hashes, which are then freed:
  * at its commit, so that the hashes held do not grow with files x tensors. */
 int bfs__file_slices(bfs_run *r, int fidx);
-/* File fidx's piece hashes (r->piece_hex[fidx]) allocated, when they are not yet. */
-int bfs__piece_hex_alloc(bfs_run *r, int fidx);
+/* File fidx's piece hashes (r->piece_dig[fidx]) allocated, when they are not yet. */
+int bfs__piece_dig_alloc(bfs_run *r, int fidx);
 
 #endif

@@ -438,8 +438,8 @@ static int bfs__rank_begin(bfs_run *r, bfs_rank *k, bfs_rank *hb)
         BFS_TRY(bfs__zcopy_open(r, of, &k->zt, k->zname, sizeof k->zname));
         BFS_TRY(bfs__zst_writer_create(k->zt.fd, r->o->compress_level, r->o->threads, 0, r->o->compress_mode, &k->zw));
     }
-    BFS_TRY(bfs__piece_hex_alloc(r, k->fidx));
-    BFS_TRY(k->wslot = bfs__writer_begin_file(&r->w, k->t.fd, k->what, r->piece_hex[k->fidx], k->zw, r->plan, of));
+    BFS_TRY(bfs__piece_dig_alloc(r, k->fidx));
+    BFS_TRY(k->wslot = bfs__writer_begin_file(&r->w, k->t.fd, k->what, r->piece_dig[k->fidx], k->zw, r->plan, of));
     /* [0, data_start): the length and the text, in an aligned buffer kept from file to file
      * (its pages not faulted in afresh every file); the writer writes its whole blocks
      * O_DIRECT from it. A group's files take turns with two: before one is built again, the
@@ -709,7 +709,7 @@ int bfs__rehash_pieces(bfs_run *r, int fidx)
     const bfs_outfile *of = &r->plan->files[fidx];
     int rc = bfs__plan_pieces(r->plan, fidx); /* dropped by the caller when done with the file */
     if (rc == 0)
-        rc = bfs__piece_hex_alloc(r, fidx);
+        rc = bfs__piece_dig_alloc(r, fidx);
     if (rc < 0)
         return rc;
     const int fd = openat(r->dirfd, of->name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
@@ -723,7 +723,7 @@ int bfs__rehash_pieces(bfs_run *r, int fidx)
         XXH3_128bits_reset(st);
         rc = bfs__hash_range(fd, of->pieces[pi].offset, of->pieces[pi].nbytes, r->buf[0], (size_t)r->ring.slot,
                              of->name, st);
-        bfs__hash_hex(XXH3_128bits_digest(st), r->piece_hex[fidx][pi]);
+        bfs__dig16_of(XXH3_128bits_digest(st), &r->piece_dig[fidx][pi]);
     }
     if (rc == 0 && sha)
         rc = bfs__hash_range2(fd, 0, of->size, r->buf[0], (size_t)r->ring.slot, of->name, NULL, sha);
@@ -735,9 +735,9 @@ int bfs__rehash_pieces(bfs_run *r, int fidx)
     return rc;
 }
 
-int bfs__piece_hex_alloc(bfs_run *r, int fidx)
+int bfs__piece_dig_alloc(bfs_run *r, int fidx)
 {
-    if (!r->piece_hex[fidx] && !(r->piece_hex[fidx] = calloc(r->plan->files[fidx].npieces + 1, sizeof **r->piece_hex)))
+    if (!r->piece_dig[fidx] && !(r->piece_dig[fidx] = calloc(r->plan->files[fidx].npieces + 1, sizeof **r->piece_dig)))
         return bfs__err(BFS_ENOMEM, "%s: out of memory for its piece hashes", r->plan->files[fidx].name);
     return 0;
 }
@@ -746,14 +746,14 @@ int bfs__file_slices(bfs_run *r, int fidx)
 {
     if (r->slices_hex[fidx][0])
         return 0; /* written already */
-    if (!r->piece_hex[fidx])
+    if (!r->piece_dig[fidx])
         return bfs__err(BFS_EINTERNAL, "%s: its slice index before its pieces were hashed", r->plan->files[fidx].name);
-    const int rc = bfs__slices_write(r->dirfd, r->outdir, r->plan, fidx, r->piece_hex[fidx],
+    const int rc = bfs__slices_write(r->dirfd, r->outdir, r->plan, fidx, r->piece_dig[fidx],
                                      r->hdr_hex && r->hdr_hex[fidx][0] ? r->hdr_hex[fidx] : NULL, r->mine != NULL,
                                      r->slices_hex[fidx], r->slices_sha ? r->slices_sha[fidx] : NULL);
     if (rc < 0)
         return rc;
-    free(r->piece_hex[fidx]);
-    r->piece_hex[fidx] = NULL;
+    free(r->piece_dig[fidx]);
+    r->piece_dig[fidx] = NULL;
     return 0;
 }

@@ -68,7 +68,7 @@ static int bfs__span_cmp(const void *x, const void *y)
     return p->i < q->i ? -1 : p->i > q->i;
 }
 
-int bfs__slices_write(int dirfd, const char *outdir, const bfs_plan *p, int f, char (*piece_hex)[33],
+int bfs__slices_write(int dirfd, const char *outdir, const bfs_plan *p, int f, const bfs_dig16 *piece_dig,
                       const char *hdr_hex, bool shared, char hex[33], char *sha)
 {
     int rc = 0;
@@ -107,9 +107,11 @@ int bfs__slices_write(int dirfd, const char *outdir, const bfs_plan *p, int f, c
     }
     if (!sorted)
         qsort(sp, of->npieces, sizeof *sp, bfs__span_cmp);
-    for (size_t k = 0; k < of->npieces; k++)
-        if (!bfs__hex16_parse(piece_hex[sp[k].i], buf + BFS_SLICES_HDR + 16 * k))
+    for (size_t k = 0; k < of->npieces; k++) {
+        if (!piece_dig[sp[k].i].set)
             BFS_FAIL(BFS_EINTERNAL, "%s: piece %zu has no hash", of->name, sp[k].i);
+        memcpy(buf + BFS_SLICES_HDR + 16 * k, piece_dig[sp[k].i].b, 16);
+    }
     BFS_TRY(bfs__write_durable_shared(dirfd, outdir, name, buf, (size_t)len, shared));
     bfs__hash_hex(XXH3_128bits(buf, (size_t)len), hex);
     if (sha)

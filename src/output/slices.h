@@ -8,6 +8,7 @@
 #define BFS_SLICES_H
 
 #include "plan/plan.h"
+#include "base/bfs_io.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -27,7 +28,7 @@ int bfs__slices_name(const char *weights, char *out, size_t cap);
  * from the plan's header text) and its pieces' hashes, write it durably as OUTDIR's
  * bfs__slices_name() (shared: parts of one OUTDIR may write at once), and give its
  * XXH3-128 (hex) and, when sha is not NULL, its SHA-256. */
-int bfs__slices_write(int dirfd, const char *outdir, const bfs_plan *p, int f, char (*piece_hex)[33],
+int bfs__slices_write(int dirfd, const char *outdir, const bfs_plan *p, int f, const bfs_dig16 *piece_dig,
                       const char *hdr_hex, bool shared, char hex[33], char *sha);
 
 /* Reading the weights file being narrowed: n bytes at off into dst (< 0: cannot, the

@@ -353,7 +353,7 @@ void bfs__writer_stop(bfs_writer *w)
 /* the first failure, made the caller's error */
 static int bfs__writer_status(bfs_writer *w, int rc) { return rc < 0 ? bfs__errslot_get(&w->err) : 0; }
 
-int bfs__writer_begin_file(bfs_writer *w, int fd, const char *what, char (*piece_hex)[33], bfs_zst_writer *zw,
+int bfs__writer_begin_file(bfs_writer *w, int fd, const char *what, bfs_dig16 *piece_dig, bfs_zst_writer *zw,
                            const bfs_plan *plan, const bfs_outfile *of)
 {
     int k = 0;
@@ -371,7 +371,7 @@ int bfs__writer_begin_file(bfs_writer *w, int fd, const char *what, char (*piece
     f->claimed = true;
     XXH3_128bits_reset(f->file_st);
     XXH3_128bits_reset(f->piece_st);
-    f->piece_hex = piece_hex;
+    f->piece_dig = piece_dig;
     f->of = of;
     w->cur = k;
     f->fd = fd;
@@ -445,7 +445,7 @@ static void bfs__hash_both(bfs_wfile *f, const uint8_t *p, size_t len, bool piec
 
 static void bfs__piece_digest(bfs_wfile *f, int piece)
 {
-    bfs__hash_hex(XXH3_128bits_digest(f->piece_st), f->piece_hex[piece]);
+    bfs__dig16_of(XXH3_128bits_digest(f->piece_st), &f->piece_dig[piece]);
     XXH3_128bits_reset(f->piece_st);
 }
 

@@ -75,7 +75,7 @@ typedef struct bfs_wfile {
     /* the pushing thread's: the file's and the current piece's XXH3-128 */
     XXH3_state_t *file_st, *piece_st;
     const bfs_outfile *of; /* its pieces (set at its begin: both threads read them) */
-    char (*piece_hex)[33];
+    bfs_dig16 *piece_dig;
 } bfs_wfile;
 
 #define BFS_WRITER_FILES 32
@@ -111,12 +111,12 @@ int bfs__writer_start(bfs_writer *w);
 /* Stop and join the threads (when started) and free their state; safe on a zeroed writer. */
 void bfs__writer_stop(bfs_writer *w);
 /* Begin a file in a free slot: fd at offset 0, `what` names it in errors (both must
- * outlive the file's end), piece hashes go to piece_hex; zw (may be NULL) gets the same
+ * outlive the file's end), piece hashes go to piece_dig; zw (may be NULL) gets the same
  * bytes, cut before every piece of `of`. Jobs must then come in file order, each starting
  * where the one before ended, from offset 0. The writer may still be on other files.
  * Returns the file's slot (bfs__writer_use, _wait_file, _release_file), which jobs go
  * to until bfs__writer_use picks another. */
-int bfs__writer_begin_file(bfs_writer *w, int fd, const char *what, char (*piece_hex)[33], bfs_zst_writer *zw,
+int bfs__writer_begin_file(bfs_writer *w, int fd, const char *what, bfs_dig16 *piece_dig, bfs_zst_writer *zw,
                            const bfs_plan *plan, const bfs_outfile *of);
 /* Jobs pushed from now on go to the begun file in slot `file`. */
 int bfs__writer_use(bfs_writer *w, int file);

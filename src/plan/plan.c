@@ -47,6 +47,7 @@ void bfs__plan_free(bfs_plan *p)
     free(p->dropped);
     free(p->name_jlen);
     free(p->dcp_n);
+    free(p->dcp_order);
     free(p);
 }
 
@@ -261,15 +262,13 @@ static uint64_t bfs__dcp_ranks(const bfs_ltensor *t, uint64_t W)
  * DCP_SHARDING_INFO is {}. */
 static int bfs__dcp_file(bfs_plan *p, uint64_t W, uint64_t r, bfs_outfile *f)
 {
-    const size_t want = f->npieces;
-    size_t first_nd = p->nt; /* the first tensor that has a dim 0, for ranks without rows */
+    const size_t want = f->npieces, first_nd = p->dcp_first_nd; /* for ranks without rows */
     if (!(f->pieces = malloc((want + 1) * sizeof *f->pieces)))
         return bfs__err(BFS_ENOMEM, "%s: out of memory for its %zu pieces", f->name, want);
     f->npieces = 0;
-    for (size_t i = 0; i < p->nt; i++) {
+    for (size_t k = 0; k < p->nt; k++) { /* in file order (p->dcp_order), else by name */
+        const size_t i = p->dcp_order ? p->dcp_order[k] : k;
         const bfs_ltensor *t = &p->t[i];
-        if (first_nd == p->nt && t->ndim > 0)
-            first_nd = i;
         if (r >= p->dcp_n[i])
             continue;
         if (f->npieces == want)
@@ -283,7 +282,28 @@ static int bfs__dcp_file(bfs_plan *p, uint64_t W, uint64_t r, bfs_outfile *f)
         f->pieces[f->npieces++] = (bfs_piece){.tensor = (int)first_nd, .row0 = p->t[first_nd].d0, .row1 = p->t[first_nd].d0};
     if (f->npieces != want)
         return bfs__err(BFS_EINTERNAL, "%s: %zu pieces, the layout counted %zu", f->name, f->npieces, want);
-    return bfs__file_order(p, f);
+    return p->dcp_order ? 0 : bfs__file_order(p, f);
+}
+
+/* Every rank file's order, once for all of them: bfs__file_order's (alignment descending,
+ * then name) over all the plan's tensors, a file's pieces being a subsequence of it. NULL
+ * (each file sorted on its own) when a dtype's size is outside {1, 2, 4, 8}. */
+static int bfs__dcp_order(bfs_plan *p)
+{
+    static const size_t aligns[] = {8, 4, 2, 1};
+    size_t n = 0;
+    free(p->dcp_order);
+    if (!(p->dcp_order = malloc((p->nt + 1) * sizeof *p->dcp_order)))
+        return bfs__err(BFS_ENOMEM, "out of memory");
+    for (size_t a = 0; a < sizeof aligns / sizeof *aligns; a++)
+        for (size_t i = 0; i < p->nt; i++)
+            if (bfs__align_of(p->t[i].out_dtype) == aligns[a])
+                p->dcp_order[n++] = i;
+    if (n != p->nt) {
+        free(p->dcp_order);
+        p->dcp_order = NULL;
+    }
+    return 0;
 }
 
 static int bfs__layout_dcp(bfs_plan *p, uint64_t W, const bool *only)
@@ -299,12 +319,14 @@ static int bfs__layout_dcp(bfs_plan *p, uint64_t W, const bool *only)
     p->dcp_n = malloc((p->nt + 1) * sizeof *p->dcp_n);
     if (!count || !p->files || (only && !bytes) || !p->dcp_n)
         BFS_FAIL(BFS_ENOMEM, "out of memory");
-    bool any_nd = false;
+    BFS_TRY(bfs__dcp_order(p));
+    p->dcp_first_nd = p->nt;
     for (size_t i = 0; i < p->nt; i++) {
         const bfs_ltensor *t = &p->t[i];
         const uint64_t rb = t->row_elems * bfs__dtype_size(t->out_dtype), n = bfs__dcp_ranks(t, W);
         p->dcp_n[i] = n; /* <= W */
-        any_nd = any_nd || t->ndim > 0;
+        if (p->dcp_first_nd == p->nt && t->ndim > 0)
+            p->dcp_first_nd = i;
         for (uint64_t r = 0; r < n; r++) {
             count[r]++;
             if (only && !only[r]) {
@@ -329,7 +351,7 @@ static int bfs__layout_dcp(bfs_plan *p, uint64_t W, const bool *only)
                 BFS_FAIL(BFS_EINPUT, "%s: the output would exceed %llu bytes", f->name, (unsigned long long)BFS_MAX_EXTENT);
             continue;
         }
-        f->npieces = count[r] ? count[r] : any_nd ? 1 : 0; /* a rank without rows: its empty entry */
+        f->npieces = count[r] ? count[r] : p->dcp_first_nd < p->nt ? 1 : 0; /* a rank without rows: its empty entry */
         BFS_TRY(bfs__dcp_file(p, W, r, f));
         BFS_TRY(bfs__finish_file(p, f));
         bfs__plan_pieces_drop(p, (int)r); /* a lazy plan: made again when the file is written */
