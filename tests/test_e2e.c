@@ -161,6 +161,17 @@ static void groups_identical(void **s)
     free(tmp);
 }
 
+/* The ring's buffers give the same bytes with the writer slowed (units wait in the ring for
+ * their file, their buffers held): every fixture both ways, and fails unless some waited. */
+static void ring_identical(void **s)
+{
+    (void)s;
+    char *tmp = tu_tmpdir("ring");
+    assert_int_equal(tu_sh("tests/ring_identical.sh %s %s", tu_bfshard(), tmp), 0);
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
 static void outputs_and_sums(void **s)
 {
     (void)s;
@@ -388,6 +399,7 @@ int main(void)
         cmocka_unit_test(fixtures_all_world_sizes),
         cmocka_unit_test(levels_identical),
         cmocka_unit_test(groups_identical),
+        cmocka_unit_test(ring_identical),
         cmocka_unit_test(outputs_and_sums),
         cmocka_unit_test(verify_names_flipped_byte),
         cmocka_unit_test(interrupt_and_resume),

@@ -253,6 +253,7 @@ static int bfs__unit_push(bfs_run *r, bfs_rank *rk, const bfs_wjob *j, bool slot
             r->pend_slot[r->npend++] = slot ? r->slot : -1;
             if (slot) {
                 r->bufjob[r->slot] = UINT64_MAX; /* held until its job is queued, below */
+                r->waited++;
                 bfs__slot_next(r);
             }
             return 0;

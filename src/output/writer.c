@@ -244,6 +244,8 @@ static void *bfs__writer_main(void *p)
         const bool failed = w->rc < 0;
         pthread_mutex_unlock(&w->mu);
         int rc = 0;
+        if (w->delay_us)
+            usleep(w->delay_us);
         if (!failed) {
             bfs__err_clear();
             rc = bfs__errslot_put(&w->err, bfs__writer_do(w, &j));
@@ -298,6 +300,8 @@ int bfs__writer_start(bfs_writer *w)
     bfs__errslot_init(&w->err);
     const char *d = getenv("BFSHARD_DIRECT");
     w->no_direct = d && !strcmp(d, "0");
+    const char *dl = getenv("BFSHARD_TEST_WRITER_DELAY_US");
+    w->delay_us = dl ? (unsigned)strtoul(dl, NULL, 10) % 1000000u : 0;
     bool ok = true;
     for (int i = 0; i < BFS_WRITER_FILES; i++) {
         void *c = NULL;

@@ -97,6 +97,8 @@ typedef struct bfs_writer {
     int rc;            /* first failure, under mu; its message is in err */
     bfs_errslot err;
     bool no_direct;    /* BFSHARD_DIRECT=0: buffered writes only (tests compare both paths) */
+    unsigned delay_us; /* BFSHARD_TEST_WRITER_DELAY_US: each job this much later, a slow disk
+                        * for the tests (tests/ring_identical.sh); 0 otherwise */
     bfs_wfile files[BFS_WRITER_FILES];
     int cur;           /* the file jobs are pushed to, -1 before the first */
     _Atomic uint64_t total; /* tensor bytes over the run */
