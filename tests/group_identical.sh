@@ -3,6 +3,7 @@
 # every fixture at W = 3 and 8, --mem 1M (small shares, batches cut) and the default, with
 # BFSHARD_GROUP=1 and without; every output file compared. Fails unless some run grouped.
 # usage: tests/group_identical.sh BFSHARD TMPDIR
+. tests/same_output.sh
 set -u
 B=$1 T=$2 grouped=0 n=0
 mkdir -p "$T" || exit 1
@@ -15,9 +16,7 @@ for d in fixtures/*/; do
             ra=$?
             BFSHARD_STAGES=1 "$B" convert "$d" "$T/b" --world-size $W --mem $M --device cpu -q 2>"$T/stages"
             rb=$?
-            if [ $ra -ne $rb ]; then echo "$d W=$W --mem $M: exit $ra one at a time, $rb grouped"; exit 1; fi
-            [ $ra -eq 0 ] || continue
-            diff -r "$T/a" "$T/b" >/dev/null || { echo "$d W=$W --mem $M: grouped output differs"; diff -r "$T/a" "$T/b" | head -5; exit 1; }
+            same_output "$d W=$W --mem $M, one at a time then grouped" "$T/a" $ra "$T/b" $rb || continue
             grep -q '"group": [2-9]' "$T/stages" && grouped=$((grouped + 1))
             n=$((n + 1))
         done

@@ -7,6 +7,7 @@
 # Every output file compared. Fails unless some units waited. (Checked: with the hold taken
 # out of bfs__unit_push, 2-3 fixtures of each mode differ.)
 # usage: tests/ring_identical.sh BFSHARD TMPDIR
+. tests/same_output.sh
 set -u
 B=$1 T=$2 waited=0 n=0
 mkdir -p "$T" || exit 1
@@ -18,9 +19,7 @@ for d in fixtures/*/; do
         ra=$?
         BFSHARD_STAGES=1 BFSHARD_TEST_WRITER_DELAY_US=300 "$B" convert "$d" "$T/b" $mode --device cpu -q 2>"$T/stages"
         rb=$?
-        if [ $ra -ne $rb ]; then echo "$d $mode: exit $ra, $rb with the writer slowed"; exit 1; fi
-        [ $ra -eq 0 ] || continue
-        diff -r "$T/a" "$T/b" >/dev/null || { echo "$d $mode: the output differs with the writer slowed"; diff -r "$T/a" "$T/b" | head -5; exit 1; }
+        same_output "$d $mode, then with the writer slowed" "$T/a" $ra "$T/b" $rb || continue
         grep -q '"units_waited": [1-9]' "$T/stages" && waited=$((waited + 1))
         n=$((n + 1))
     done

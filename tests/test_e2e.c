@@ -150,15 +150,22 @@ static void levels_identical(void **s)
     free(tmp);
 }
 
+/* A script that runs bfshard over every fixture two ways and compares the outputs, in a
+ * temporary directory of its own: exit 0 or the test fails. */
+static void script_ok(const char *script, const char *tag)
+{
+    char *tmp = tu_tmpdir(tag);
+    assert_int_equal(tu_sh("%s %s %s", script, tu_bfshard(), tmp), 0);
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
 /* Rank files written in groups (units.h) give the bytes of one at a time (the script
  * runs every fixture both ways and fails unless some runs grouped). */
 static void groups_identical(void **s)
 {
     (void)s;
-    char *tmp = tu_tmpdir("grp");
-    assert_int_equal(tu_sh("tests/group_identical.sh %s %s", tu_bfshard(), tmp), 0);
-    tu_rmrf(tmp);
-    free(tmp);
+    script_ok("tests/group_identical.sh", "grp");
 }
 
 /* The ring's buffers give the same bytes with the writer slowed (units wait in the ring for
@@ -166,10 +173,7 @@ static void groups_identical(void **s)
 static void ring_identical(void **s)
 {
     (void)s;
-    char *tmp = tu_tmpdir("ring");
-    assert_int_equal(tu_sh("tests/ring_identical.sh %s %s", tu_bfshard(), tmp), 0);
-    tu_rmrf(tmp);
-    free(tmp);
+    script_ok("tests/ring_identical.sh", "ring");
 }
 
 static void outputs_and_sums(void **s)
