@@ -59,9 +59,9 @@ void bfs__dig16_of(XXH128_hash_t h, bfs_dig16 *d)
 
 void bfs__hash_hex(XXH128_hash_t h, char out[33])
 {
-    XXH128_canonical_t c;
-    XXH128_canonicalFromHash(&c, h);
-    bfs__hex16_str(c.digest, out);
+    bfs_dig16 d;
+    bfs__dig16_of(h, &d);
+    bfs__hex16_str(d.b, out);
 }
 
 void bfs__hex16_str(const uint8_t h[16], char out[33])

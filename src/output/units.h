@@ -154,7 +154,7 @@ uint64_t bfs__buf_page(void);
  * set (the program, the plan, the input headers) to predict convert's peak RSS. It counts
  * every buffer of the ring touched, as when the writer lags behind the dequant; a run whose
  * writer keeps up takes turns on fewer of them (convert's bfs__slot_next), and peaks lower
- * by the buffers it never used (BFSHARD_STAGES's buffers_idle_bytes). */
+ * by the buffers it never used (BFSHARD_STAGES: buffers_used, buffers_touched_bytes). */
 typedef struct bfs_mem_model {
     bfs_ring ring;         /* bfs__ring_budget's */
     uint64_t unit_bytes;   /* each buffer's capacity (ring.slot), + BFS_DIO_ALIGN headroom */

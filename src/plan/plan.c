@@ -266,8 +266,8 @@ static int bfs__dcp_file(bfs_plan *p, uint64_t W, uint64_t r, bfs_outfile *f)
     if (!(f->pieces = malloc((want + 1) * sizeof *f->pieces)))
         return bfs__err(BFS_ENOMEM, "%s: out of memory for its %zu pieces", f->name, want);
     f->npieces = 0;
-    for (size_t k = 0; k < p->nt; k++) { /* in file order (p->dcp_order), else by name */
-        const size_t i = p->dcp_order ? p->dcp_order[k] : k;
+    for (size_t k = 0; k < p->nt; k++) { /* in file order (p->dcp_order) */
+        const size_t i = p->dcp_order[k];
         const bfs_ltensor *t = &p->t[i];
         if (r >= p->dcp_n[i])
             continue;
@@ -282,28 +282,29 @@ static int bfs__dcp_file(bfs_plan *p, uint64_t W, uint64_t r, bfs_outfile *f)
         f->pieces[f->npieces++] = (bfs_piece){.tensor = (int)first_nd, .row0 = p->t[first_nd].d0, .row1 = p->t[first_nd].d0};
     if (f->npieces != want)
         return bfs__err(BFS_EINTERNAL, "%s: %zu pieces, the layout counted %zu", f->name, f->npieces, want);
-    return p->dcp_order ? 0 : bfs__file_order(p, f);
+    return 0;
 }
 
-/* Every rank file's order, once for all of them: bfs__file_order's (alignment descending,
- * then name) over all the plan's tensors, a file's pieces being a subsequence of it. NULL
- * (each file sorted on its own) when a dtype's size is outside {1, 2, 4, 8}. */
+/* Every rank file's order, once for all of them: bfs__file_order over one piece of each of
+ * the plan's tensors. Its order (alignment descending, then name) is one of tensors, so a
+ * file's pieces, one per tensor, are a subsequence of it. */
 static int bfs__dcp_order(bfs_plan *p)
 {
-    static const size_t aligns[] = {8, 4, 2, 1};
-    size_t n = 0;
+    int rc = 0;
+    bfs_outfile all = {.npieces = p->nt};
     free(p->dcp_order);
-    if (!(p->dcp_order = malloc((p->nt + 1) * sizeof *p->dcp_order)))
-        return bfs__err(BFS_ENOMEM, "out of memory");
-    for (size_t a = 0; a < sizeof aligns / sizeof *aligns; a++)
-        for (size_t i = 0; i < p->nt; i++)
-            if (bfs__align_of(p->t[i].out_dtype) == aligns[a])
-                p->dcp_order[n++] = i;
-    if (n != p->nt) {
-        free(p->dcp_order);
-        p->dcp_order = NULL;
-    }
-    return 0;
+    p->dcp_order = malloc((p->nt + 1) * sizeof *p->dcp_order);
+    all.pieces = malloc((p->nt + 1) * sizeof *all.pieces);
+    if (!p->dcp_order || !all.pieces)
+        BFS_FAIL(BFS_ENOMEM, "out of memory");
+    for (size_t i = 0; i < p->nt; i++)
+        all.pieces[i] = (bfs_piece){.tensor = (int)i};
+    BFS_TRY(bfs__file_order(p, &all));
+    for (size_t i = 0; i < p->nt; i++)
+        p->dcp_order[i] = (size_t)all.pieces[i].tensor;
+cleanup:
+    free(all.pieces);
+    return rc;
 }
 
 static int bfs__layout_dcp(bfs_plan *p, uint64_t W, const bool *only)

@@ -41,8 +41,7 @@ typedef struct bfs_plan {
                            * pieces are made when it is used and dropped after (bfs__plan_pieces),
                            * so that tensors x ranks of them are never held at once */
     uint64_t *dcp_n;      /* DCP: per tensor, the ranks holding rows of it (torch.chunk) */
-    size_t *dcp_order;    /* DCP: the tensors in every rank file's order (bfs__file_order's), NULL:
-                           * a dtype size outside {1, 2, 4, 8}, each file sorted on its own */
+    size_t *dcp_order;    /* DCP: the tensors in every rank file's order (bfs__file_order's) */
     size_t dcp_first_nd;  /* DCP: the first tensor (by name) with a dim 0 (nt: none) */
     const char **dropped; /* input tensors dropped (activation / KV-cache scales), by name
                            * (pointers into the input's headers), sorted */
