@@ -1,6 +1,6 @@
 /*
- * The writer (see writer.h): hashes in the pushing thread, writes in its own thread,
- * the ring's unit buffers in order while the backend fills the next ones.
+ * The writer (see writer.h): hashes in one thread, writes in another, the ring's unit
+ * buffers in order while the backend fills the next ones.
  *
  * O_DIRECT: safetensors has no gaps between tensors, so a unit's file offset is
  * rarely block-aligned. convert puts each unit's output at buffer + off % 4096 (the
@@ -175,6 +175,8 @@ static int bfs__writer_tail(bfs_writer *w, bfs_wfile *f)
     return 0;
 }
 
+static void bfs__writer_hash(bfs_writer *w, const bfs_wjob *j);
+
 static int bfs__writer_do(bfs_writer *w, const bfs_wjob *j)
 {
     int rc = 0;
@@ -214,10 +216,11 @@ static int bfs__writer_do(bfs_writer *w, const bfs_wjob *j)
 }
 
 /* Under mu: retire the jobs at the head that every thread is done with (the writer wrote
- * them; the sha thread hashed them, when on). A file's end job retired: the file ended. */
+ * them, the hash thread hashed them, the sha thread too when on). A file's end job
+ * retired: the file ended. */
 static void bfs__writer_retire(bfs_writer *w)
 {
-    while (w->count > 0 && w->nwrite > 0 && (!w->sha || w->nsha > 0)) {
+    while (w->count > 0 && w->nwrite > 0 && w->nxxh > 0 && (!w->sha || w->nsha > 0)) {
         const bfs_wjob *j = &w->q[w->head];
         if (j->end)
             w->files[j->file].ended = true;
@@ -225,6 +228,7 @@ static void bfs__writer_retire(bfs_writer *w)
         w->count--;
         w->retired++;
         w->nwrite--;
+        w->nxxh--;
         if (w->sha)
             w->nsha--;
     }
@@ -260,37 +264,66 @@ static void *bfs__writer_main(void *p)
     return NULL;
 }
 
-/* The sha thread: the same jobs in the same order as the writer, each file's bytes into
- * its SHA-256 (from the unit buffers, which stay untouched until both are done). */
-static void *bfs__sha_main(void *p)
+/* A job's XXH3-128s: its bytes into the file's hash and its pieces' (bfs__writer_hash);
+ * a file's end, the file's digest into the job's hex */
+static int bfs__xxh_job(bfs_writer *w, const bfs_wjob *j)
 {
-    bfs_writer *w = p;
+    if (j->end)
+        bfs__hash_hex(XXH3_128bits_digest(w->files[j->file].file_st), j->hex);
+    else
+        bfs__writer_hash(w, j);
+    return 0;
+}
+
+/* A job's bytes into its file's SHA-256; a file's end, the digest */
+static int bfs__sha_job(bfs_writer *w, const bfs_wjob *j)
+{
+    bfs_wfile *const f = &w->files[j->file];
+    if (j->end)
+        return bfs__sha256_hex(f->sha, f->sha_hex);
+    bfs__sha256_update(f->sha, j->buf, j->len);
+    return 0;
+}
+
+/* The hash and sha threads: the same jobs in the same order as the writer, from the unit
+ * buffers, which stay untouched until every thread is done with them (the writer only
+ * writes the headroom before a job's bytes). *done counts the jobs from head this thread
+ * is done with; its seconds go to *secs. */
+static void bfs__follow(bfs_writer *w, int *done, int (*job)(bfs_writer *, const bfs_wjob *), double *secs)
+{
     pthread_mutex_lock(&w->mu);
     for (;;) {
-        while (w->nsha == w->count && !w->stop)
+        while (*done == w->count && !w->stop)
             pthread_cond_wait(&w->cv, &w->mu);
-        if (w->nsha == w->count && w->stop)
+        if (*done == w->count && w->stop)
             break;
-        const bfs_wjob j = w->q[(w->head + w->nsha) % BFS_WQ_MAX];
+        const bfs_wjob j = w->q[(w->head + *done) % BFS_WQ_MAX];
         pthread_mutex_unlock(&w->mu);
         const double t0 = bfs__wnow();
-        bfs_wfile *const f = &w->files[j.file];
-        int rc = 0;
-        if (j.end) {
-            bfs__err_clear();
-            rc = bfs__errslot_put(&w->err, bfs__sha256_hex(f->sha, f->sha_hex));
-        } else {
-            bfs__sha256_update(f->sha, j.buf, j.len);
-        }
+        bfs__err_clear();
+        const int rc = bfs__errslot_put(&w->err, job(w, &j));
         const double dt = bfs__wnow() - t0;
         pthread_mutex_lock(&w->mu);
-        w->st.sha += dt;
+        *secs += dt;
         if (rc < 0 && w->rc == 0)
             w->rc = rc;
-        w->nsha++;
+        (*done)++;
         bfs__writer_retire(w);
     }
     pthread_mutex_unlock(&w->mu);
+}
+
+static void *bfs__xxh_main(void *p)
+{
+    bfs_writer *w = p;
+    bfs__follow(w, &w->nxxh, bfs__xxh_job, &w->st.hash);
+    return NULL;
+}
+
+static void *bfs__sha_main(void *p)
+{
+    bfs_writer *w = p;
+    bfs__follow(w, &w->nsha, bfs__sha_job, &w->st.sha);
     return NULL;
 }
 
@@ -321,6 +354,9 @@ int bfs__writer_start(bfs_writer *w)
     if (!ok || pthread_create(&w->tid, NULL, bfs__writer_main, w) != 0)
         return bfs__err(BFS_ENOMEM, "cannot start the writer thread");
     w->started = true;
+    if (pthread_create(&w->xxh_tid, NULL, bfs__xxh_main, w) != 0)
+        return bfs__err(BFS_ENOMEM, "cannot start the hash thread");
+    w->xxh_started = true;
     if (w->sha) {
         if (pthread_create(&w->sha_tid, NULL, bfs__sha_main, w) != 0)
             return bfs__err(BFS_ENOMEM, "cannot start the SHA-256 thread");
@@ -337,11 +373,13 @@ void bfs__writer_stop(bfs_writer *w)
         pthread_cond_broadcast(&w->cv);
         pthread_mutex_unlock(&w->mu);
         pthread_join(w->tid, NULL);
+        if (w->xxh_started)
+            pthread_join(w->xxh_tid, NULL);
         if (w->sha_started)
             pthread_join(w->sha_tid, NULL);
         pthread_mutex_destroy(&w->mu);
         pthread_cond_destroy(&w->cv);
-        w->started = w->sha_started = false;
+        w->started = w->xxh_started = w->sha_started = false;
     }
     for (int i = 0; i < BFS_WRITER_FILES; i++) {
         XXH3_freeState(w->files[i].file_st);
@@ -417,8 +455,8 @@ int bfs__writer_end_file(bfs_writer *w, char hex[33])
 {
     if (w->cur < 0)
         return bfs__err(BFS_EINTERNAL, "writer: a file's end before any file");
-    bfs__hash_hex(XXH3_128bits_digest(w->files[w->cur].file_st), hex);
-    return bfs__writer_push(w, &(bfs_wjob){.buf = "", .len = 0, .piece = -1, .end = true});
+    hex[0] = '\0'; /* the hash thread's, at the end job */
+    return bfs__writer_push(w, &(bfs_wjob){.buf = "", .len = 0, .piece = -1, .end = true, .hex = hex});
 }
 
 int bfs__writer_wait_file(bfs_writer *w, int file)
@@ -455,7 +493,6 @@ static void bfs__piece_digest(bfs_wfile *f, int piece)
 
 static void bfs__writer_hash(bfs_writer *w, const bfs_wjob *j)
 {
-    const double t0 = bfs__wnow();
     bfs_wfile *const f = &w->files[j->file];
     if (j->piece >= 0 && j->piece_last > j->piece) { /* a batch: each piece's bytes, its hash */
         const uint8_t *p = j->buf;
@@ -474,7 +511,6 @@ static void bfs__writer_hash(bfs_writer *w, const bfs_wjob *j)
         if (j->piece >= 0 && j->piece_end)
             bfs__piece_digest(f, j->piece);
     }
-    w->st.hash += bfs__wnow() - t0;
 }
 
 int bfs__writer_push(bfs_writer *w, const bfs_wjob *jin)
@@ -487,8 +523,6 @@ int bfs__writer_push(bfs_writer *w, const bfs_wjob *jin)
     if (j.piece >= 0 && j.piece_last > j.piece && (!of || (size_t)j.piece_last >= of->npieces))
         return bfs__err(BFS_EINTERNAL, "writer: a batch of pieces [%d, %d] without its file's pieces", j.piece,
                         j.piece_last);
-    if (!j.end)
-        bfs__writer_hash(w, &j);
     const double t0 = bfs__wnow();
     pthread_mutex_lock(&w->mu);
     while (w->count == BFS_WQ_MAX)

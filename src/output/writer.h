@@ -1,6 +1,7 @@
-/* The writer of convert's pipeline (writer.c). bfs__writer_push hashes each job (file
- * and piece hashes, in the caller's thread, right behind the dequant, while the
- * writer thread writes the job before it); the writer thread writes the jobs in file
+/* The writer of convert's pipeline (writer.c). bfs__writer_push queues each job; the
+ * hash thread hashes the jobs in order (file and piece XXH3-128s) while the writer
+ * thread writes them, so the pushing thread only dequantizes (on two cores, the hashes
+ * of a part run beside its dequant); the writer thread writes the jobs in file
  * order, with O_DIRECT where the filesystem takes it (an aligned body from the unit
  * buffers themselves, a block-sized carry joining each job's partial head and tail;
  * the file's last partial block buffered), feeds the optional compressed copy, and
@@ -40,12 +41,13 @@ typedef struct bfs_wjob {
      * before off) to write the job from there with O_DIRECT, without a copy */
     bool headroom;
     bool end;      /* (bfs__writer_end_file) the file's last partial block */
+    char *hex;     /* (end) the file's XXH3-128 goes here, hex, once the end job ran */
     int file;      /* (set by push) which of the writer's files: the one bfs__writer_use chose */
 } bfs_wjob;
 
 /* Seconds spent per stage (BFSHARD_STAGES=1 prints them; bench/bench.py reads them). */
 typedef struct bfs_wstages {
-    double hash;   /* file + piece hashes (the pushing thread) */
+    double hash;   /* file + piece hashes (the hash thread, beside the writer) */
     double wait;   /* the pushing thread waiting for the writer (a slot, a buffer, a file's end) */
     double write;  /* pwrite, direct or buffered, and the dirty-page bound (writer thread) */
     double zst;    /* the compressed copy (writer thread) */
@@ -72,9 +74,9 @@ typedef struct bfs_wfile {
     int zpiece;        /* piece that zw is in, -1 for the header */
     bfs_sha256 *sha;   /* the file's SHA-256 (the sha thread's), when on */
     char sha_hex[65];  /* its digest, once the file's end job is done */
-    /* the pushing thread's: the file's and the current piece's XXH3-128 */
+    /* the hash thread's: the file's and the current piece's XXH3-128 */
     XXH3_state_t *file_st, *piece_st;
-    const bfs_outfile *of; /* its pieces (set at its begin: both threads read them) */
+    const bfs_outfile *of; /* its pieces (set at its begin: the threads read them) */
     bfs_dig16 *piece_dig;
 } bfs_wfile;
 
@@ -87,9 +89,11 @@ typedef struct bfs_writer {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bfs_wjob q[BFS_WQ_MAX];
-    int head, count;   /* ring of at most BFS_WQ_MAX jobs not yet done with (written, and hashed when sha) */
+    int head, count;   /* ring of at most BFS_WQ_MAX jobs not yet done with (written and hashed) */
     uint64_t pushed, retired; /* jobs queued and done with over the writer's life (under mu) */
-    int nwrite, nsha;  /* of those, from head: how many the writer wrote, the sha thread hashed */
+    int nwrite, nxxh, nsha; /* of those, from head: how many the writer wrote, the hash and sha threads hashed */
+    pthread_t xxh_tid;
+    bool xxh_started;
     bool sha;          /* set before bfs__writer_start: SHA-256 of every file (convert --sha256) */
     pthread_t sha_tid;
     bool sha_started;
@@ -122,8 +126,9 @@ int bfs__writer_begin_file(bfs_writer *w, int fd, const char *what, bfs_dig16 *p
                            const bfs_plan *plan, const bfs_outfile *of);
 /* Jobs pushed from now on go to the begun file in slot `file`. */
 int bfs__writer_use(bfs_writer *w, int file);
-/* After the file's last job: the file's hash now, and its end queued (the last
- * partial block). Then bfs__writer_wait_file before its fdatasync (bfs__tmp_commit). */
+/* After the file's last job: its end queued (the last partial block); the file's hash
+ * goes into hex (33 bytes, kept until then) by the time bfs__writer_wait_file returns,
+ * which comes before its fdatasync (bfs__tmp_commit). */
 int bfs__writer_end_file(bfs_writer *w, char hex[33]);
 /* After bfs__writer_wait_file (and bfs__writer_file_sha256) or a failure: slot `file`
  * may be begun again. */
@@ -132,8 +137,8 @@ void bfs__writer_release_file(bfs_writer *w, int file);
 int bfs__writer_wait_file(bfs_writer *w, int file);
 /* After bfs__writer_wait_file: the SHA-256 of the file in slot `file` (w->sha on), hex. */
 const char *bfs__writer_file_sha256(const bfs_writer *w, int file);
-/* Hash the job, then queue it; blocks while BFS_WQ_MAX are pending. The buffer (and its
- * headroom) must stay untouched until bfs__writer_wait says it is free again. Returns
+/* Queue the job (hashed and written in order); blocks while BFS_WQ_MAX are pending. The
+ * buffer (and its headroom) must stay untouched until bfs__writer_wait says it is free again. Returns
  * the writer's first failure (its message made the caller's), else 0. */
 int bfs__writer_push(bfs_writer *w, const bfs_wjob *j);
 /* Wait until at most `pending` jobs remain queued or running; returns as push. */
