@@ -633,14 +633,10 @@ cleanup:
 static void bfs__run_free(bfs_run *r, int rc)
 {
     bfs__writer_stop(&r->w);
-    for (int i = 0; i < 2; i++) { /* after a failure: their temporaries go */
+    for (int i = 0; i < 2; i++) /* after a failure: their temporaries go */
         bfs__rank_free(&r->rank[i]);
-        bfs__rank_buf_free(&r->rank[i]);
-    }
-    for (int i = 0; r->grp && i < BFS_GROUP_MAX; i++) {
+    for (int i = 0; r->grp && i < BFS_GROUP_MAX; i++)
         bfs__rank_free(&r->grp[i]);
-        bfs__rank_buf_free(&r->grp[i]);
-    }
     free(r->grp);
     free(r->wsteps);
     bfs__wscratch_free(&r->ws);

@@ -27,10 +27,6 @@ typedef struct bfs_rank {
     bfs_zst_writer *zw;
     char zname[NAME_MAX + 1];
     char what[PATH_MAX + 64];    /* the temporary's path, for messages (the writer's too) */
-    char *hbuf;                  /* [0, data_start) of the file (bfs__plan_header_into), queued to the
-                                  * writer; aligned, kept from file to file (bfs__rank_buf_free) */
-    size_t hcap;
-    uint64_t hjob;               /* the writer job of the header last built in hbuf + 1 (0: none) */
 } bfs_rank;
 
 typedef struct bfs_run {
@@ -97,7 +93,6 @@ static inline void bfs__progress(bfs_run *r, const char *tensor)
 
 /* convert_ranks.c */
 void bfs__rank_free(bfs_rank *k);
-void bfs__rank_buf_free(bfs_rank *k);
 int bfs__write_file(bfs_run *r, int fidx);
 /* Files fidx[0..n) (2 <= n <= BFS_GROUP_MAX, consecutive, none reused) written together
  * (units.h: groups), each committed in order at the end. */

@@ -104,26 +104,12 @@ void bfs__rank_free(bfs_rank *k)
     bfs__zst_writer_free(k->zw);
     k->zw = NULL;
     bfs__tmp_abort(&k->zt);
-    /* k->hbuf stays for the rank's next file (bfs__rank_buf_free at the end) */
 }
 
-void bfs__rank_buf_free(bfs_rank *k)
-{
-    free(k->hbuf); /* the writer is done with it: the file committed, or the writer stopped */
-    k->hbuf = NULL;
-    k->hcap = 0;
-}
-
-/* k zeroed for file fidx, its header buffer kept */
+/* k zeroed for file fidx */
 static void bfs__rank_reset(bfs_rank *k, int fidx)
 {
-    char *const hb = k->hbuf;
-    const size_t hc = k->hcap;
-    const uint64_t hj = k->hjob;
     memset(k, 0, sizeof *k);
-    k->hbuf = hb;
-    k->hcap = hc;
-    k->hjob = hj;
     k->t = k->zt = (bfs_tmpfile){.fd = -1, .dirfd = -1};
     k->fidx = fidx;
     k->active = true;
@@ -420,16 +406,16 @@ cleanup:
  * ring is full of this one's units (bfs__unit_push), so that the writer writes the last
  * file's last units meanwhile, and a file is never begun before the one before it is
  * committed. */
-static int bfs__rank_begin(bfs_run *r, bfs_rank *k, bfs_rank *hb);
+static int bfs__rank_begin(bfs_run *r, bfs_rank *k);
 static int bfs__rank_start(bfs_run *r, bfs_rank *k)
 {
     const int rc = bfs__rank_finish(r, &r->rank[r->rank_cur ^ 1]);
-    return rc < 0 ? rc : bfs__rank_begin(r, k, k);
+    return rc < 0 ? rc : bfs__rank_begin(r, k);
 }
 
 /* The rank file's temporary opened, given to the writer (a slot of its own), its header
- * built in hb's buffer (k's own, or one of the two a group takes turns with) and queued. */
-static int bfs__rank_begin(bfs_run *r, bfs_rank *k, bfs_rank *hb)
+ * queued for the writer to build. */
+static int bfs__rank_begin(bfs_run *r, bfs_rank *k)
 {
     int rc = 0;
     const bfs_outfile *of = &r->plan->files[k->fidx];
@@ -441,31 +427,14 @@ static int bfs__rank_begin(bfs_run *r, bfs_rank *k, bfs_rank *hb)
     }
     BFS_TRY(bfs__piece_dig_alloc(r, k->fidx));
     BFS_TRY(k->wslot = bfs__writer_begin_file(&r->w, k->t.fd, k->what, r->piece_dig[k->fidx], k->zw, r->plan, of));
-    /* [0, data_start): the length and the text, in an aligned buffer kept from file to file
-     * (its pages not faulted in afresh every file); the writer writes its whole blocks
-     * O_DIRECT from it. A group's files take turns with two: before one is built again, the
-     * writer is done with the header last built in it (the first jobs of a group: no wait
-     * on data), so a group holds two headers, not one per file. */
-    if (of->data_start >= SIZE_MAX - 4096)
+    /* [0, data_start): the length and the text, built by the writer's hash thread in one of
+     * its two header buffers (writer.h), with its hash for the slice index (slices.c): a
+     * group's headers are built and written while its first units are dequantized */
+    if (of->data_start >= SIZE_MAX - 2 * BFS_DIO_ALIGN)
         BFS_FAIL(BFS_ENOMEM, "%s: out of memory for its %llu-byte header", of->name, (unsigned long long)of->data_start);
-    BFS_TRY(bfs__writer_wait_job(&r->w, hb->hjob));
-    if (hb->hcap <= of->data_start) {
-        free(hb->hbuf);
-        hb->hbuf = NULL;
-        hb->hcap = 0;
-        const size_t cap = ((size_t)of->data_start + 1 + 4095) & ~(size_t)4095;
-        void *p = NULL;
-        if (posix_memalign(&p, BFS_DIO_ALIGN, cap) != 0)
-            BFS_FAIL(BFS_ENOMEM, "%s: out of memory for its %llu-byte header", of->name, (unsigned long long)of->data_start);
-        hb->hbuf = p;
-        hb->hcap = cap;
-    }
-    BFS_TRY(bfs__plan_header_into(r->plan, of, hb->hbuf, hb->hcap));
-    if (r->hdr_hex) /* for its slice index (slices.c): the header's text is built once a file */
-        bfs__hash_hex(XXH3_128bits(hb->hbuf, (size_t)of->data_start), r->hdr_hex[k->fidx]);
-    BFS_TRY(bfs__writer_push(&r->w, &(bfs_wjob){.buf = hb->hbuf, .len = (size_t)of->data_start, .off = 0, .piece = -1,
-                                                .headroom = true}));
-    hb->hjob = bfs__writer_pushed(&r->w);
+    BFS_TRY(bfs__writer_push(&r->w, &(bfs_wjob){.buf = NULL, .len = (size_t)of->data_start, .off = 0, .piece = -1,
+                                                .headroom = true, .build = true,
+                                                .hex = r->hdr_hex ? r->hdr_hex[k->fidx] : NULL}));
 cleanup:
     return rc;
 }
@@ -636,7 +605,7 @@ int bfs__write_group(bfs_run *r, const int *fidx, int n)
     for (int g = 0; g < n; g++) {
         BFS_TRY(bfs__plan_pieces(r->plan, fidx[g])); /* dropped at its commit */
         bfs__rank_reset(&r->grp[g], fidx[g]);
-        BFS_TRY(bfs__rank_begin(r, &r->grp[g], &r->grp[g % 2]));
+        BFS_TRY(bfs__rank_begin(r, &r->grp[g]));
     }
     bfs__gwalk_init(&gw, r->plan, fidx, n, &r->ring);
     while (bfs__gwalk_next(&gw, &s)) {

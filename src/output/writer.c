@@ -14,6 +14,7 @@
  */
 #include "output/writer.h"
 #include "formats/format.h"
+#include "plan/plan.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -235,14 +236,28 @@ static void bfs__writer_retire(bfs_writer *w)
     pthread_cond_broadcast(&w->cv);
 }
 
+/* Under mu: whether job `i` from head may be read by the writer or the sha thread, the
+ * hash thread having built it first when it is a header to build (bfs_wjob.build) */
+static bool bfs__built(const bfs_writer *w, int i)
+{
+    return !w->q[(w->head + i) % BFS_WQ_MAX].build || w->nxxh > i;
+}
+
+/* Under mu: wait until job *done from head can be read (`built`: once built), or until
+ * stop with none left; false then */
+static bool bfs__next_job(bfs_writer *w, const int *done, bool built)
+{
+    while (*done == w->count ? !w->stop : built && !bfs__built(w, *done))
+        pthread_cond_wait(&w->cv, &w->mu);
+    return *done < w->count;
+}
+
 static void *bfs__writer_main(void *p)
 {
     bfs_writer *w = p;
     pthread_mutex_lock(&w->mu);
     for (;;) {
-        while (w->nwrite == w->count && !w->stop)
-            pthread_cond_wait(&w->cv, &w->mu);
-        if (w->nwrite == w->count && w->stop)
+        if (!bfs__next_job(w, &w->nwrite, true))
             break;
         const bfs_wjob j = w->q[(w->head + w->nwrite) % BFS_WQ_MAX];
         const bool failed = w->rc < 0;
@@ -265,11 +280,22 @@ static void *bfs__writer_main(void *p)
 }
 
 /* A job's XXH3-128s: its bytes into the file's hash and its pieces' (bfs__writer_hash);
- * a file's end, the file's digest into the job's hex */
+ * a file's end, the file's digest into the job's hex; a header to build, built first
+ * (its own hash into the job's hex) */
 static int bfs__xxh_job(bfs_writer *w, const bfs_wjob *j)
 {
+    const bfs_wfile *f = &w->files[j->file];
+    if (j->build) {
+        if (!j->buf)
+            return bfs__err(BFS_ENOMEM, "%s: out of memory for its %zu-byte header", f->what, j->len);
+        const int rc = bfs__plan_header_into(f->zplan, f->of, (char *)j->buf, j->len + 1);
+        if (rc < 0)
+            return rc;
+        if (j->hex)
+            bfs__hash_hex(XXH3_128bits(j->buf, j->len), j->hex);
+    }
     if (j->end)
-        bfs__hash_hex(XXH3_128bits_digest(w->files[j->file].file_st), j->hex);
+        bfs__hash_hex(XXH3_128bits_digest(f->file_st), j->hex);
     else
         bfs__writer_hash(w, j);
     return 0;
@@ -289,14 +315,39 @@ static int bfs__sha_job(bfs_writer *w, const bfs_wjob *j)
  * buffers, which stay untouched until every thread is done with them (the writer only
  * writes the headroom before a job's bytes). *done counts the jobs from head this thread
  * is done with; its seconds go to *secs. */
+/* Under mu, the hash thread's: job i from head, a header to build, given the header buffer
+ * the writer wrote the oldest header from (the two take turns: waits until it has), grown
+ * to len + 1 bytes; buf stays NULL when out of memory */
+static void bfs__header_buf(bfs_writer *w, int i)
+{
+    bfs_wjob *const j = &w->q[(w->head + i) % BFS_WQ_MAX];
+    const uint64_t n = w->retired + (uint64_t)i; /* its number: head moves while it waits */
+    const int b = (int)(w->hnext++ % 2);
+    while (w->retired < w->hjob[b])
+        pthread_cond_wait(&w->cv, &w->mu);
+    if (w->hcap[b] <= j->len) {
+        free(w->hbuf[b]);
+        w->hbuf[b] = NULL;
+        w->hcap[b] = 0;
+        void *p = NULL;
+        const size_t cap = j->len < SIZE_MAX - 2 * BFS_DIO_ALIGN ? (j->len + BFS_DIO_ALIGN) & ~(size_t)(BFS_DIO_ALIGN - 1) : 0;
+        if (cap && posix_memalign(&p, BFS_DIO_ALIGN, cap) == 0) {
+            w->hbuf[b] = p;
+            w->hcap[b] = cap;
+        }
+    }
+    j->buf = w->hbuf[b];
+    w->hjob[b] = n + 1;
+}
+
 static void bfs__follow(bfs_writer *w, int *done, int (*job)(bfs_writer *, const bfs_wjob *), double *secs)
 {
     pthread_mutex_lock(&w->mu);
     for (;;) {
-        while (*done == w->count && !w->stop)
-            pthread_cond_wait(&w->cv, &w->mu);
-        if (*done == w->count && w->stop)
+        if (!bfs__next_job(w, done, done != &w->nxxh))
             break;
+        if (done == &w->nxxh && w->q[(w->head + *done) % BFS_WQ_MAX].build)
+            bfs__header_buf(w, *done);
         const bfs_wjob j = w->q[(w->head + *done) % BFS_WQ_MAX];
         pthread_mutex_unlock(&w->mu);
         const double t0 = bfs__wnow();
@@ -380,6 +431,11 @@ void bfs__writer_stop(bfs_writer *w)
         pthread_mutex_destroy(&w->mu);
         pthread_cond_destroy(&w->cv);
         w->started = w->xxh_started = w->sha_started = false;
+    }
+    for (int b = 0; b < 2; b++) {
+        free(w->hbuf[b]);
+        w->hbuf[b] = NULL;
+        w->hcap[b] = 0;
     }
     for (int i = 0; i < BFS_WRITER_FILES; i++) {
         XXH3_freeState(w->files[i].file_st);

@@ -41,7 +41,13 @@ typedef struct bfs_wjob {
      * before off) to write the job from there with O_DIRECT, without a copy */
     bool headroom;
     bool end;      /* (bfs__writer_end_file) the file's last partial block */
-    char *hex;     /* (end) the file's XXH3-128 goes here, hex, once the end job ran */
+    char *hex;     /* (end) the file's XXH3-128 goes here, hex, once the end job ran;
+                    * (build) the header's own, when not NULL */
+    /* the file's header (buf NULL), len bytes: built by the hash thread (bfs__plan_header_into
+     * of the file's plan and `of`) in one of the writer's two header buffers before the
+     * writer and the sha thread read it, so that the pushing thread neither builds nor
+     * waits for the headers of a group's files */
+    bool build;
     int file;      /* (set by push) which of the writer's files: the one bfs__writer_use chose */
 } bfs_wjob;
 
@@ -94,6 +100,13 @@ typedef struct bfs_writer {
     int nwrite, nxxh, nsha; /* of those, from head: how many the writer wrote, the hash and sha threads hashed */
     pthread_t xxh_tid;
     bool xxh_started;
+    /* the hash thread's: the headers are built in two buffers taking turns (aligned, grown
+     * to the longest), each free again once job hjob[b] - 1 (the last header built in it)
+     * is retired */
+    uint8_t *hbuf[2];
+    size_t hcap[2];
+    uint64_t hjob[2];
+    uint64_t hnext;
     bool sha;          /* set before bfs__writer_start: SHA-256 of every file (convert --sha256) */
     pthread_t sha_tid;
     bool sha_started;
