@@ -270,6 +270,12 @@ static int bfs__open_one(bfs_infile *f, const char *path)
         return bfs__errno(errno == ENOMEM ? BFS_ENOMEM : BFS_EIO, errno, "%s: mmap of %llu bytes failed", path,
                           (unsigned long long)f->size);
     f->map = m;
+    /* read once, front to back (a part: its rows of each tensor, in order), each window's
+     * pages released after it: sequential, so the kernel does not mark a page accessed when
+     * the release unmaps it (vma_has_recency), which moved every page to the active list
+     * under the LRU lock (~5% of a W=64 part of DeepSeek-V3; parts 6% faster, cold and warm
+     * whole runs unchanged). Advice only: a kernel without it reads the same bytes. */
+    (void)madvise(m, (size_t)f->size, MADV_SEQUENTIAL);
     bfs__map_register(m, (size_t)f->size);
     BFS_TRY(bfs__st_parse(f->map, f->size, path, &f->h));
 cleanup:
