@@ -311,10 +311,6 @@ static int bfs__sha_job(bfs_writer *w, const bfs_wjob *j)
     return 0;
 }
 
-/* The hash and sha threads: the same jobs in the same order as the writer, from the unit
- * buffers, which stay untouched until every thread is done with them (the writer only
- * writes the headroom before a job's bytes). *done counts the jobs from head this thread
- * is done with; its seconds go to *secs. */
 /* Under mu, the hash thread's: job i from head, a header to build, given the header buffer
  * the writer wrote the oldest header from (the two take turns: waits until it has), grown
  * to len + 1 bytes; buf stays NULL when out of memory */
@@ -340,6 +336,10 @@ static void bfs__header_buf(bfs_writer *w, int i)
     w->hjob[b] = n + 1;
 }
 
+/* The hash and sha threads: the same jobs in the same order as the writer, from the unit
+ * buffers, which stay untouched until every thread is done with them (the writer only
+ * writes the headroom before a job's bytes). *done counts the jobs from head this thread
+ * is done with; its seconds go to *secs. */
 static void bfs__follow(bfs_writer *w, int *done, int (*job)(bfs_writer *, const bfs_wjob *), double *secs)
 {
     pthread_mutex_lock(&w->mu);
