@@ -150,8 +150,8 @@ int bfs__group_size(const bfs_plan *p, const bool *mine, const bfs_ring *rg, uin
         const long v = strtol(env, NULL, 10);
         g = v < 1 ? 1 : v < g ? (int)v : g;
     }
-    /* two headers held at once (convert_ranks.c: a group's files take turns with two
-     * buffers) and every file's carry */
+    /* two headers held at once (the writer's hash thread builds them in two buffers taking
+     * turns: writer.h) and every file's carry */
     while (g > 1 && 2 * header + (uint64_t)g * BFS_CARRY_BYTES > mem / 2)
         g--;
     while (g > 1 && rg->slot < (uint64_t)g * (BFS_GROUP_MIN_SHARE + 2 * BFS_DIO_ALIGN))
@@ -465,10 +465,10 @@ int bfs__mem_model(const bfs_plan *p, const bool *mine, uint64_t mem, int nthrea
      * each), and a group's headers beside the one bfs__base_rss counts */
     const uint64_t carry = header + BFS_DIO_ALIGN < BFS_CARRY_BYTES ? header + BFS_DIO_ALIGN : BFS_CARRY_BYTES;
     const uint64_t files = m->group < 2 ? 2 : (uint64_t)m->group;
-    /* two headers either way: the file before's and this one's, or a group's two buffers;
-     * bfs__base_rss counts one */
+    /* two headers either way (the writer's two header buffers, writer.h); bfs__base_rss
+     * counts one */
     m->fixed = files * carry + (header + 4095) / 4096 * 4096 + BFS_SRC_HASH_WINDOW +
-               (uint64_t)(nthreads + 2) * (64u << 10);
+               (uint64_t)(nthreads + 3) * (64u << 10); /* stacks: + main, the writer, its hash thread */
 cleanup:
     free(w.pr);
     return rc;
