@@ -115,7 +115,7 @@ static int bfs__index(bfs_lazy_index *l, const bfs_shard_index **out)
 static uint8_t *bfs__slices_load(bfs_lazy_index *l, const char *name, const char *path, FILE *report, size_t *len,
                                  const char **ixname)
 {
-    char ep[BFS_ESC_MAX], got[33];
+    char ep[BFS_ESC_MAX], en[BFS_ESC_MAX], got[33];
     if (!l->of && (l->of = json_object()) != NULL)
         for (size_t i = 0; i < json_array_size(l->files); i++) {
             const json_t *e = json_array_get(l->files, i);
@@ -146,7 +146,7 @@ static uint8_t *bfs__slices_load(bfs_lazy_index *l, const char *name, const char
     free(ip);
     if (!ok) {
         bfs__report(report, "%s: not narrowed to tensors: its slice index %s does not match the manifest",
-                    bfs__esc(path, ep, sizeof ep), mf.name);
+                    bfs__esc(path, ep, sizeof ep), bfs__esc(mf.name, en, sizeof en));
         free(b);
         return NULL;
     }

@@ -500,9 +500,11 @@ int bfs__mf_check_seal(const bfs_mf *r, FILE *report)
     const bool v = r->seal_at != UINT64_MAX;
     if (v && jv && strcmp(jv, r->seal_want) == 0 && strcmp(r->seal_got, r->seal_want) == 0)
         return 0;
+    char ep[BFS_ESC_MAX], es[BFS_ESC_MAX]; /* the seal: 32 bytes of the file, not checked as hex */
     if (!v || !jv)
-        bfs__report(report, "%s: BAD manifest: no \"manifest_xxh3_128\" seal", r->path);
+        bfs__report(report, "%s: BAD manifest: no \"manifest_xxh3_128\" seal", bfs__esc(r->path, ep, sizeof ep));
     else
-        bfs__report(report, "%s: BAD manifest: its bytes hash to %s, its seal says %s", r->path, r->seal_got, r->seal_want);
+        bfs__report(report, "%s: BAD manifest: its bytes hash to %s, its seal says %s", bfs__esc(r->path, ep, sizeof ep),
+                    r->seal_got, bfs__esc(r->seal_want, es, sizeof es));
     return 1;
 }

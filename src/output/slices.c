@@ -167,14 +167,15 @@ int bfs__slices_narrow(const uint8_t *ix, size_t ixlen, const char *ixname, cons
     int rc = 0;
     uint8_t *hb = NULL;
     bfs_st_header h = {0};
-    char got[33], want[33], ep[BFS_ESC_MAX];
+    char got[33], want[33], ep[BFS_ESC_MAX], en[BFS_ESC_MAX]; /* en: ixname, from the manifest */
     *data_start = size;
+    bfs__esc(ixname, en, sizeof en);
     if (ixlen < BFS_SLICES_HDR || memcmp(ix, BFS_SLICES_MAGIC, 8) != 0 || bfs__get_u64(ix + 8) != BFS_SLICES_VERSION)
-        return bfs__err(BFS_EINPUT, "%s: not a bfshard slice index (version %u)", ixname, BFS_SLICES_VERSION);
+        return bfs__err(BFS_EINPUT, "%s: not a bfshard slice index (version %u)", en, BFS_SLICES_VERSION);
     const uint64_t ds = bfs__get_u64(ix + 16), count = bfs__get_u64(ix + 40);
     if (bfs__slices_size(count) != ixlen || ds < 8 || ds > size || ds - 8 > BFS_ST_MAX_HEADER)
         return bfs__err(BFS_EINPUT, "%s: malformed slice index (%llu slices in %zu bytes, header of %llu bytes)",
-                        ixname, (unsigned long long)count, ixlen, (unsigned long long)ds);
+                        en, (unsigned long long)count, ixlen, (unsigned long long)ds);
     *data_start = ds;
     bfs__hex16_str(ix + 24, want);
     if (hash(user, 0, ds, got) < 0) {
@@ -188,7 +189,7 @@ int bfs__slices_narrow(const uint8_t *ix, size_t ixlen, const char *ixname, cons
     bfs__err_clear();
     if (rd(user, 0, ds, hb) < 0 || bfs__st_parse(hb, size, path, &h) < 0 || h.data_start != ds || h.n != count) {
         bfs__report(report, "%s: its header matches %s but does not list its %llu slices: not narrowed (%s)",
-                    bfs__esc(path, ep, sizeof ep), ixname, (unsigned long long)count,
+                    bfs__esc(path, ep, sizeof ep), en, (unsigned long long)count,
                     bfs_last_error()[0] ? bfs_last_error() : "a different count");
         bfs__err_clear();
         goto cleanup;
