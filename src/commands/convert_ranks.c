@@ -429,9 +429,8 @@ static int bfs__rank_begin(bfs_run *r, bfs_rank *k)
     BFS_TRY(k->wslot = bfs__writer_begin_file(&r->w, k->t.fd, k->what, r->piece_dig[k->fidx], k->zw, r->plan, of));
     /* [0, data_start): the length and the text, built by the writer's hash thread in one of
      * its two header buffers (writer.h), with its hash for the slice index (slices.c): a
-     * group's headers are built and written while its first units are dequantized */
-    if (of->data_start >= SIZE_MAX - 2 * BFS_DIO_ALIGN)
-        BFS_FAIL(BFS_ENOMEM, "%s: out of memory for its %llu-byte header", of->name, (unsigned long long)of->data_start);
+     * group's headers are built and written while its first units are dequantized (a
+     * header too large for a buffer fails there, out of memory) */
     BFS_TRY(bfs__writer_push(&r->w, &(bfs_wjob){.buf = NULL, .len = (size_t)of->data_start, .off = 0, .piece = -1,
                                                 .headroom = true, .build = true,
                                                 .hex = r->hdr_hex ? r->hdr_hex[k->fidx] : NULL}));

@@ -53,7 +53,7 @@ typedef struct bfs_wjob {
 
 /* Seconds spent per stage (BFSHARD_STAGES=1 prints them; bench/bench.py reads them). */
 typedef struct bfs_wstages {
-    double hash;   /* file + piece hashes (the hash thread, beside the writer) */
+    double hash;   /* file + piece hashes, and the headers built (the hash thread, beside the writer) */
     double wait;   /* the pushing thread waiting for the writer (a slot, a buffer, a file's end) */
     double write;  /* pwrite, direct or buffered, and the dirty-page bound (writer thread) */
     double zst;    /* the compressed copy (writer thread) */
