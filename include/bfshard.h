@@ -44,6 +44,10 @@ const char *bfs_last_error(void);     /* this thread's last message, "" if none 
 
 enum { BFS_LAYOUT_DCP = 0, BFS_LAYOUT_HF = 1 };
 enum { BFS_MXFP4_HF = 0, BFS_MXFP4_OPENAI = 1 };
+/* Output tensor names: AUTO = TRANSFORMERS for --layout dcp when the model type is in the
+ * table (docs/NAMES.md), else CHECKPOINT; CHECKPOINT = the input's names (after dequant);
+ * TRANSFORMERS = the names and shapes of transformers 5's state_dict (experts packed 3-D). */
+enum { BFS_NAMES_AUTO = 0, BFS_NAMES_CHECKPOINT = 1, BFS_NAMES_TRANSFORMERS = 2 };
 
 typedef struct bfs_progress {
     uint64_t bytes_done;  /* BF16 bytes written so far */
@@ -92,6 +96,7 @@ typedef struct bfs_convert_opts {
     int sha256;              /* ISSUE 24: also the SHA-256 of every file, in the same pass as XXH3
                                 (a thread beside the writer): files[].sha256 in the manifest and
                                 sha256sums.txt (`sha256sum -c`) beside xxh128sums.txt */
+    int names;               /* BFS_NAMES_*: the output tensors' names (default AUTO) */
 } bfs_convert_opts;
 
 void bfs_convert_opts_init(bfs_convert_opts *o);

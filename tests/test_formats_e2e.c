@@ -97,6 +97,8 @@ static int convert(const char *in, const char *out, int W, int layout, int level
     o.device = "cpu";
     o.force = 1;
     o.cpu_level = level;
+    o.names = BFS_NAMES_CHECKPOINT; /* compared with upstream's per-tensor dequant by name
+                                      * (target names and packing: test_names.c) */
     o.mem = 16 << 10; /* small: many units per tensor, units cut inside scale blocks */
     bfs_convert_result res;
     bfs_convert_result_init(&res);
@@ -220,7 +222,7 @@ static void formats_dropped_listed(void **s)
     }
     json_decref(m);
     assert_int_equal(tu_sh("%s inspect fixtures/modelopt-nvfp4 | grep -q 'v_proj.v_scale .* dropped'", tu_bfshard()), 0);
-    assert_int_equal(tu_sh("%s inspect fixtures/ct-moe-mixed | grep -q 'experts.3.down_proj.weight .*ct-int4 .*dequantized'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("%s inspect --names checkpoint fixtures/ct-moe-mixed | grep -q 'experts.3.down_proj.weight .*ct-int4 .*dequantized'", tu_bfshard()), 0);
     assert_int_equal(tu_sh("%s inspect fixtures/ct-moe-mixed | grep -q 'norm.weight .*cast .*cast'", tu_bfshard()), 0);
     assert_int_equal(tu_sh("%s inspect fixtures/fp8-block --json | grep -q '\"fp8-block\"'", tu_bfshard()), 0);
     tu_rmrf(tmp);
@@ -625,7 +627,7 @@ static void refuse_ctmx6(void **s)
     /* inspect names each tensor's format, as matched */
     assert_int_equal(tu_sh("%s inspect fixtures/ct-mx6-mixed | grep -q 'layers.1.self_attn.o_proj.weight .*ct-mxfp4 .*dequantized'", tu_bfshard()), 0);
     assert_int_equal(tu_sh("%s inspect fixtures/ct-mx6-mixed | grep -q 'layers.0.self_attn.o_proj.weight .*ct-mxfp8 .*dequantized'", tu_bfshard()), 0);
-    assert_int_equal(tu_sh("%s inspect fixtures/ct-mx6-mixed | grep -q 'experts.1.down_proj.weight .*ct-mxfp6 .*dequantized'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("%s inspect --names checkpoint fixtures/ct-mx6-mixed | grep -q 'experts.1.down_proj.weight .*ct-mxfp6 .*dequantized'", tu_bfshard()), 0);
     assert_int_equal(tu_sh("%s inspect fixtures/ct-mxfp6 --json | grep -q '\"ct-mxfp6\"'", tu_bfshard()), 0);
 }
 
@@ -767,7 +769,7 @@ static void ct_mixed_matching(void **s)
     /* inspect and the manifest name each tensor's format, as matched */
     assert_int_equal(tu_sh("%s inspect fixtures/ct-mx-mixed | grep -q 'layers.1.self_attn.o_proj.weight .*ct-fp8-channel .*dequantized'", tu_bfshard()), 0);
     assert_int_equal(tu_sh("%s inspect fixtures/ct-mx-mixed | grep -q 'layers.0.self_attn.o_proj.weight .*ct-mxfp8 .*dequantized'", tu_bfshard()), 0);
-    assert_int_equal(tu_sh("%s inspect fixtures/ct-mx-mixed | grep -q 'experts.3.down_proj.weight .*ct-mxfp4 .*dequantized'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("%s inspect --names checkpoint fixtures/ct-mx-mixed | grep -q 'experts.3.down_proj.weight .*ct-mxfp4 .*dequantized'", tu_bfshard()), 0);
     assert_int_equal(tu_sh("%s inspect fixtures/ct-mx-mixed | grep -q 'layers.0.self_attn.v_proj.weight .*passthrough .*copied'", tu_bfshard()), 0);
     assert_int_equal(tu_sh("%s inspect fixtures/ct-mxfp4 --json | grep -q '\"ct-mxfp4\"'", tu_bfshard()), 0);
     /* a pattern without a POSIX equivalent */
@@ -809,10 +811,10 @@ static void dsv4_rules(void **s)
     refuse("dsv4-tiny", NULL, S("-"), S(".weight\"", ".scale\"", "expected \"fp8\""));
     /* inspect and the manifest name the format and the action; the float32-upstream tensors are
      * cast, said so, and kept by --keep-dtype; the config drops V4's quantization keys */
-    assert_int_equal(tu_sh("%s inspect fixtures/dsv4-tiny | grep -q 'layers.0.attn.wq_a.weight .*dsv4-fp8-ue8m0 .*dequantized'", tu_bfshard()), 0);
-    assert_int_equal(tu_sh("%s inspect fixtures/dsv4-tiny | grep -q 'experts.1.w2.weight .*dsv4-fp4-ue8m0 .*dequantized'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("%s inspect --names checkpoint fixtures/dsv4-tiny | grep -q 'layers.0.attn.wq_a.weight .*dsv4-fp8-ue8m0 .*dequantized'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("%s inspect --names checkpoint fixtures/dsv4-tiny | grep -q 'experts.1.w2.weight .*dsv4-fp4-ue8m0 .*dequantized'", tu_bfshard()), 0);
     assert_int_equal(tu_sh("%s inspect fixtures/dsv4-tiny | grep -q '^note: 32 float32 tensor(s) .*keeps in float32'", tu_bfshard()), 0);
-    assert_int_equal(tu_sh("%s inspect fixtures/dsv4-tiny --keep-dtype | grep -q 'layers.1.hc_ffn_fn .*F32'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("%s inspect --names checkpoint fixtures/dsv4-tiny --keep-dtype | grep -q 'layers.1.hc_ffn_fn .*F32'", tu_bfshard()), 0);
     char *tmp = tu_tmpdir("dsv4");
     char out[4096];
     snprintf(out, sizeof out, "%s/o", tmp);

@@ -108,13 +108,17 @@ static inline void st_source_hashes(const char *input, const bfs_convert_opts *o
         const int rank = p->layout == BFS_LAYOUT_DCP ? f : 0;
         for (size_t k = 0; k < p->files[f].npieces; k++) {
             const bfs_piece *pc = &p->files[f].pieces[k];
-            const bfs_unit u = {.t = &p->t[pc->tensor], .row0 = pc->row0, .row1 = pc->row1};
-            bfs_srange s[BFS_UNIT_MAX_SRC];
-            const int n = pc->row1 > pc->row0 ? bfs__unit_sources(&u, s) : 0;
-            for (int i = 0; i < n; i++)
-                for (uint64_t x = s[i].r->file_offset + s[i].off; x < s[i].r->file_offset + s[i].off + s[i].len; x++)
-                    if (own[s[i].r->file][x] < 0 || own[s[i].r->file][x] > rank)
-                        own[s[i].r->file][x] = rank;
+            bfs_ucur cur = bfs__ucur(&p->t[pc->tensor], pc->row0, pc->row1);
+            bfs_unit u;
+            uint64_t ua, ub;
+            while (bfs__ucur_next(&cur, UINT64_MAX, &u, &ua, &ub)) { /* the piece; a packed one's members */
+                bfs_srange s[BFS_UNIT_MAX_SRC];
+                const int n = bfs__unit_sources(&u, s);
+                for (int i = 0; i < n; i++)
+                    for (uint64_t x = s[i].r->file_offset + s[i].off; x < s[i].r->file_offset + s[i].off + s[i].len; x++)
+                        if (own[s[i].r->file][x] < 0 || own[s[i].r->file][x] > rank)
+                            own[s[i].r->file][x] = rank;
+            }
         }
     }
     for (int f = 0; f < in->nfiles; f++) {

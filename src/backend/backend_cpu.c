@@ -143,6 +143,8 @@ static void *bfs__cpu_worker(void *p)
 static int bfs__cpu_run(bfs_backend *b, const bfs_unit *u)
 {
     bfs_cpu *c = (bfs_cpu *)b;
+    if (u->t->members) /* a kernel reads one member of a packed tensor (bfs__ucur_next), never it */
+        return bfs__err(BFS_EINTERNAL, "tensor \"%s\": a unit of a packed tensor reached the backend", u->t->name);
     const uint64_t work = bfs__unit_work(u);
     /* the threshold is in output elements: MXFP4 work items are whole output rows */
     if (c->nthreads <= 1 || (u->row1 - u->row0) * u->t->row_elems < 65536) {

@@ -91,7 +91,7 @@ static int cu_prepare(cu_backend *b, const bfs_unit *u, cu_job *j, bool *done, u
 {
     const bfs_ltensor *t = u ? u->t : NULL;
     *done = true;
-    if (!t || u->row0 > u->row1 || u->row1 > t->d0 || (!u->out && u->row1 > u->row0))
+    if (!t || t->members || u->row0 > u->row1 || u->row1 > t->d0 || (!u->out && u->row1 > u->row0))
         return bfs__err(BFS_EINTERNAL, "cuda backend: bad unit (rows [%" PRIu64 ", %" PRIu64 ") of %s)",
                         u ? u->row0 : 0, u ? u->row1 : 0, t ? t->name : "?");
     if (u->row0 == u->row1 || t->row_elems == 0)

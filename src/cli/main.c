@@ -58,6 +58,10 @@ static const char *const usage_convert =
     "  --layout dcp|hf       dcp: one file per rank for torch DCP's HuggingFaceStorageReader (default);\n"
     "                        hf: a consolidated from_pretrained-ready checkpoint (needs --world-size 1)\n"
     "  --max-shard-size N    hf layout: split files at N bytes (default 5GB)\n"
+    "  --names N             transformers: the names and shapes of transformers 5's state_dict\n"
+    "                        (MoE experts packed 3-D, keys renamed; docs/NAMES.md); checkpoint:\n"
+    "                        the input's names. Default: transformers for --layout dcp when the\n"
+    "                        model type is in the table, else checkpoint\n"
     "  --device D            auto (CUDA when present, else CPU; default), cpu, cuda, cuda:N[,M...]\n"
     "  -T, --threads N       CPU threads (default: all online CPUs)\n"
     "  --mem BYTES           host buffer budget, K/M/G suffixes (default 256M)\n"
@@ -94,7 +98,7 @@ static const char *const usage_convert =
 
 static const char *const usage_inspect =
     "usage: bfshard inspect INPUT [--world-size W] [--layout dcp|hf] [--mem BYTES] [--max-rss BYTES]\n"
-    "                       [--mxfp4-layout hf|openai] [--keep-dtype] [--ranks LIST|auto]\n"
+    "                       [--mxfp4-layout hf|openai] [--keep-dtype] [--names N] [--ranks LIST|auto]\n"
     "                       [--revision R] [--json]\n"
     "\n"
     "Lists every tensor with its dtype, shape and detected format, the plan per rank\n"
@@ -263,6 +267,8 @@ static const char *opt_compress(void *base, const char *v, const char **arg)
 
 static const cli_choice layouts[] = {{"dcp", BFS_LAYOUT_DCP}, {"hf", BFS_LAYOUT_HF}, {NULL, 0}};
 static const cli_choice mxfp4_layouts[] = {{"hf", BFS_MXFP4_HF}, {"openai", BFS_MXFP4_OPENAI}, {NULL, 0}};
+static const cli_choice names_modes[] = {{"transformers", BFS_NAMES_TRANSFORMERS}, {"checkpoint", BFS_NAMES_CHECKPOINT},
+                                          {"auto", BFS_NAMES_AUTO}, {NULL, 0}};
 static const cli_choice cpu_levels[] = {{"scalar", 0}, {"avx2", 1}, {"avx512", 2}, {NULL, 0}};
 
 static const cli_choice progress_modes[] = {{"json", CLI_PROGRESS_JSON}, {"bar", CLI_PROGRESS_BAR},
@@ -299,6 +305,8 @@ static const cli_opt convert_opts[] = { /* convert, inspect, verify */
     {"--layout", NULL, CLI_ENUM, AT(co.layout), .choices = layouts, .err = "--layout must be dcp or hf, got '%s'"},
     {"--mxfp4-layout", NULL, CLI_ENUM, AT(co.mxfp4_layout), .choices = mxfp4_layouts,
      .err = "--mxfp4-layout must be hf or openai, got '%s'"},
+    {"--names", NULL, CLI_ENUM, AT(co.names), .choices = names_modes,
+     .err = "--names must be transformers, checkpoint or auto, got '%s'"},
     {"--device", NULL, CLI_STR, AT(co.device), .err = "%s needs a value", .err_names_opt = 1},
     {"--compress", NULL, CLI_FN, 0, .fn = opt_compress},
     {"--cpu-level", NULL, CLI_ENUM, AT(co.cpu_level), .choices = cpu_levels,

@@ -76,10 +76,12 @@ static void bfs__fingerprint(bfs_run *r)
     snprintf(opt, sizeof opt, "bfshard %s w=%d layout=%d mx=%d keep=%d shard=%llu", BFS_VERSION_STRING,
              r->o->world_size, r->o->layout, r->o->mxfp4_layout, r->o->keep_dtype,
              (unsigned long long)r->o->max_shard_size);
-    if (r->o->compress_level) /* ISSUE 7: only then, so other fingerprints stay as they were */
+    if (r->o->compress_level) /* only then, so other fingerprints stay as they were */
         snprintf(opt + strlen(opt), sizeof opt - strlen(opt), " zst=%d:%d", r->o->compress_level, r->o->compress_mode);
-    if (r->o->sha256) /* ISSUE 24: the manifest differs (files[].sha256); the rank files do not */
+    if (r->o->sha256) /* the manifest differs (files[].sha256); the rank files do not */
         snprintf(opt + strlen(opt), sizeof opt - strlen(opt), " sha256");
+    if (r->plan->names_family) /* target names: other names and shapes (only then, as above) */
+        snprintf(opt + strlen(opt), sizeof opt - strlen(opt), " names=%s", r->plan->names_family);
     XXH3_128bits_update(st, opt, strlen(opt));
     for (int i = 0; i < r->in->nfiles; i++) {
         const bfs_infile *f = &r->in->files[i];
@@ -272,6 +274,8 @@ static int bfs__validate_opts(const bfs_convert_opts *o)
         return bfs__err(BFS_EUSAGE, "--layout hf writes one consolidated checkpoint: --world-size must be 1 (got %d)", o->world_size);
     if (o->mxfp4_layout != BFS_MXFP4_HF && o->mxfp4_layout != BFS_MXFP4_OPENAI)
         return bfs__err(BFS_EUSAGE, "unknown MXFP4 layout %d", o->mxfp4_layout);
+    if (o->names != BFS_NAMES_AUTO && o->names != BFS_NAMES_CHECKPOINT && o->names != BFS_NAMES_TRANSFORMERS)
+        return bfs__err(BFS_EUSAGE, "unknown --names %d", o->names);
     if (o->compress_level < -7 || o->compress_level > 22 ||
         (o->compress_mode != BFS_ZST_PLAIN && o->compress_mode != BFS_ZST_BYTEGROUP))
         return bfs__err(BFS_EUSAGE, "--compress: level %d or mode %d out of range (levels -7 to 22)", o->compress_level,
@@ -296,8 +300,7 @@ static int bfs__make_backend(bfs_run *r, uint64_t unit_bytes)
     return bfs__err(BFS_EUSAGE, "--device %s: expected auto, cpu, cuda or cuda:N[,M...]", dev);
 }
 
-/* ISSUE 13: a part converts the rank files of its ranks and adds its ranks' terms of the
- * source hashes (srchash.c); everything else of the manifest it knows anyway. */
+/* A part converts its ranks' files and adds their terms of the source hashes (srchash.c). */
 static int bfs__run_part(bfs_run *r)
 {
     int rc = 0;
@@ -539,6 +542,10 @@ static int bfs__run_start(bfs_run *r, const char *input)
     bfs__log(r, "%s -> %s: %zu tensors, %d file(s), %.3f GB of output, backend %s, host buffers %d x %llu bytes "
              "(units of ~%llu)", input, r->outdir, r->plan->nt, r->plan->nfiles, (double)r->plan->total_bytes / 1e9,
              r->be->name, r->ring.n, (unsigned long long)r->ring.slot, (unsigned long long)r->ring.unit);
+    if (r->plan->names_family) /* docs/NAMES.md */
+        bfs__log(r, "names: transformers 5's state_dict (the table's row \"%s\"): experts packed, keys renamed", r->plan->names_family);
+    if (r->plan->names_unmapped)
+        bfs__log(r, "warning: %zu per-expert tensor(s) keep checkpoint names: DCP will not load them into a transformers 5 model", r->plan->names_unmapped);
     size_t nfp32 = 0; /* float32 upstream (DeepSeek-V4's _keep_in_fp32_modules_strict) */
     for (size_t i = 0; i < r->plan->nt; i++)
         nfp32 += r->plan->t[i].keep_fp32;

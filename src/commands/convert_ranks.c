@@ -277,11 +277,12 @@ static int bfs__run_unit(bfs_run *r, const bfs_unit *u, uint64_t a, uint64_t b)
     return rc < 0 ? rc : bfs__srchash_ranges(r->sh, sr, blk, ns);
 }
 
-/* Units u[0..n) of a batch, each a whole piece: run_batch when the backend has it (one
+/* Units u[0..n) of a batch, each a whole piece (a packed one: a whole member; ua, ub: the
+ * piece's rows for the hash blocks, bfs__ucur_next): run_batch when the backend has it (one
  * pipeline for them all), else one by one; timed as one (two clock reads a tiny piece were
  * 3% of a DeepSeek-V3 run at W = 64), then their source bytes hashed, as bfs__run_unit does. */
 #define BFS_RUN_BATCH 64
-static int bfs__run_units(bfs_run *r, const bfs_unit *u, int n)
+static int bfs__run_units(bfs_run *r, const bfs_unit *u, const uint64_t *ua, const uint64_t *ub, int n)
 {
     if (n == 0)
         return 0;
@@ -294,7 +295,7 @@ static int bfs__run_units(bfs_run *r, const bfs_unit *u, int n)
     r->t_dequant += bfs__now() - t0;
     for (int i = 0; i < n && rc >= 0; i++) {
         bfs_srange sr[BFS_UNIT_MAX_SRC], blk[BFS_UNIT_MAX_SRC];
-        const int ns = bfs__unit_hash_blocks(&u[i], u[i].row0, u[i].row1, sr, blk);
+        const int ns = bfs__unit_hash_blocks(&u[i], ua[i], ub[i], sr, blk);
         const int hr = ns < 0 ? ns : bfs__srchash_ranges(r->sh, sr, blk, ns);
         if (hr < 0)
             return hr;
@@ -308,16 +309,23 @@ static int bfs__run_units(bfs_run *r, const bfs_unit *u, int n)
 static int bfs__hash_piece(bfs_run *r, const bfs_piece *pc)
 {
     const bfs_ltensor *t = &r->plan->t[pc->tensor];
-    const bfs_unit u = {.t = t, .row0 = pc->row0, .row1 = pc->row1};
-    bfs_srange sr[BFS_UNIT_MAX_SRC], blk[BFS_UNIT_MAX_SRC];
-    const int ns = bfs__unit_hash_blocks(&u, pc->row0, pc->row1, sr, blk);
-    int rc = ns < 0 ? ns : bfs__check_sources(r, t);
-    if (rc == 0)
-        rc = bfs__srchash_ranges(r->sh, sr, blk, ns);
-    if (rc == 0)
-        rc = bfs__check_sources(r, t);
-    if (rc == 0)
-        bfs__advise_sources(r->in, &u, true);
+    bfs_ucur cur = bfs__ucur(t, pc->row0, pc->row1);
+    bfs_unit u = {.t = t, .row0 = pc->row0, .row1 = pc->row1};
+    uint64_t a = pc->row0, b = pc->row1;
+    int rc = 0;
+    /* a packed tensor's piece: each member's, whole; an empty piece of one holds none */
+    for (bool more = t->members ? bfs__ucur_next(&cur, UINT64_MAX, &u, &a, &b) : true; more && rc == 0;
+         more = t->members && bfs__ucur_next(&cur, UINT64_MAX, &u, &a, &b)) {
+        bfs_srange sr[BFS_UNIT_MAX_SRC], blk[BFS_UNIT_MAX_SRC];
+        const int ns = bfs__unit_hash_blocks(&u, a, b, sr, blk);
+        rc = ns < 0 ? ns : bfs__check_sources(r, u.t);
+        if (rc == 0)
+            rc = bfs__srchash_ranges(r->sh, sr, blk, ns);
+        if (rc == 0)
+            rc = bfs__check_sources(r, u.t);
+        if (rc == 0)
+            bfs__advise_sources(r->in, &u, true);
+    }
     return rc;
 }
 
@@ -329,40 +337,45 @@ static int bfs__write_piece(bfs_run *r, bfs_rank *rk, const bfs_outfile *of, siz
     int rc = 0;
     const bfs_piece *pc = &of->pieces[pi];
     const bfs_ltensor *t = &r->plan->t[pc->tensor];
-    const uint64_t row_bytes = t->row_elems * bfs__dtype_size(t->out_dtype);
+    const uint64_t row_bytes = bfs__sub_row_bytes(t); /* a packed tensor: its members' rows */
     const uint64_t rows_per_unit = bfs__unit_rows(&r->ring, row_bytes);
-    uint64_t row = pc->row0, off = pc->offset;
+    uint64_t off = pc->offset;
     if (pc->row0 == pc->row1 || row_bytes == 0) { /* empty piece: hash of nothing */
         BFS_TRY(bfs__hash_piece(r, pc));
         return bfs__unit_push(r, rk, &(bfs_wjob){.buf = "", .len = 0, .off = off, .piece = (int)pi, .piece_end = true},
                               false);
     }
-    while (row < pc->row1) {
+    bfs_ucur cur = bfs__ucur(t, pc->row0, pc->row1);
+    bfs_unit u, next;
+    uint64_t a = 0, b = 0, na = 0, nb = 0;
+    bool more = bfs__ucur_next(&cur, rows_per_unit, &u, &a, &b);
+    while (more) {
         if (bfs__cancelled())
             BFS_FAIL(BFS_EINTR, "interrupted while writing %s (tensor \"%s\")", of->name, t->name);
-        const uint64_t n = pc->row1 - row < rows_per_unit ? pc->row1 - row : rows_per_unit;
+        const uint64_t n = u.row1 - u.row0;
         /* at buffer + off % 4096: the writer writes it O_DIRECT from there (writer.h) */
         uint8_t *buf;
         BFS_TRY(bfs__slot_take(r, &buf)); /* the writer is done with it */
         uint8_t *const out = buf + off % BFS_DIO_ALIGN;
-        bfs_unit u = {.t = t, .row0 = row, .row1 = row + n, .out = out};
-        if (row + n < pc->row1) {
-            const bfs_unit next = {.t = t, .row0 = row + n, .row1 = pc->row1 < row + 2 * n ? pc->row1 : row + 2 * n};
+        u.out = out;
+        more = bfs__ucur_next(&cur, rows_per_unit, &next, &na, &nb);
+        if (more)
             bfs__advise_sources(r->in, &next, false);
-        }
-        BFS_TRY(bfs__check_sources(r, t));
-        BFS_TRY(bfs__run_unit(r, &u, pc->row0, pc->row1));
-        BFS_TRY(bfs__check_sources(r, t));
+        BFS_TRY(bfs__check_sources(r, u.t));
+        BFS_TRY(bfs__run_unit(r, &u, a, b));
+        BFS_TRY(bfs__check_sources(r, u.t));
         bfs__advise_sources(r->in, &u, true);
         const bfs_wjob j = {.buf = out, .len = (size_t)(n * row_bytes), .off = off, .piece = (int)pi,
-                            .piece_end = row + n == pc->row1, .headroom = true};
+                            .piece_end = !more, .headroom = true};
         bfs__slot_touch(r, out + j.len);
         /* a file's first units are dequantized while the writer writes the last file's last
          * ones: this one is begun once that one is committed (bfs__unit_push) */
         BFS_TRY(bfs__unit_push(r, rk, &j, true));
-        row += n;
         off += n * row_bytes;
         bfs__progress(r, t->name);
+        u = next;
+        a = na;
+        b = nb;
     }
 cleanup:
     return rc;
@@ -445,15 +458,20 @@ static int bfs__check_batch(bfs_run *r, const bfs_outfile *of, size_t p0, size_t
     if (stamp == 1)
         memset(r->fstamp, 0, (size_t)r->in->nfiles * sizeof *r->fstamp);
     for (size_t k = p0; k < p1; k++) {
-        const bfs_ltensor *t = &r->plan->t[of->pieces[k].tensor];
-        for (int i = 0; i < t->nsrc; i++) {
-            const int f = t->src[i]->file;
-            if (r->fstamp[f] == stamp)
-                continue;
-            r->fstamp[f] = stamp;
-            const int rc = bfs__input_check(r->in, f);
-            if (rc < 0)
-                return rc;
+        const bfs_piece *pc = &of->pieces[k];
+        const bfs_ltensor *pt = &r->plan->t[pc->tensor];
+        const size_t np = pt->members ? (size_t)(pc->row1 - pc->row0) * pt->npack : 1;
+        for (size_t m = 0; m < np; m++) { /* a packed tensor: the members in the piece */
+            const bfs_ltensor *t = bfs__part(pt, pt->members ? (size_t)pc->row0 * pt->npack + m : 0);
+            for (int i = 0; i < t->nsrc; i++) {
+                const int f = t->src[i]->file;
+                if (r->fstamp[f] == stamp)
+                    continue;
+                r->fstamp[f] = stamp;
+                const int rc = bfs__input_check(r->in, f);
+                if (rc < 0)
+                    return rc;
+            }
         }
     }
     return 0;
@@ -524,20 +542,26 @@ static int bfs__write_batch(bfs_run *r, bfs_rank *rk, const bfs_outfile *of, siz
         out = buf + off0 % BFS_DIO_ALIGN;
     }
     BFS_TRY(bfs__check_batch(r, of, p0, p1));
-    for (size_t k = p0; k < p1;) { /* up to BFS_RUN_BATCH units at a time through run_batch */
-        bfs_unit u[BFS_RUN_BATCH];
-        int n = 0;
-        for (; k < p1 && n < BFS_RUN_BATCH; k++) {
-            const bfs_piece *pc = &of->pieces[k];
-            if (pc->row0 == pc->row1 || pc->nbytes == 0) {
-                BFS_TRY(bfs__hash_piece(r, pc)); /* no kernel: its blocks all the same */
-                continue;
-            }
-            u[n++] = (bfs_unit){.t = &r->plan->t[pc->tensor], .row0 = pc->row0, .row1 = pc->row1, .out = out + len};
-            len += pc->nbytes;
+    bfs_unit u[BFS_RUN_BATCH];
+    uint64_t ua[BFS_RUN_BATCH], ub[BFS_RUN_BATCH];
+    int n = 0;
+    for (size_t k = p0; k < p1; k++) { /* up to BFS_RUN_BATCH units at a time through run_batch */
+        const bfs_piece *pc = &of->pieces[k];
+        if (pc->row0 == pc->row1 || pc->nbytes == 0) {
+            BFS_TRY(bfs__hash_piece(r, pc)); /* no kernel: its blocks all the same */
+            continue;
         }
-        BFS_TRY(bfs__run_units(r, u, n));
+        bfs_ucur cur = bfs__ucur(&r->plan->t[pc->tensor], pc->row0, pc->row1);
+        while (bfs__ucur_next(&cur, UINT64_MAX, &u[n], &ua[n], &ub[n])) { /* whole: a packed one's members */
+            u[n].out = out + len;
+            len += (u[n].row1 - u[n].row0) * bfs__sub_row_bytes(u[n].t);
+            if (++n == BFS_RUN_BATCH) {
+                BFS_TRY(bfs__run_units(r, u, ua, ub, n));
+                n = 0;
+            }
+        }
     }
+    BFS_TRY(bfs__run_units(r, u, ua, ub, n));
     BFS_TRY(bfs__check_batch(r, of, p0, p1));
     bfs__slot_touch(r, out + len);
     if (!carve) /* a window's pages go after the window (bfs__write_group) */

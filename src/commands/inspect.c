@@ -68,10 +68,16 @@ static int bfs__inspect_part(const bfs_input *in, const bfs_plan *p, const bfs_c
         rc = bfs__plan_pieces((bfs_plan *)p, f); /* a lazy plan's, made for this walk and dropped */
         for (size_t k = 0; k < p->files[f].npieces && rc == 0; k++) {
             const bfs_piece *pc = &p->files[f].pieces[k];
-            bfs_srange sr[BFS_UNIT_MAX_SRC], blk[BFS_UNIT_MAX_SRC];
-            const bfs_unit u = {.t = &p->t[pc->tensor], .row0 = pc->row0, .row1 = pc->row1};
-            const int ns = bfs__unit_hash_blocks(&u, pc->row0, pc->row1, sr, blk);
-            rc = ns < 0 ? ns : bfs__srchash_ranges(h, sr, blk, ns);
+            const bfs_ltensor *t = &p->t[pc->tensor];
+            bfs_ucur cur = bfs__ucur(t, pc->row0, pc->row1);
+            bfs_unit u = {.t = t, .row0 = pc->row0, .row1 = pc->row1};
+            uint64_t a = pc->row0, b = pc->row1;
+            for (bool more = t->members ? bfs__ucur_next(&cur, UINT64_MAX, &u, &a, &b) : true; more && rc == 0;
+                 more = t->members && bfs__ucur_next(&cur, UINT64_MAX, &u, &a, &b)) { /* as convert hashes */
+                bfs_srange sr[BFS_UNIT_MAX_SRC], blk[BFS_UNIT_MAX_SRC];
+                const int ns = bfs__unit_hash_blocks(&u, a, b, sr, blk);
+                rc = ns < 0 ? ns : bfs__srchash_ranges(h, sr, blk, ns);
+            }
         }
         bfs__plan_pieces_drop((bfs_plan *)p, f);
     }
@@ -93,6 +99,67 @@ static void bfs__fp32_note(FILE *out, const bfs_plan *p, const bfs_convert_opts 
     if (n)
         fprintf(out, "\nnote: %zu float32 tensor(s) the model keeps in float32 upstream (DeepSeek-V4: hc_*, attn_sink, ape, gate bias, norms) are %s\n",
                 n, o->keep_dtype ? "kept as float32 (--keep-dtype)" : "cast to BF16 like every F32 tensor (--keep-dtype keeps them)");
+}
+
+/* One tensor of inspect --json: what it is, and its sources (a packed tensor: its members'). */
+static json_t *bfs__tensor_json(const bfs_input *in, const bfs_ltensor *t)
+{
+    json_t *src = json_array();
+    for (size_t m = 0; m < bfs__nparts(t); m++) {
+        const bfs_ltensor *pt = bfs__part(t, m);
+        for (int k = 0; k < pt->nsrc; k++)
+            json_array_append_new(src, json_pack("{s:s, s:s, s:o, s:s}", "name", pt->src[k]->st->name, "dtype",
+                                                 bfs__dtype_name(pt->src[k]->st->dtype), "shape",
+                                                 bfs__shape_j(pt->src[k]->st->shape, pt->src[k]->st->ndim), "file",
+                                                 in->files[pt->src[k]->file].name));
+    }
+    json_t *e = json_pack("{s:s, s:s, s:s, s:s, s:o, s:s, s:o}", "name", t->name, "format", bfs__kind_name(t), "action",
+                          bfs__kind_action(t), "dtype", bfs__dtype_name(t->out_dtype), "shape",
+                          bfs__shape_j(t->shape, t->ndim), "transform", t->transform, "sources", src);
+    if (e && t->rule)
+        json_object_set_new(e, "rule", json_string(t->rule));
+    return e;
+}
+
+/* The output names: the table's row applied and, for packed experts, how many experts each
+ * rank holds (torch.chunk of dim 0: whole experts); or the warning that per-expert tensors
+ * keep checkpoint names. As JSON (names) and as text (out, when not NULL). */
+static json_t *bfs__names_info(const bfs_plan *p, const bfs_convert_opts *o, FILE *out)
+{
+    size_t npk = 0, nmem = 0;
+    uint64_t E = 0;
+    for (size_t i = 0; i < p->nt; i++)
+        if (p->t[i].members) {
+            npk++;
+            nmem += bfs__nparts(&p->t[i]);
+            E = p->t[i].d0 > E ? p->t[i].d0 : E;
+        }
+    json_t *per = json_array();
+    char list[256] = "";
+    size_t k = 0;
+    for (int r = 0; npk && p->layout == BFS_LAYOUT_DCP && r < o->world_size; r++) {
+        uint64_t a, b;
+        bfs__chunk_rows(E, (uint64_t)o->world_size, (uint64_t)r, &a, &b);
+        json_array_append_new(per, json_integer((json_int_t)(b - a)));
+        if (k + 32 < sizeof list)
+            k += (size_t)snprintf(list + k, sizeof list - k, r ? ", %llu" : "%llu", (unsigned long long)(b - a));
+        else if (k + 4 < sizeof list)
+            k += (size_t)snprintf(list + k, sizeof list - k, ", ...");
+    }
+    json_t *j = json_pack("{s:s, s:s?, s:I, s:I, s:I, s:o}", "mode", p->names_family ? "transformers" : "checkpoint",
+                          "table", p->names_family, "packed_tensors", (json_int_t)npk, "from_tensors", (json_int_t)nmem,
+                          "experts", (json_int_t)E, "experts_per_rank", per);
+    if (j && p->names_unmapped)
+        json_object_set_new(j, "per_expert_unmapped", json_integer((json_int_t)p->names_unmapped));
+    if (out && p->names_family)
+        fprintf(out, "\nnames: transformers 5's state_dict (the table's row \"%s\", docs/NAMES.md): %zu packed expert "
+                "tensors from %zu per-expert ones%s%s%s\n", p->names_family, npk, nmem, npk && list[0] ? "; experts per rank: " : "",
+                npk ? list : "", npk && E % (uint64_t)o->world_size ? " (W does not divide E: torch.chunk)" : "");
+    if (out && p->names_unmapped)
+        fprintf(out, "\nwarning: %zu per-expert tensor(s) keep their checkpoint names (%s): transformers 5 packs "
+                "experts on load, so DCP will not load them into its model\n", p->names_unmapped,
+                o->names == BFS_NAMES_CHECKPOINT ? "--names checkpoint" : "model type not in the table, docs/NAMES.md");
+    return j;
 }
 
 int bfs_inspect(const char *input_arg, const bfs_convert_opts *o_arg, int as_json, FILE *out)
@@ -143,19 +210,8 @@ int bfs_inspect(const char *input_arg, const bfs_convert_opts *o_arg, int as_jso
     for (int i = 0; i < in->nfiles; i++)
         json_array_append_new(jfiles, json_pack("{s:s, s:I, s:I}", "name", in->files[i].name, "size",
                                                 (json_int_t)in->files[i].size, "tensors", (json_int_t)in->files[i].h.n));
-    for (size_t i = 0; i < p->nt; i++) {
-        const bfs_ltensor *t = &p->t[i];
-        json_t *src = json_array();
-        for (int k = 0; k < t->nsrc; k++)
-            json_array_append_new(src, json_pack("{s:s, s:s, s:o, s:s}", "name", t->src[k]->st->name, "dtype",
-                                                 bfs__dtype_name(t->src[k]->st->dtype), "shape",
-                                                 bfs__shape_j(t->src[k]->st->shape, t->src[k]->st->ndim), "file",
-                                                 in->files[t->src[k]->file].name));
-        json_array_append_new(jt, json_pack("{s:s, s:s, s:s, s:s, s:o, s:s, s:o}", "name", t->name, "format",
-                                            bfs__kind_name(t), "action", bfs__kind_action(t), "dtype",
-                                            bfs__dtype_name(t->out_dtype), "shape", bfs__shape_j(t->shape, t->ndim),
-                                            "transform", t->transform, "sources", src));
-    }
+    for (size_t i = 0; i < p->nt; i++)
+        json_array_append_new(jt, bfs__tensor_json(in, &p->t[i]));
     json_t *jdrop = json_array();
     for (size_t i = 0; i < p->ndropped; i++)
         json_array_append_new(jdrop, json_string(p->dropped[i]));
@@ -170,6 +226,7 @@ int bfs_inspect(const char *input_arg, const bfs_convert_opts *o_arg, int as_jso
     json_object_set_new(root, "files", jfiles);
     json_object_set_new(root, "tensors", jt);
     json_object_set_new(root, "dropped", jdrop);
+    json_object_set_new(root, "names", bfs__names_info(p, o, NULL));
     json_object_set_new(root, "world_size", json_integer(o->world_size));
     json_object_set_new(root, "layout", json_string(o->layout == BFS_LAYOUT_HF ? "hf" : "dcp"));
     json_object_set_new(root, "outputs", jranks);
@@ -213,6 +270,7 @@ int bfs_inspect(const char *input_arg, const bfs_convert_opts *o_arg, int as_jso
                     bfs__esc(p->dropped[i], en, sizeof en), "-", "dropped");
         }
         bfs__fp32_note(out, p, o);
+        json_decref(bfs__names_info(p, o, out));
         fprintf(out, "\nplan: --layout %s --world-size %d, %.3f MB of output\n", o->layout == BFS_LAYOUT_HF ? "hf" : "dcp",
                 o->world_size, (double)p->total_bytes / 1e6);
         if (pp.mine)

@@ -45,6 +45,8 @@ const bfs_format *bfs__format_of(bfs_kind k)
 
 int bfs__unit_sources(const bfs_unit *u, bfs_srange out[BFS_UNIT_MAX_SRC])
 {
+    if (u->t->members) /* units are its members' (bfs__ucur_next): a caller that forgot */
+        return bfs__err(BFS_EINTERNAL, "tensor \"%s\": a unit of a packed tensor, not of one of its members", u->t->name);
     const bfs_format *f = bfs__format_of(u->t->kind);
     return f && f->sources ? f->sources(u, out) : 0;
 }
@@ -90,6 +92,10 @@ int bfs__unit_hash_blocks(const bfs_unit *u, uint64_t a, uint64_t b, bfs_srange 
 void bfs__sources_read(const bfs_ltensor *t, size_t nt, const bfs_raw *raw0, bool *read)
 {
     for (size_t k = 0; k < nt; k++) {
+        if (t[k].members) { /* a packed tensor's kernels read its members' */
+            bfs__sources_read(t[k].members, bfs__nparts(&t[k]), raw0, read);
+            continue;
+        }
         bfs_srange s[BFS_UNIT_MAX_SRC];
         const bfs_unit u = {.t = &t[k], .row0 = 0, .row1 = t[k].d0};
         const int n = t[k].d0 > 0 ? bfs__unit_sources(&u, s) : 0;

@@ -32,6 +32,14 @@ typedef struct bfs_ltensor {
     const char *qname;    /* FP8/INT4/NVFP4/CTMX: the name inspect and the manifest give it (static) */
     const struct bfs_format *by; /* the format whose claim made it (pass 1; NULL for leftovers) */
     bool keep_fp32;       /* a float32 tensor upstream keeps in float32 (DeepSeek-V4: dsv4.c) */
+    /* A packed tensor (transformers 5's fused experts, src/plan/names.c): dim 0 is E experts,
+     * and expert e's rows are those of members[e * npack + j], j = 0 .. npack-1, one after
+     * the other (gate then up). Each member is a logical tensor of its own format, all of one
+     * shape; a unit is always one member's rows, dequantized straight into its place
+     * (bfs__ucur_next), so no kernel sees the packed tensor itself. NULL: not packed. */
+    const struct bfs_ltensor *members;
+    uint32_t npack;
+    const char *rule;     /* the naming rule that made the name, for the manifest (static); NULL: none */
     /* kind-specific: one kind's members only (a plan holds one of these per tensor; the
      * plan zeroes the entry before each format's claim) */
     union {
@@ -66,6 +74,62 @@ typedef struct bfs_unit {
     void *out;
 } bfs_unit;
 
+
+/* ---- units of a piece: one member of a packed tensor at a time ---------------------------- */
+/* The rows units are cut in per dim-0 row of t: 1, or a packed tensor's members' rows. */
+static inline uint64_t bfs__sub_rows(const bfs_ltensor *t)
+{
+    return t->members ? (uint64_t)t->npack * t->members[0].d0 : 1;
+}
+
+/* The bytes of one such row: what a unit's size and the ring's smallest buffer count in. */
+static inline uint64_t bfs__sub_row_bytes(const bfs_ltensor *t)
+{
+    const bfs_ltensor *m = t->members ? &t->members[0] : t;
+    return m->row_elems * bfs__dtype_size(m->out_dtype);
+}
+
+/* A cursor over rows [row0, row1) of t, cut into units (bfs__ucur_next). */
+typedef struct bfs_ucur {
+    const bfs_ltensor *t;
+    uint64_t row0, row1; /* the piece, in t's rows */
+    uint64_t pos, end;   /* sub-rows left: [pos, end) */
+} bfs_ucur;
+
+static inline bfs_ucur bfs__ucur(const bfs_ltensor *t, uint64_t row0, uint64_t row1)
+{
+    const uint64_t k = bfs__sub_rows(t);
+    return (bfs_ucur){.t = t, .row0 = row0, .row1 = row1, .pos = row0 * k, .end = row1 * k};
+}
+
+/* The next unit of at most max rows of the tensor its kernel reads (t, or one member of a
+ * packed t: a unit never spans two members); false when none is left. *a, *b: the piece's
+ * rows in that tensor's own rows, for bfs__unit_hash_blocks (a member lies whole in one
+ * piece: rank pieces of a packed tensor are whole experts). */
+static inline bool bfs__ucur_next(bfs_ucur *c, uint64_t max, bfs_unit *u, uint64_t *a, uint64_t *b)
+{
+    if (c->pos >= c->end || max == 0)
+        return false;
+    uint64_t n = c->end - c->pos < max ? c->end - c->pos : max;
+    if (!c->t->members) {
+        *u = (bfs_unit){.t = c->t, .row0 = c->pos, .row1 = c->pos + n};
+        *a = c->row0;
+        *b = c->row1;
+    } else {
+        const uint64_t md = c->t->members[0].d0, m = c->pos / md, r = c->pos % md;
+        n = n < md - r ? n : md - r;
+        *u = (bfs_unit){.t = &c->t->members[m], .row0 = r, .row1 = r + n};
+        *a = 0;
+        *b = md;
+    }
+    c->pos += n;
+    return true;
+}
+
+/* The logical tensors whose sources t reads: t itself, or a packed tensor's members
+ * (part i of bfs__nparts(t)). */
+static inline size_t bfs__nparts(const bfs_ltensor *t) { return t->members ? (size_t)t->d0 * t->npack : 1; }
+static inline const bfs_ltensor *bfs__part(const bfs_ltensor *t, size_t i) { return t->members ? &t->members[i] : t; }
 
 /* The kernels' cast source of a CAST tensor's dtype (F32, F16; anything else is F64). */
 static inline bfs_cast_src bfs__cast_src(bfs_dtype d)

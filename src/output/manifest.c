@@ -43,10 +43,19 @@ static json_t *bfs__manifest_head(const bfs_manifest_in *mi)
     ok = ok && json_object_set_new(m, "hash", json_string("XXH3-128 (canonical big-endian hex, as xxh128sum)")) == 0;
     ok = ok && json_object_set_new(m, "plan_fingerprint", json_string(mi->fingerprint)) == 0;
     ok = ok && json_object_set_new(m, "options",
-                                   json_pack("{s:i, s:s, s:s, s:b, s:I}", "world_size", o->world_size, "layout",
+                                   json_pack("{s:i, s:s, s:s, s:b, s:I, s:s}", "world_size", o->world_size, "layout",
                                              mi->plan->layout == BFS_LAYOUT_DCP ? "dcp" : "hf", "mxfp4_layout",
                                              o->mxfp4_layout == BFS_MXFP4_HF ? "hf" : "openai", "keep_dtype",
-                                             o->keep_dtype, "max_shard_size", (json_int_t)o->max_shard_size)) == 0;
+                                             o->keep_dtype, "max_shard_size", (json_int_t)o->max_shard_size, "names",
+                                             mi->plan->names_family ? "transformers" : "checkpoint")) == 0;
+    /* the target-name table's row applied, and per-expert tensors left under checkpoint names */
+    if (ok && mi->plan->names_family)
+        ok = json_object_set_new(m, "names", json_pack("{s:s, s:s}", "table", mi->plan->names_family, "doc",
+                                                       "docs/NAMES.md")) == 0;
+    if (ok && mi->plan->names_unmapped)
+        ok = json_object_set_new(m, "names", json_pack("{s:s, s:I}", "warning",
+                                                       "per-expert tensors under checkpoint names: transformers 5 packs experts on load, so DCP will not load them into its model",
+                                                       "per_expert_tensors", (json_int_t)mi->plan->names_unmapped)) == 0;
     /* source.files[].content_xxh3_128: XXH3-128 of the file's header plus those of its
      * blocks, seeded with their offsets, from the bytes the kernels read (srchash.c); a
      * part's terms' sum as content_xxh3_128_part, which merge adds up */
@@ -135,16 +144,23 @@ static json_t *bfs__manifest_tensor(const bfs_manifest_in *mi, size_t i)
     const bfs_ltensor *t = &p->t[i];
     json_t *srcs = json_array(), *e = NULL;
     bool whole = srcs != NULL;
-    for (int k = 0; whole && k < t->nsrc; k++)
-        whole = json_array_append_new(srcs, json_string(t->src[k]->st->name)) == 0;
+    const char *format = bfs__kind_name(t);
+    for (size_t m = 0; whole && m < bfs__nparts(t); m++) { /* a packed tensor: its members', in order */
+        const bfs_ltensor *pt = bfs__part(t, m);
+        for (int k = 0; whole && k < pt->nsrc; k++)
+            whole = json_array_append_new(srcs, json_string(pt->src[k]->st->name)) == 0;
+        if (strcmp(bfs__kind_name(pt), format) != 0)
+            format = "mixed"; /* members of other formats (a mixed-precision checkpoint) */
+    }
     if (!whole) {
         json_decref(srcs);
         return NULL;
     }
     e = json_pack("{s:s, s:s, s:o, s:s, s:s, s:o}", "name", t->name, "dtype", bfs__dtype_name(t->out_dtype), "shape",
-                  bfs__shape_json(t->shape, t->ndim), "format", bfs__kind_name(t), "transform", t->transform,
-                  "sources", srcs);
+                  bfs__shape_json(t->shape, t->ndim), "format", format, "transform", t->transform, "sources", srcs);
     whole = e && json_object_set_new(e, "action", json_string(bfs__kind_action(t))) == 0;
+    if (whole && t->rule) /* the target-name rule that made its name (and a pack, its shape) */
+        whole = json_object_set_new(e, "rule", json_string(t->rule)) == 0;
     if (whole &&
         (t->kind == BFS_K_BNB4 || t->kind == BFS_K_CAST || (t->kind == BFS_K_PASS && t->out_dtype != t->src_dtype)))
         whole = json_object_set_new(e, "source_dtype", json_string(bfs__dtype_name(t->src_dtype))) == 0;

@@ -109,22 +109,24 @@ size_t bfs__batch_pages(const bfs_plan *p, const bfs_outfile *of, size_t p0, siz
     bool sorted = true;
     for (size_t k = p0; k < p1; k++) {
         const bfs_piece *pc = &of->pieces[k];
-        if (pc->row0 == pc->row1)
-            continue;
-        bfs_srange s[BFS_UNIT_MAX_SRC];
-        const bfs_unit u = {.t = &p->t[pc->tensor], .row0 = pc->row0, .row1 = pc->row1};
-        const int ns = bfs__unit_sources(&u, s);
-        for (int i = 0; i < ns; i++) {
-            if (s[i].len == 0)
-                continue;
-            const uint64_t a = s[i].r->file_offset + s[i].off, b = a + s[i].len;
-            out[n] = inward ? (bfs_prange){.file = s[i].r->file, .a = (a + pg - 1) / pg * pg, .b = b / pg * pg}
-                            : (bfs_prange){.file = s[i].r->file, .a = a / pg * pg, .b = (b + pg - 1) / pg * pg};
-            if (out[n].a >= out[n].b)
-                continue;
-            if (n > 0 && bfs__cmp_prange(&out[n - 1], &out[n]) > 0)
-                sorted = false;
-            n++;
+        bfs_ucur cur = bfs__ucur(&p->t[pc->tensor], pc->row0, pc->row1);
+        bfs_unit u;
+        uint64_t ua, ub;
+        while (bfs__ucur_next(&cur, UINT64_MAX, &u, &ua, &ub)) { /* the piece (a packed one: each member) */
+            bfs_srange s[BFS_UNIT_MAX_SRC];
+            const int ns = bfs__unit_sources(&u, s);
+            for (int i = 0; i < ns; i++) {
+                if (s[i].len == 0)
+                    continue;
+                const uint64_t a = s[i].r->file_offset + s[i].off, b = a + s[i].len;
+                out[n] = inward ? (bfs_prange){.file = s[i].r->file, .a = (a + pg - 1) / pg * pg, .b = b / pg * pg}
+                                : (bfs_prange){.file = s[i].r->file, .a = a / pg * pg, .b = (b + pg - 1) / pg * pg};
+                if (out[n].a >= out[n].b)
+                    continue;
+                if (n > 0 && bfs__cmp_prange(&out[n - 1], &out[n]) > 0)
+                    sorted = false;
+                n++;
+            }
         }
     }
     return bfs__prange_merge(out, n, sorted);
@@ -254,14 +256,22 @@ size_t bfs__window_pages(const bfs_gwalk *gw, const bfs_gstep *steps, size_t n, 
     }
     size_t m = 0;
     bool sorted = true;
-    if (bfs__grow((void **)&ws->pr, &ws->cpr, ws->nlist * BFS_UNIT_MAX_SRC + 1, sizeof *ws->pr) < 0)
+    size_t nparts = 0; /* the kernels' tensors: a packed tensor's members in the window's rows */
+    for (size_t i = 0; i < ws->nlist; i++) {
+        const int t = ws->list[i];
+        nparts += (size_t)((ws->hi[t] - ws->lo[t]) * (p->t[t].members ? p->t[t].npack : 1));
+    }
+    if (bfs__grow((void **)&ws->pr, &ws->cpr, nparts * BFS_UNIT_MAX_SRC + 1, sizeof *ws->pr) < 0)
         return (size_t)-1;
     for (size_t i = 0; i < ws->nlist; i++) {
         const int t = ws->list[i];
-        bfs_srange s[BFS_UNIT_MAX_SRC];
-        const bfs_unit u = {.t = &p->t[t], .row0 = ws->lo[t], .row1 = ws->hi[t]};
+        bfs_ucur cur = bfs__ucur(&p->t[t], ws->lo[t], ws->hi[t]);
         ws->lo[t] = 1; /* none, for the next window */
         ws->hi[t] = 0;
+        bfs_unit u;
+        uint64_t ua, ub;
+        while (bfs__ucur_next(&cur, UINT64_MAX, &u, &ua, &ub)) {
+        bfs_srange s[BFS_UNIT_MAX_SRC];
         const int ns = bfs__unit_sources(&u, s);
         for (int k = 0; k < ns; k++) {
             if (s[k].len == 0)
@@ -275,6 +285,7 @@ size_t bfs__window_pages(const bfs_gwalk *gw, const bfs_gstep *steps, size_t n, 
             if (m > 0 && bfs__cmp_prange(&ws->pr[m - 1], o) > 0)
                 sorted = false;
             m++;
+        }
         }
     }
     return bfs__prange_merge(ws->pr, m, sorted);
@@ -320,15 +331,17 @@ static void bfs__mw_piece(bfs_mwalk *w, const bfs_plan *p, const bfs_piece *pc)
 {
     const uint64_t pg = 4096;
     const bfs_ltensor *t = &p->t[pc->tensor];
-    const uint64_t row_bytes = t->row_elems * bfs__dtype_size(t->out_dtype);
+    const uint64_t row_bytes = bfs__sub_row_bytes(t);
     if (pc->row0 == pc->row1 || row_bytes == 0)
         return;
     const uint64_t rows_per_unit = bfs__unit_rows(&w->m->ring, row_bytes);
     uint64_t off = pc->offset;
-    for (uint64_t row = pc->row0; row < pc->row1;) {
-        const uint64_t n = pc->row1 - row < rows_per_unit ? pc->row1 - row : rows_per_unit;
+    bfs_ucur cur = bfs__ucur(t, pc->row0, pc->row1);
+    bfs_unit u;
+    uint64_t ua, ub;
+    while (bfs__ucur_next(&cur, rows_per_unit, &u, &ua, &ub)) {
+        const uint64_t n = u.row1 - u.row0;
         bfs_srange s[BFS_UNIT_MAX_SRC];
-        const bfs_unit u = {.t = t, .row0 = row, .row1 = row + n};
         const int ns = bfs__unit_sources(&u, s);
         uint64_t in = 0;
         for (int i = 0; i < ns; i++)
@@ -338,7 +351,6 @@ static void bfs__mw_piece(bfs_mwalk *w, const bfs_plan *p, const bfs_piece *pc)
             }
         bfs__mw_touch(w, off % BFS_DIO_ALIGN + n * row_bytes, in);
         bfs__mw_next(w);
-        row += n;
         off += n * row_bytes;
     }
 }

@@ -39,6 +39,9 @@ void bfs__plan_free(bfs_plan *p)
     for (size_t i = 0; i < p->nt; i++)
         free(p->t[i].name);
     free(p->t);
+    for (size_t i = 0; i < p->nmembers; i++)
+        free(p->members[i].name);
+    free(p->members);
     for (int f = 0; f < p->nfiles; f++) {
         free(p->files[f].name);
         free(p->files[f].pieces);
@@ -143,6 +146,10 @@ int bfs__plan_tensors(const bfs_input *in, const bfs_convert_opts *o, bfs_plan *
                      t->name, shp, bfs__dtype_name(t->out_dtype));
         }
     }
+    {
+        const json_t *mt = cfg ? json_object_get(cfg, "model_type") : NULL;
+        BFS_TRY(bfs__plan_names(p, json_is_string(mt) ? json_string_value(mt) : NULL, o->names, o->layout));
+    }
     qsort(p->t, p->nt, sizeof *p->t, bfs__cmp_lt);
     for (size_t i = 1; i < p->nt; i++)
         if (strcmp(p->t[i - 1].name, p->t[i].name) == 0)
@@ -150,7 +157,7 @@ int bfs__plan_tensors(const bfs_input *in, const bfs_convert_opts *o, bfs_plan *
                      p->t[i].name, p->t[i - 1].src[0]->st->name, p->t[i].src[0]->st->name);
     for (size_t i = 0; i < p->nt; i++) {
         const bfs_ltensor *t = &p->t[i];
-        const uint64_t rb = t->row_elems * bfs__dtype_size(t->out_dtype);
+        const uint64_t rb = bfs__sub_row_bytes(t); /* a unit's row: a packed tensor's member's */
         if (t->d0 > 0 && rb > p->max_row_bytes) /* a zero-element tensor needs no buffer */
             p->max_row_bytes = rb;
     }
@@ -193,8 +200,8 @@ static int bfs__place_pieces(const bfs_plan *p, bfs_outfile *f, uint64_t at, uin
             return bfs__err(BFS_EINPUT, "%s: tensor \"%s\": the file's data would exceed %llu bytes", f->name, t->name,
                             (unsigned long long)BFS_MAX_EXTENT);
         f->max_piece = pc->nbytes > f->max_piece ? pc->nbytes : f->max_piece;
-        if (pc->row1 > pc->row0 && rb > f->max_row)
-            f->max_row = rb;
+        if (pc->row1 > pc->row0 && bfs__sub_row_bytes(t) > f->max_row) /* a unit's smallest */
+            f->max_row = bfs__sub_row_bytes(t);
     }
     *end = pos;
     return 0;

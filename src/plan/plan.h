@@ -43,6 +43,11 @@ typedef struct bfs_plan {
     uint64_t *dcp_n;      /* DCP: per tensor, the ranks holding rows of it (torch.chunk) */
     size_t *dcp_order;    /* DCP: the tensors in every rank file's order (bfs__file_order's) */
     size_t dcp_first_nd;  /* DCP: the first tensor (by name) with a dim 0 (nt: none) */
+    bfs_ltensor *members; /* packed tensors' members (names.c), nmembers of them */
+    size_t nmembers;
+    const char *names_family; /* the target-name table's row applied (names.c), NULL: checkpoint names */
+    size_t names_unmapped;    /* per-expert tensors left under checkpoint names (DCP will not
+                               * load them into a transformers 5 model) */
     const char **dropped; /* input tensors dropped (activation / KV-cache scales), by name
                            * (pointers into the input's headers), sorted */
 } bfs_plan;
@@ -50,6 +55,17 @@ typedef struct bfs_plan {
 
 /* Group raw tensors into logical ones and validate them (quantization metadata). */
 int bfs__plan_tensors(const bfs_input *in, const bfs_convert_opts *o, bfs_plan **out);
+/* Target names (names.c): with mode BFS_NAMES_TRANSFORMERS, or BFS_NAMES_AUTO and the DCP
+ * layout, and a model type in the table, rename p's tensors and pack per-expert ones as
+ * transformers 5's state_dict has them; else count the per-expert tensors left
+ * (p->names_unmapped). Before the plan sorts its tensors. */
+int bfs__plan_names(bfs_plan *p, const char *model_type, int mode, int layout);
+/* For tests: key as model_type's row of the table names it, into *out (malloc'd): renamed,
+ * or the packed tensor's name when a pack takes it (*expert, *member: its place; *member
+ * -1 when none does). The input unchanged for a model type not in the table. */
+int bfs__names_key(const char *model_type, const char *key, char **out, uint64_t *expert, int *member);
+/* The table's row for a model type ("qwen2_moe" for deepseek_v3), or NULL. */
+const char *bfs__names_family(const char *model_type);
 /* Lay out the output files for o->world_size / o->layout (headers, offsets). */
 int bfs__plan_layout(bfs_plan *p, const bfs_convert_opts *o);
 /* The same, for a part (DCP layout): only[r] rank files laid out in full; every other

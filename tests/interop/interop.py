@@ -404,6 +404,60 @@ def load_reference(path):
     return {k: (all_t[k], kinds[k], all_t.get("__code8__." + k)) for k in kinds}
 
 
+def model_type_of(d):
+    p = os.path.join(d, "config.json")
+    if not os.path.exists(p):
+        return None
+    with open(p) as fh:
+        return json.load(fh).get("model_type")
+
+
+def to_target(ref, fixture_dir):
+    """ref (upstream dequant under checkpoint names) under transformers 5's state_dict names and
+    shapes, made by transformers' own machinery: its conversion mapping for the model type,
+    rename_source_key (with the model's meta state_dict for the base-model prefix), and the
+    converters' ops as core_model_loading applies them (keys in dot_natural_key order,
+    MergeModulelist(dim=0) per source pattern, Concatenate(dim=1) in pattern order).
+    Returns (target ref, {target: [checkpoint keys]}) -- ref itself when the type has no mapping."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key, dot_natural_key
+    mt = model_type_of(fixture_dir)
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    if not mt or not get_checkpoint_conversion_mapping(mt):
+        return ref, {}
+    cfg = AutoConfig.from_pretrained(fixture_dir)
+    if getattr(cfg, "quantization_config", None) is not None:
+        del cfg.quantization_config
+    with torch.device("meta"):
+        m = AutoModelForCausalLM.from_config(cfg)
+    conv = get_model_conversion_mapping(m)
+    ren = [c for c in conv if isinstance(c, WeightRenaming)]
+    cvt = [c for c in conv if isinstance(c, WeightConverter)]
+    sd = m.state_dict()
+    out, groups, srcmap = {}, {}, {}
+    for k in sorted(ref, key=dot_natural_key):
+        nk, pat = rename_source_key(k, ren, cvt, m.base_model_prefix, sd)
+        srcmap.setdefault(nk, []).append(k)
+        if pat is None:
+            out[nk] = ref[k]
+        else:
+            conv_of = next(c for c in cvt if pat in c.source_patterns)
+            groups.setdefault(nk, (conv_of, {}))[1].setdefault(pat, []).append(ref[k])
+    for nk, (c, by_pat) in groups.items():
+        ops = [type(o).__name__ for o in c.operations]
+        if ops not in (["MergeModulelist"], ["MergeModulelist", "Concatenate"]):
+            raise RuntimeError(f"{nk}: converter ops {ops} not modelled here")
+        stacks = [torch.stack([t for t, _, _ in by_pat[p]], 0) for p in c.source_patterns if p in by_pat]
+        kinds = {kd for p in by_pat for _, kd, _ in by_pat[p]}
+        c8s = [[c8 for _, _, c8 in by_pat[p]] for p in c.source_patterns if p in by_pat]
+        c8 = None
+        if any(x is not None for g in c8s for x in g):
+            c8 = torch.cat([torch.stack(g, 0) for g in c8s], 1)
+        out[nk] = (torch.cat(stacks, 1).contiguous(), kinds.pop() if len(kinds) == 1 else "mixed", c8)
+    return out, srcmap
+
+
 # ---------------------------------------------------------------------------------
 # 1. every output file opens with safetensors and equals the upstream dequant
 
@@ -838,7 +892,13 @@ def check_from_pretrained(name, hfdir, ref, work):
         cap.records = []
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            rmodel = AutoModelForCausalLM.from_pretrained(refdir)
+            # built from the config and given the reference weights under the model's own names
+            # (a checkpoint saved under target names is not one from_pretrained renames back)
+            from transformers import AutoConfig
+            torch.manual_seed(0)
+            rmodel = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(refdir), dtype=torch.bfloat16)
+            rsd = rmodel.state_dict()
+            rmodel.load_state_dict({k: t.to(rsd[k].dtype) if k in rsd else t for k, (t, _, _) in ref.items()}, strict=True)
     finally:
         tlog.removeHandler(cap)
     problems = []
@@ -1192,8 +1252,11 @@ def main():
         fixtures = [f for f in fixtures if f in only]
         qfix = [f for f in qfix if f in only]
     # FSDP2 / DCP loads: one fixture per format (Llama-shaped: a transformers model is built from the output config)
+    # per-expert MoE checkpoints (qwen3_moe, deepseek_v3, glm4_moe, mixtral, minimax_m2, deepseek_v4 and
+    # fp8-fused's already-fused experts): the real model class, loaded under bfshard's target names
+    moe = [f for f in qfix if f.startswith("moe-") or f in ("ct-moe-mixed", "ct-mx-mixed", "ct-mx6-mixed", "fp8-fused")]
     q_dcp = [f for f in ("fp8-block", "ct-fp8-channel", "ct-int4-asym", "ct-nvfp4", "modelopt-nvfp4",
-                         "fp8-tensor", "ct-mxfp8", "ct-mxfp4", "ct-mxfp6") if f in qfix]
+                         "fp8-tensor", "ct-mxfp8", "ct-mxfp4", "ct-mxfp6") if f in qfix] + moe
     # issue 23's checkpoints that no transformers model is built from (DeepSeek-V4's own names; fused
     # FP8 experts): loaded into a plain module of the checkpoint's names and shapes
     q_plain = [f for f in ("fp8-fused-tensor", "dsv4-tiny", "dsv41-tiny", "dsv4-float") if f in qfix]
@@ -1210,6 +1273,9 @@ def main():
         conv += [(f, "dcp", 2, ()), (f, "dcp", 3, ()), (f, "hf", 1, ())]
     if "mxfp4-tiny" in fixtures:
         conv += [("mxfp4-tiny", "dcp", 8, ()), ("mxfp4-tiny", "dcp", 3, ("--mxfp4-layout", "openai"))]
+    # W = 8 > E = 4 experts: ranks 4..7 hold none; hf under target names, for torch's consolidation
+    conv += [(f, "dcp", 8, ()) for f in moe if f.startswith("moe-")]
+    conv += [(f, "hf", 1, ("--names", "transformers")) for f in fixtures if f in moe or f.startswith("dsv4")]
     if not only:
         conv += [("scalar0d", "dcp", 3, ()), ("scalar0d", "dcp", 8, ()), ("scalar0d", "hf", 1, ())]
     else:
@@ -1218,7 +1284,7 @@ def main():
     t0 = time.time()
     conv_fail = []
     for f, layout, W, extra in conv:
-        tag = f"{f}.{layout}" + (f"-w{W}" if layout == "dcp" else "") + ("-openai" if extra else "")
+        tag = f"{f}.{layout}" + (f"-w{W}" if layout == "dcp" else "") + ("-" + extra[-1] if extra else "")
         d = os.path.join(outs, tag)
         cmd = [args.bfshard, "convert", inputs[f], d, "--layout", layout, "--world-size", str(W),
                "--device", args.device, "--quiet", *extra]
@@ -1226,7 +1292,7 @@ def main():
         if p.returncode != 0:
             conv_fail.append(f"{' '.join(cmd)} -> exit {p.returncode}: {p.stderr.strip()[-500:]}")
             continue
-        outdir[(f, layout, W, bool(extra))] = d
+        outdir[(f, layout, W, extra[-1] if extra else False)] = d
     record(f"convert: bfshard convert of every fixture ({len(fixtures)}: dcp W=2,3; hf; mxfp4 W=8, openai layout; "
            f"0-d input W=3,8, hf)",
            not conv_fail, "; ".join(conv_fail) or f"{len(conv)} outputs in {time.time() - t0:.1f} s")
@@ -1234,10 +1300,17 @@ def main():
     # ---- upstream reference -------------------------------------------------------------
     t0 = time.time()
     ref = {}
+    tref = {}  # under transformers 5's state_dict names (the default dcp output's names)
     for f in list(inputs):
         r = upstream_reference(inputs[f])
         ref[f] = r
         save_reference(r, os.path.join(refs, f + ".safetensors"))
+        tref[f], srcmap = to_target(r, inputs[f])
+        save_reference(tref[f], os.path.join(refs, f + ".tn.safetensors"))
+        if srcmap:
+            packed = [k for k, v in srcmap.items() if len(v) > 1]
+            info(f"{f}: transformers' names: {len(tref[f])} tensors from {len(r)}, {len(packed)} packed "
+                 f"(e.g. {packed[0] if packed else '-'} from {len(srcmap[packed[0]]) if packed else 0})")
     ref_oa = None
     if "mxfp4-tiny" in fixtures:
         ref_oa = upstream_reference(inputs["mxfp4-tiny"], layout="openai")
@@ -1254,14 +1327,31 @@ def main():
                     if k not in ref[f] or not torch.equal(int_view(fh.get_tensor(k)), int_view(ref[f][k][0])):
                         drift.append(f"{f}:{k}")
     info("live upstream == fixtures/expected: " + ("yes, every tensor" if not drift else f"NO for {drift[:5]} (other versions?)"))
+    # the target names: bfshard's table (src/plan/names.c) == transformers' mapping, row for row;
+    # and the target reference == from_pretrained's state_dict of the per-expert fixtures
+    # (fixtures/expected/<f>.model.safetensors, written by fixtures/gen_moe_fixtures.py)
+    p = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(args.fixtures)), "dev", "names_table.py"),
+                        "check"], capture_output=True, text=True)
+    record("0 names: the target-name table (src/plan/names.c) equals transformers' get_checkpoint_conversion_mapping "
+           "for every model type it lists", p.returncode == 0, (p.stdout + p.stderr).strip()[-600:])
+    for f in fixtures:
+        e = os.path.join(args.fixtures, "expected", f + ".model.safetensors")
+        if not os.path.exists(e):
+            continue
+        with safe_open(e, framework="pt") as fh:
+            diff = [k for k in fh.keys() if k not in tref[f] or not torch.equal(
+                int_view(fh.get_tensor(k).to(torch.bfloat16)), int_view(tref[f][k][0]))]
+            extra = sorted(set(tref[f]) - set(fh.keys()))
+        record(f"0 names: {f}: the reference under transformers' names == from_pretrained's state_dict", not diff and not extra,
+               f"differ {diff[:4]}, not in the model {extra[:4]}")
     if qfix:
         record(f"0 upstream: live upstream dequant of the issue-12 fixtures == fixtures/expected ({', '.join(qfix)})",
                not [x for x in drift if x.split(':')[0] in qfix],
                "; ".join(x for x in drift if x.split(':')[0] in qfix)[:600])
 
     # ---- 1. safetensors ---------------------------------------------------------------
-    for (f, layout, W, oa), d in sorted(outdir.items()):
-        r = ref_oa if oa else ref[f]
+    for (f, layout, W, oa), d in sorted(outdir.items(), key=lambda x: str(x[0])):
+        r = ref_oa if oa == "openai" else tref[f] if (layout == "dcp" or oa == "transformers") else ref[f]
         try:
             if layout == "dcp":
                 ok, msg, tol = check_dcp_files(d, W, r)
@@ -1273,14 +1363,15 @@ def main():
                ok, msg if not ok else tol_text(tol))
 
     # ---- 4. torch consolidation ----------------------------------------------------------
-    for (f, layout, W, oa), d in sorted(outdir.items()):
-        if layout != "dcp" or oa or (f, "hf", 1, False) not in outdir:
+    for (f, layout, W, oa), d in sorted(outdir.items(), key=lambda x: str(x[0])):
+        hfk = (f, "hf", 1, "transformers") if (f, "hf", 1, "transformers") in outdir else (f, "hf", 1, False)
+        if layout != "dcp" or oa or hfk not in outdir:
             continue
         try:
-            ok, msg = check_consolidation(d, outdir[(f, "hf", 1, False)], os.path.join(work, "consolidated", os.path.basename(d)))
+            ok, msg = check_consolidation(d, outdir[hfk], os.path.join(work, "consolidated", os.path.basename(d)))
         except Exception as e:  # noqa: BLE001
             ok, msg = False, f"{type(e).__name__}: {e}"
-        record(f"4 consolidate: torch consolidate_safetensors_files({os.path.basename(d)}) == {f}.hf", ok, msg)
+        record(f"4 consolidate: torch consolidate_safetensors_files({os.path.basename(d)}) == {os.path.basename(outdir[hfk])}", ok, msg)
 
     # ---- 3. from_pretrained ------------------------------------------------------------
     for f in fixtures:
@@ -1290,13 +1381,8 @@ def main():
         if f.startswith("dsv4"):  # fixtures/gen_dsv4_fixtures.py: V4's names, toy shapes, not a loadable model
             info(f"3 from_pretrained: {f} skipped (a hand-written DeepSeek-V4-named checkpoint, not a loadable model)")
             continue
-        if f in qfix and any(".mlp.experts." in k for k in ref[f]):
-            # transformers 5 fuses per-expert Linears into experts.gate_up_proj / down_proj on load:
-            # names differ from the checkpoint's (the fixture generator compares them fused)
-            info(f"3 from_pretrained: {f} skipped (per-expert MoE weights; transformers fuses them on load)")
-            continue
-        try:
-            ok, msg = check_from_pretrained(f, d, ref[f], work)
+        try:  # per-expert MoE: from_pretrained packs them; compared under the model's names
+            ok, msg = check_from_pretrained(f, d, tref[f], work)
         except Exception as e:  # noqa: BLE001
             ok, msg = False, f"{type(e).__name__}: {e} {traceback.format_exc(limit=4)}"
         record(f"3 from_pretrained: {f}.hf loads as plain BF16, same logits as upstream weights", ok, msg)
@@ -1306,7 +1392,7 @@ def main():
         d = outdir.get((f, "dcp", W, False))
         if d is None:
             return None
-        j = {"id": f"{f}.dcp-w{W}", "dir": d, "ref": os.path.join(refs, f + ".safetensors"),
+        j = {"id": f"{f}.dcp-w{W}", "dir": d, "ref": os.path.join(refs, f + ".tn.safetensors"),
              "model": "plain" if f == "scalar0d" else "transformers", "config_dir": d}
         j.update(kw)
         return j
@@ -1328,7 +1414,7 @@ def main():
     def zjob(f):
         if f not in zr:
             return None
-        return {"id": f"{f}.dcp-w8-zero-rows", "dir": zr[f], "ref": os.path.join(refs, f + ".safetensors"),
+        return {"id": f"{f}.dcp-w8-zero-rows", "dir": zr[f], "ref": os.path.join(refs, f + ".tn.safetensors"),
                 "model": "plain" if f == "scalar0d" else "transformers", "config_dir": zr[f]}
 
     readme = os.path.join(os.path.dirname(os.path.abspath(args.fixtures)), "README.md")
@@ -1347,12 +1433,14 @@ def main():
 
     plans = {
         2: [job(f, 2) for f in fixtures if f not in qfix or f in q_dcp] + [rjob("mxfp4-tiny", 2), rjob("bnb-nf4", 2)]
-           + [job(f, 2, model="plain") for f in q_plain],
+           + [job(f, 2, model="plain") for f in q_plain] + [rjob("moe-dsv3-fp8", 2), rjob("moe-dsv4-fp8", 2)],
         3: [job(f, 3) for f in fixtures if f not in qfix or f in q_dcp] + [job(f, 3, model="plain") for f in q_plain]
-           + [rjob("mxfp4-tiny", 3), rjob("bnb-fp4-dq", 3)] + [job("scalar0d", 3, scalar_param_probe=True,
+           + [rjob("mxfp4-tiny", 3), rjob("bnb-fp4-dq", 3), rjob("moe-glm4-fp8", 3), rjob("moe-minimax-m2-fp8", 3)]
+           + [job("scalar0d", 3, scalar_param_probe=True,
                                                 torch_writer=os.path.join(work, "torch-written", "scalar0d-w3"))],
         8: [job("mxfp4-tiny", 8, torch_writer=os.path.join(work, "torch-written", "mxfp4-tiny-w8")),
-            job("scalar0d", 8, torch_writer=os.path.join(work, "torch-written", "scalar0d-w8")), zjob("mxfp4-tiny"), zjob("scalar0d"), rjob("mxfp4-tiny", 8)],
+            job("scalar0d", 8, torch_writer=os.path.join(work, "torch-written", "scalar0d-w8")), zjob("mxfp4-tiny"), zjob("scalar0d"), rjob("mxfp4-tiny", 8)]
+           + [job(f, 8) for f in moe if f.startswith("moe-")] + [rjob("moe-mixtral-fp8", 8), rjob("moe-dsv4-fp8", 8)],
     }
     for W, jobs in plans.items():
         jobs = [j for j in jobs if j]

@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""The target-name table (src/plan/names.c) against transformers' own conversion mapping.
+
+Run with the interop venv's python (transformers 5.23, tests/interop/requirements.txt):
+
+  python dev/names_table.py check     every model type of the table: its renames and packs
+                                      equal get_checkpoint_conversion_mapping(type), pattern
+                                      for pattern, in order (exit 1 naming the first that differs)
+  python dev/names_table.py vectors   tests/data/names-vectors.json: for every model type of
+                                      the table, each test key and the name transformers'
+                                      rename_source_key gives it (test_names.c checks the C
+                                      engine against them)
+
+The keys are every tensor name of fixtures/*/ plus keys made to hit each rule's edges
+(name boundaries, anchors, expert numbers, keys no rule takes).
+"""
+import glob
+import json
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NAMES_C = os.path.join(ROOT, "src", "plan", "names.c")
+OUT = os.path.join(ROOT, "tests", "data", "names-vectors.json")
+
+
+def c_string(lit):
+    """A C string literal's value (the escapes names.c uses: \\\\ and \\")."""
+    return re.sub(r'\\(.)', r'\1', lit)
+
+
+def read_table():
+    """{model_type: [(op, sources, target, ops)]} from names.c, in its order."""
+    src = open(NAMES_C).read()
+    lists = {}
+    for m in re.finditer(r'static const bfs_nrule (bfs__nr_\w+)\[\] = \{(.*?)\n\};', src, re.S):
+        rows = []
+        for r in re.finditer(r'BFS_(REN|PACK1|PACK2)\(((?:\s*"(?:[^"\\]|\\.)*"\s*,?)+)\)', m.group(2)):
+            args = [c_string(a) for a in re.findall(r'"((?:[^"\\]|\\.)*)"', r.group(2))]
+            if r.group(1) == "REN":
+                rows.append(("rename", tuple(args[:1]), args[1], ()))
+            elif r.group(1) == "PACK1":
+                rows.append(("pack", tuple(args[:1]), args[1], ("MergeModulelist(dim=0)",)))
+            else:
+                rows.append(("pack", tuple(args[:2]), args[2], ("MergeModulelist(dim=0)", "Concatenate(dim=1)")))
+        lists[m.group(1)] = rows
+    types = {}
+    for m in re.finditer(r'static const char \*const (bfs__t_\w+)\[\] = \{(.*?)\};', src, re.S):
+        types[m.group(1)] = re.findall(r'"([^"]+)"', m.group(2))
+    table = {}
+    for m in re.finditer(r'\{"(\w+)", (bfs__t_\w+), \{(bfs__nr_\w+), (NULL|bfs__nr_\w+)\}', src):
+        rows = list(lists[m.group(3)]) + (list(lists[m.group(4)]) if m.group(4) != "NULL" else [])
+        for t in types[m.group(2)]:
+            table[t] = rows
+    return table
+
+
+def upstream(model_type):
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, WeightRenaming
+    rows = []
+    for x in get_checkpoint_conversion_mapping(model_type) or []:
+        if type(x) is WeightRenaming:
+            rows.append(("rename", tuple(x._original_source_patterns), x._original_target_patterns[0], ()))
+        elif type(x) is WeightConverter:
+            ops = tuple(f"{type(o).__name__}(dim={o.dim})" for o in x.operations)
+            rows.append(("pack", tuple(x._original_source_patterns), x._original_target_patterns[0], ops))
+        else:
+            rows.append((type(x).__name__, tuple(x._original_source_patterns), "", ()))
+    return rows
+
+
+def check():
+    table = read_table()
+    bad = 0
+    for t, rows in sorted(table.items()):
+        up = upstream(t)
+        # transformers applies every rename, then one converter: the table's order within each kind is
+        # what matters, and upstream's list may interleave them
+        mine = [r for r in rows if r[0] == "rename"], [r for r in rows if r[0] == "pack"]
+        theirs = [r for r in up if r[0] == "rename"], [r for r in up if r[0] != "rename"]
+        if mine != theirs:
+            bad += 1
+            print(f"names table: {t}: differs from transformers' mapping\n  table:    {rows}\n  upstream: {up}")
+    print(f"names table: {len(table)} model types, {len(table) - bad} equal to transformers' mapping")
+    return 1 if bad else 0
+
+
+EDGE_KEYS = [
+    "model.layers.0.mlp.experts.0.gate_proj.weight", "model.layers.0.mlp.experts.17.up_proj.weight",
+    "model.layers.10.mlp.experts.255.down_proj.weight", "model.layers.0.mlp.experts.0.gate_proj.weight_scale_inv",
+    "model.layers.0.mlp.shared_experts.gate_proj.weight", "model.layers.0.mlp.shared_expert.up_proj.weight",
+    "model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.gate.weight", "model.layers.3.mlp.gate.bias",
+    "model.layers.1.block_sparse_moe.experts.3.w1.weight", "model.layers.1.block_sparse_moe.experts.3.w3.weight",
+    "model.layers.1.block_sparse_moe.experts.12.w2.weight", "model.layers.1.block_sparse_moe.gate.weight",
+    "model.layers.1.block_sparse_moe.e_score_correction_bias", "model.layers.1.mlp.e_score_correction_bias",
+    "model.layers.1.mlp.moe_statics.e_score_correction_bias", "model.layers.1.xblock_sparse_moex.gate.weight",
+    "layers.0.ffn.experts.5.w1.weight", "layers.0.ffn.experts.5.w3.weight", "layers.0.ffn.experts.5.w2.weight",
+    "layers.0.ffn.shared_experts.w1.weight", "layers.2.attn.compressor.ape", "layers.2.attn.compressor.apex",
+    "layers.2.attn.indexer.compressor.wkv.weight", "layers.2.attn.indexer.weights_proj.weight",
+    "layers.2.attn.indexer.wq_b.weight", "layers.2.attn.wq_b.weight", "layers.2.attn.norm.weight",
+    "layers.2.ffn.gate.bias", "layers.2.ffn.gate.bias_extra", "layers.2.hc_attn_fn", "layers.2.hc_attn_fnx",
+    "embed.weight", "xembed.weight", "head.weight", "lm_head.weight", "hc_head_fn", "norm.weight",
+    "mtp.0.attn.wq_a.weight", "layers.1.attn.attn_sink", "layers.1.attn.q_norm.weight",
+    "model.layers.0.mlp.experts.x.gate_proj.weight", "a.experts.1.b.experts.2.w1.weight",
+]
+
+
+def vectors():
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+    keys = set(EDGE_KEYS)
+    from safetensors import safe_open
+    for f in glob.glob(os.path.join(ROOT, "fixtures", "*", "*.safetensors")):
+        with safe_open(f, "pt") as h:
+            keys.update(h.keys())
+    keys = sorted(keys)
+    groups = {}
+    for t in sorted(read_table()):
+        conv = get_checkpoint_conversion_mapping(t)
+        ren = [x for x in conv if isinstance(x, WeightRenaming)]
+        cvt = [x for x in conv if isinstance(x, WeightConverter)]
+        changed = {}
+        for k in keys:
+            nk, _ = rename_source_key(k, ren, cvt)
+            if nk != k:
+                changed[k] = nk
+        groups.setdefault(json.dumps(changed, sort_keys=True), []).append(t)
+    out = [{"types": ts, "changed": json.loads(c)} for c, ts in sorted(groups.items(), key=lambda x: x[1])]
+    import transformers
+    doc = {"generator": "dev/names_table.py vectors", "transformers": transformers.__version__,
+           "note": "rename_source_key(key, renamings, converters) per model type, without the base-model "
+                   "prefix step (a model's meta state_dict decides it; names.c's roots do for deepseek_v4); "
+                   "a key not in a group's changed map keeps its name",
+           "keys": keys, "groups": out}
+    with open(OUT, "w") as fh:
+        json.dump(doc, fh, indent=0, sort_keys=True)
+        fh.write("\n")
+    print(f"{OUT}: {len(out)} groups of model types x {len(keys)} keys")
+    return 0
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1] if len(sys.argv) > 1 else "check"
+    sys.exit(check() if mode == "check" else vectors() if mode == "vectors" else 2)

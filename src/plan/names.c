@@ -1,0 +1,554 @@
+/*
+ * Target names: the output tensors under the names and in the shapes that transformers 5's
+ * model classes have in their state_dict, so that DCP (which reads names as they are) loads
+ * them with no glue. transformers applies its checkpoint conversion mapping inside
+ * from_pretrained (transformers/conversion_mapping.py, applied by core_model_loading.py's
+ * rename_source_key): renames, then at most one converter per key. The converters used by
+ * MoE models stack per-expert Linears into one 3-D parameter (MergeModulelist(dim=0)) and
+ * put gate before up (Concatenate(dim=1)). Here that is a plan step: renames rewrite a
+ * name; a pack makes one output tensor whose rows are its members' rows, each member still
+ * one logical tensor dequantized straight into its place (tensor.h, bfs__ucur_next).
+ *
+ * The table below is data: per model type, upstream's own patterns copied verbatim, in
+ * upstream order (docs/NAMES.md lists each with its upstream file:line; `make interop`
+ * compares every row with get_checkpoint_conversion_mapping of the installed transformers).
+ * The patterns are Python regular expressions, of which upstream's rows use a small part,
+ * matched here with upstream's semantics (bfs__rx_*): literal characters and `\.`, `.` (any
+ * character), `^`, the expert wildcard `*.` (rewritten to `.*\.` as upstream does), and the
+ * name boundary `(?!\w)` upstream appends to a pattern that ends in a letter or digit.
+ * A row using anything else is refused when the table is read (BFS_EINTERNAL).
+ */
+#include "plan/plan.h"
+#include "formats/format.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the table ------------------------------------------------------------------------ */
+typedef enum { BFS_NR_RENAME, BFS_NR_PACK } bfs_nr_op;
+
+typedef struct bfs_nrule {
+    bfs_nr_op op;
+    const char *src[2]; /* upstream source_patterns (a pack: one per member of an expert) */
+    const char *dst;    /* upstream target_patterns[0] */
+    const char *ops;    /* a pack's operations, as upstream names them */
+} bfs_nrule;
+
+#define BFS_REN(s, d) {BFS_NR_RENAME, {s, NULL}, d, NULL}
+#define BFS_PACK2(a, b, d) {BFS_NR_PACK, {a, b}, d, "MergeModulelist(dim=0), Concatenate(dim=1)"}
+#define BFS_PACK1(a, d) {BFS_NR_PACK, {a, NULL}, d, "MergeModulelist(dim=0)"}
+#define BFS_NR_END {BFS_NR_RENAME, {NULL, NULL}, NULL, NULL}
+
+/* "qwen2_moe" (conversion_mapping.py: "qwen2_moe") */
+static const bfs_nrule bfs__nr_qwen2_moe[] = {
+    BFS_PACK2("mlp.experts.*.gate_proj.weight", "mlp.experts.*.up_proj.weight", "mlp.experts.gate_up_proj"),
+    BFS_PACK1("mlp.experts.*.down_proj.weight", "mlp.experts.down_proj"),
+    BFS_NR_END,
+};
+static const bfs_nrule bfs__nr_ernie[] = {
+    BFS_REN("mlp.moe_statics.e_score_correction_bias", "mlp.gate.moe_statics.e_score_correction_bias"),
+    BFS_NR_END,
+};
+static const bfs_nrule bfs__nr_exaone[] = {
+    BFS_REN("mlp.e_score_correction_bias", "mlp.gate.e_score_correction_bias"),
+    BFS_NR_END,
+};
+/* "mixtral" */
+static const bfs_nrule bfs__nr_mixtral[] = {
+    BFS_REN(".block_sparse_moe.", ".mlp."),
+    BFS_PACK2(".experts.*.w1.weight", ".experts.*.w3.weight", ".experts.gate_up_proj"),
+    BFS_PACK1(".experts.*.w2.weight", ".experts.down_proj"),
+    BFS_NR_END,
+};
+static const bfs_nrule bfs__nr_minimax_m2[] = {
+    BFS_REN(".block_sparse_moe.e_score_correction_bias", ".mlp.e_score_correction_bias"),
+    BFS_NR_END,
+};
+/* "deepseek_v4" */
+static const bfs_nrule bfs__nr_dsv4[] = {
+    BFS_REN("\\.attn\\.", ".self_attn."),
+    BFS_REN("\\.ffn\\.", ".mlp."),
+    BFS_REN("\\.indexer\\.compressor\\.", "\\.compressor\\.indexer\\."),
+    BFS_REN("^embed\\.weight", "embed_tokens.weight"),
+    BFS_REN("^head\\.weight", "lm_head.weight"),
+    BFS_REN("^hc_head_fn", "hc_head.hc_fn"),
+    BFS_REN("^hc_head_base", "hc_head.hc_base"),
+    BFS_REN("^hc_head_scale", "hc_head.hc_scale"),
+    BFS_REN("\\.attn_norm\\.", ".input_layernorm."),
+    BFS_REN("\\.ffn_norm\\.", ".post_attention_layernorm."),
+    BFS_REN("\\.hc_attn_fn", ".attn_hc.fn"),
+    BFS_REN("\\.hc_attn_base", ".attn_hc.base"),
+    BFS_REN("\\.hc_attn_scale", ".attn_hc.scale"),
+    BFS_REN("\\.hc_ffn_fn", ".ffn_hc.fn"),
+    BFS_REN("\\.hc_ffn_base", ".ffn_hc.base"),
+    BFS_REN("\\.hc_ffn_scale", ".ffn_hc.scale"),
+    BFS_REN("\\.attn_sink", ".sinks"),
+    BFS_REN("\\.indexer\\.weights_proj\\.", "\\.compressor\\.indexer\\.scorer\\.weights_proj\\."),
+    BFS_REN("\\.indexer\\.wq_b\\.", "\\.compressor\\.indexer\\.q_b_proj\\."),
+    BFS_REN("\\.norm\\.", "\\.kv_norm\\."),
+    BFS_REN("\\.ape", "\\.position_bias"),
+    BFS_REN("\\.wq_a\\.", ".q_a_proj."),
+    BFS_REN("\\.self_attn\\.wq_b\\.", "\\.self_attn\\.q_b_proj\\."),
+    BFS_REN("\\.wkv\\.", ".kv_proj."),
+    BFS_REN("\\.wgate\\.", ".gate_proj."),
+    BFS_REN("\\.wo_a\\.", ".o_a_proj."),
+    BFS_REN("\\.wo_b\\.", ".o_b_proj."),
+    BFS_REN("\\.q_norm\\.", ".q_a_norm."),
+    BFS_REN("\\.gate\\.bias", ".gate.e_score_correction_bias"),
+    BFS_REN("\\.shared_experts\\.w1\\.", ".shared_experts.gate_proj."),
+    BFS_REN("\\.shared_experts\\.w2\\.", ".shared_experts.down_proj."),
+    BFS_REN("\\.shared_experts\\.w3\\.", ".shared_experts.up_proj."),
+    BFS_PACK2("\\.experts.*.w1.weight", "\\.experts.*.w3.weight", "\\.experts.gate_up_proj"),
+    BFS_PACK1("\\.experts.*.w2.weight", "\\.experts.down_proj"),
+    BFS_NR_END,
+};
+
+/* DeepSeek-V4's checkpoints name the base model's tensors without its prefix;
+ * from_pretrained adds base_model_prefix ("model.") to a renamed key that the model has
+ * only under it (core_model_loading.py rename_source_key). Here: to keys under these roots. */
+static const char *const bfs__dsv4_roots[] = {"layers.", "embed_tokens.", "norm.", "hc_head.", NULL};
+
+typedef struct bfs_nfamily {
+    const char *name;           /* the table's row, transformers' mapping key it follows */
+    const char *const *types;   /* config.json model_type values */
+    const bfs_nrule *rules[2];  /* applied as one list, in order (the second: upstream's +=) */
+    const char *prefix;         /* added to names under roots[] (NULL: none) */
+    const char *const *roots;
+} bfs_nfamily;
+
+static const char *const bfs__t_qwen2_moe[] = {
+    "qwen2_moe", "qwen3_moe", "qwen3_next", "deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe",
+    "glm4_moe_lite", "glm_moe_dsa", "glm4v_moe", "olmoe", "dots1", "hunyuan_v1_moe", "flex_olmo",
+    "longcat_flash", "afmoe", "cohere2_moe", "solar_open", "mellum", "beam", "qwen3_omni_moe", NULL};
+static const char *const bfs__t_ernie[] = {"ernie4_5_moe", NULL};
+static const char *const bfs__t_exaone[] = {"exaone_moe", NULL};
+static const char *const bfs__t_mixtral[] = {"mixtral", "minimax", NULL};
+static const char *const bfs__t_minimax_m2[] = {"minimax_m2", NULL};
+static const char *const bfs__t_dsv4[] = {"deepseek_v4", NULL};
+
+static const bfs_nfamily bfs__nfamilies[] = {
+    {"qwen2_moe", bfs__t_qwen2_moe, {bfs__nr_qwen2_moe, NULL}, NULL, NULL},
+    {"ernie4_5_moe", bfs__t_ernie, {bfs__nr_qwen2_moe, bfs__nr_ernie}, NULL, NULL},
+    {"exaone_moe", bfs__t_exaone, {bfs__nr_qwen2_moe, bfs__nr_exaone}, NULL, NULL},
+    {"mixtral", bfs__t_mixtral, {bfs__nr_mixtral, NULL}, NULL, NULL},
+    {"minimax_m2", bfs__t_minimax_m2, {bfs__nr_mixtral, bfs__nr_minimax_m2}, NULL, NULL},
+    {"deepseek_v4", bfs__t_dsv4, {bfs__nr_dsv4, NULL}, "model.", bfs__dsv4_roots},
+    {NULL, NULL, {NULL, NULL}, NULL, NULL},
+};
+
+/* ---- upstream's patterns ---------------------------------------------------------------- */
+#define BFS_RX_MAX 160
+enum { BFS_RX_LIT, BFS_RX_ANY, BFS_RX_STAR };
+
+typedef struct bfs_rx {
+    unsigned char kind[BFS_RX_MAX];
+    char lit[BFS_RX_MAX];
+    int n;
+    bool anchor;   /* ^ */
+    bool boundary; /* (?!\w) after the match */
+    size_t order;  /* its length as upstream sorts alternatives: longest first */
+} bfs_rx;
+
+static bool bfs__is_word(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+}
+
+/* src as WeightTransform.__init__ compiles it: "*." -> ".*\.", then (?!\w) when it ends in
+ * a letter or digit. 0, or BFS_EINTERNAL for a construct outside the subset. */
+static int bfs__rx_compile(const char *src, bfs_rx *rx)
+{
+    char buf[2 * BFS_RX_MAX];
+    size_t k = 0;
+    memset(rx, 0, sizeof *rx);
+    rx->order = strlen(src);
+    for (const char *s = src; *s && k + 4 < sizeof buf; s++) {
+        if (s[0] == '*' && s[1] == '.') {
+            memcpy(buf + k, ".*\\.", 4);
+            k += 4;
+            s++;
+        } else {
+            buf[k++] = *s;
+        }
+    }
+    buf[k] = '\0';
+    if (k == 0 || k + 4 >= sizeof buf)
+        return bfs__err(BFS_EINTERNAL, "name rule \"%s\": empty or too long", src);
+    const char last = buf[k - 1];
+    rx->boundary = (last >= 'a' && last <= 'z') || (last >= 'A' && last <= 'Z') || (last >= '0' && last <= '9');
+    const char *s = buf;
+    if (*s == '^') {
+        rx->anchor = true;
+        s++;
+    }
+    for (; *s; s++) {
+        if (rx->n == BFS_RX_MAX)
+            return bfs__err(BFS_EINTERNAL, "name rule \"%s\": too long", src);
+        if (s[0] == '\\' && s[1] && !bfs__is_word(s[1])) {
+            rx->kind[rx->n] = BFS_RX_LIT;
+            rx->lit[rx->n++] = *++s;
+        } else if (s[0] == '.' && s[1] == '*') {
+            rx->kind[rx->n++] = BFS_RX_STAR;
+            s++;
+        } else if (s[0] == '.') {
+            rx->kind[rx->n++] = BFS_RX_ANY;
+        } else if (strchr("\\^$*+?()[]{}|", s[0])) {
+            return bfs__err(BFS_EINTERNAL, "name rule \"%s\": '%c' is outside the patterns bfshard reads", src, s[0]);
+        } else {
+            rx->kind[rx->n] = BFS_RX_LIT;
+            rx->lit[rx->n++] = *s;
+        }
+    }
+    return 0;
+}
+
+/* rx[k..] matches s from i (backtracking, `.*` greedy): *end past the match, star[0..1] what
+ * the last `.*` took */
+static bool bfs__rx_at(const bfs_rx *rx, int k, const char *s, size_t i, size_t len, size_t *end, size_t star[2])
+{
+    for (; k < rx->n; k++) {
+        if (rx->kind[k] == BFS_RX_STAR) {
+            size_t j = i;
+            while (j < len && s[j] != '\n')
+                j++;
+            for (;; j--) { /* longest first */
+                if (bfs__rx_at(rx, k + 1, s, j, len, end, star)) {
+                    star[0] = i;
+                    star[1] = j;
+                    return true;
+                }
+                if (j == i)
+                    return false;
+            }
+        }
+        if (i >= len || (rx->kind[k] == BFS_RX_LIT ? s[i] != rx->lit[k] : s[i] == '\n'))
+            return false;
+        i++;
+    }
+    if (rx->boundary && i < len && bfs__is_word(s[i]))
+        return false;
+    *end = i;
+    return true;
+}
+
+/* re.search over the alternatives rx[0..n) (already in upstream's order): the leftmost start
+ * where one matches, the first alternative there. Returns its index, or -1. */
+static int bfs__rx_search(const bfs_rx *const *rx, int n, const char *s, size_t *m0, size_t *m1, size_t star[2])
+{
+    const size_t len = strlen(s);
+    for (size_t i = 0; i <= len; i++)
+        for (int a = 0; a < n; a++) {
+            if (rx[a]->anchor && i > 0)
+                continue;
+            if (bfs__rx_at(rx[a], 0, s, i, len, m1, star)) {
+                *m0 = i;
+                return a;
+            }
+        }
+    return -1;
+}
+
+/* The replacement text of a target pattern: process_target_pattern's "^" and "\." removed. */
+static void bfs__rx_target(const char *dst, char *out, size_t cap)
+{
+    size_t k = 0;
+    if (*dst == '^')
+        dst++;
+    for (; *dst && k + 1 < cap; dst++) {
+        if (dst[0] == '\\' && dst[1] == '.')
+            dst++;
+        out[k++] = *dst;
+    }
+    out[k] = '\0';
+}
+
+/* key with the first occurrence of its bytes [m0, m1) replaced by rep (str.replace(.., 1)),
+ * malloc'd; NULL when out of memory */
+static char *bfs__replace_first(const char *key, size_t m0, size_t m1, const char *rep)
+{
+    const size_t n = m1 - m0, len = strlen(key), nr = strlen(rep);
+    const char *at = key + m0;
+    for (const char *p = key; p + n <= key + len; p++)
+        if (memcmp(p, key + m0, n) == 0) {
+            at = p;
+            break;
+        }
+    char *o = malloc(len - n + nr + 1);
+    if (!o)
+        return NULL;
+    const size_t pre = (size_t)(at - key);
+    memcpy(o, key, pre);
+    memcpy(o + pre, rep, nr);
+    memcpy(o + pre + nr, at + n, len - pre - n + 1);
+    return o;
+}
+
+/* ---- the family of a model type ---------------------------------------------------------- */
+static const bfs_nfamily *bfs__nfamily_of(const char *model_type)
+{
+    for (const bfs_nfamily *f = bfs__nfamilies; model_type && f->name; f++)
+        for (const char *const *t = f->types; *t; t++)
+            if (strcmp(*t, model_type) == 0)
+                return f;
+    return NULL;
+}
+
+/* A family's rules compiled: renames and packs in their order. */
+typedef struct bfs_ncomp {
+    const bfs_nrule *r[80];
+    bfs_rx rx[80][2];
+    const bfs_rx *alt[80][2]; /* a pack's alternatives, longest first (upstream's order) */
+    int nalt[80], n;
+} bfs_ncomp;
+
+static int bfs__ncomp(const bfs_nfamily *f, bfs_ncomp *c)
+{
+    c->n = 0;
+    for (int l = 0; l < 2 && f->rules[l]; l++)
+        for (const bfs_nrule *r = f->rules[l]; r->dst; r++) {
+            if (c->n == (int)(sizeof c->r / sizeof *c->r))
+                return bfs__err(BFS_EINTERNAL, "name rules of %s: too many", f->name);
+            const int k = c->n++;
+            c->r[k] = r;
+            c->nalt[k] = r->src[1] ? 2 : 1;
+            for (int j = 0; j < c->nalt[k]; j++) {
+                const int rc = bfs__rx_compile(r->src[j], &c->rx[k][j]);
+                if (rc < 0)
+                    return rc;
+            }
+            const bool swap = c->nalt[k] == 2 && c->rx[k][1].order > c->rx[k][0].order; /* stable */
+            c->alt[k][0] = &c->rx[k][swap ? 1 : 0];
+            c->alt[k][1] = &c->rx[k][swap ? 0 : 1];
+        }
+    return 0;
+}
+
+/* ---- the pass ---------------------------------------------------------------------------- */
+typedef struct bfs_nmatch {
+    char *target;  /* the packed tensor's name */
+    size_t t;      /* index into p->t */
+    uint64_t e;    /* expert */
+    int j;         /* member of the expert (source pattern) */
+    int rule;      /* index into the compiled rules */
+} bfs_nmatch;
+
+static int bfs__cmp_nmatch(const void *a, const void *b)
+{
+    const bfs_nmatch *x = a, *y = b;
+    const int c = strcmp(x->target, y->target);
+    if (c)
+        return c;
+    if (x->e != y->e)
+        return x->e < y->e ? -1 : 1;
+    return x->j - y->j;
+}
+
+/* Rename *name by every rename in order (each at most once, as apply_renamings), then the
+ * base model's prefix (*rule set when any applied); then the first pack that matches
+ * records m (*matched). */
+static int bfs__name_one(const bfs_nfamily *f, const bfs_ncomp *c, char **name, const char **rule, bfs_nmatch *m,
+                         bool *matched)
+{
+    char rep[256];
+    *matched = false;
+    for (int k = 0; k < c->n; k++) {
+        if (c->r[k]->op != BFS_NR_RENAME)
+            continue;
+        size_t m0, m1, star[2];
+        const bfs_rx *alt[1] = {c->alt[k][0]};
+        if (bfs__rx_search(alt, 1, *name, &m0, &m1, star) < 0)
+            continue;
+        bfs__rx_target(c->r[k]->dst, rep, sizeof rep);
+        char *nn = bfs__replace_first(*name, m0, m1, rep);
+        if (!nn)
+            return bfs__err(BFS_ENOMEM, "out of memory");
+        free(*name);
+        *name = nn;
+        *rule = f->name;
+    }
+    for (const char *const *root = f->roots; root && *root; root++)
+        if (strncmp(*name, *root, strlen(*root)) == 0) {
+            char *nn = bfs__str_cat2(f->prefix, *name);
+            if (!nn)
+                return bfs__err(BFS_ENOMEM, "out of memory");
+            free(*name);
+            *name = nn;
+            *rule = f->name;
+            break;
+        }
+    for (int k = 0; k < c->n; k++) { /* at most one converter (apply_converters) */
+        if (c->r[k]->op != BFS_NR_PACK)
+            continue;
+        size_t m0, m1, star[2] = {0, 0};
+        const int a = bfs__rx_search(c->alt[k], c->nalt[k], *name, &m0, &m1, star);
+        if (a < 0)
+            continue;
+        bfs__rx_target(c->r[k]->dst, rep, sizeof rep);
+        const int j = c->alt[k][a] == &c->rx[k][0] ? 0 : 1;
+        uint64_t e = 0;
+        bool num = star[1] > star[0] && star[1] - star[0] <= 9;
+        for (size_t i = star[0]; num && i < star[1]; i++)
+            num = (*name)[i] >= '0' && (*name)[i] <= '9';
+        for (size_t i = star[0]; num && i < star[1]; i++)
+            e = e * 10 + (uint64_t)((*name)[i] - '0');
+        if (!num)
+            return bfs__err(BFS_EINPUT, "tensor \"%s\": transformers packs it into \"%s\" by expert, but \"%.*s\" is not an expert number",
+                            *name, rep, (int)(star[1] - star[0]), *name + star[0]);
+        if (!(m->target = bfs__replace_first(*name, m0, m1, rep)))
+            return bfs__err(BFS_ENOMEM, "out of memory");
+        m->e = e;
+        m->j = j;
+        m->rule = k;
+        *matched = true;
+        return 0;
+    }
+    return 0;
+}
+
+int bfs__names_key(const char *model_type, const char *key, char **out, uint64_t *expert, int *member)
+{
+    const bfs_nfamily *f = bfs__nfamily_of(model_type);
+    bfs_ncomp *c = malloc(sizeof *c);
+    bfs_nmatch m = {0};
+    bool hit = false;
+    const char *rule = NULL;
+    char *name = bfs__strdup(key);
+    int rc = !c || !name ? bfs__err(BFS_ENOMEM, "out of memory") : f ? bfs__ncomp(f, c) : 0;
+    if (rc == 0 && f)
+        rc = bfs__name_one(f, c, &name, &rule, &m, &hit);
+    free(c);
+    *expert = hit ? m.e : 0;
+    *member = hit ? m.j : -1;
+    if (rc < 0 || hit) {
+        free(name);
+        name = m.target;
+    }
+    *out = rc < 0 ? NULL : name;
+    return rc;
+}
+
+/* One pack: matches g[0..n) (sorted by expert, then member) of one target become a packed
+ * tensor *pt whose members are mem[0..n), moved there from p->t. */
+static int bfs__pack_one(const bfs_plan *p, const bfs_ncomp *c, const bfs_nmatch *g, size_t n,
+                         bfs_ltensor *mem, bfs_ltensor *pt)
+{
+    const int J = c->nalt[g[0].rule];
+    const bfs_ltensor *m0 = &p->t[g[0].t];
+    const uint64_t E = g[n - 1].e + 1;
+    char shp[128], shp0[128];
+    for (size_t i = 0; i < (size_t)E * (size_t)J; i++) { /* experts 0..E-1, each member once */
+        const uint64_t we = i / (size_t)J;
+        const int wj = (int)(i % (size_t)J);
+        if (i < n && g[i].e == we && g[i].j == wj)
+            continue;
+        const bool twice = i < n && i > 0 && g[i].e == g[i - 1].e && g[i].j == g[i - 1].j;
+        return bfs__err(BFS_EINPUT, "tensor \"%s\": transformers packs experts 0..%llu into \"%s\", but expert %llu's \"%s\" is %s",
+                        p->t[g[i < n ? i : n - 1].t].name, (unsigned long long)(E - 1), g[0].target,
+                        (unsigned long long)(twice ? g[i].e : we), c->r[g[0].rule]->src[twice ? g[i].j : wj],
+                        twice ? "there twice" : "missing");
+    }
+    for (size_t i = 0; i < n; i++) {
+        const bfs_ltensor *t = &p->t[g[i].t];
+        if (t->ndim < 1 || t->ndim != m0->ndim || t->out_dtype != m0->out_dtype ||
+            memcmp(t->shape, m0->shape, sizeof t->shape[0] * (size_t)t->ndim) != 0 || t->ndim + 1 > BFS_MAX_DIMS) {
+            bfs__shape_str(t->shape, t->ndim, shp, sizeof shp);
+            bfs__shape_str(m0->shape, m0->ndim, shp0, sizeof shp0);
+            return bfs__err(BFS_EINPUT, "tensor \"%s\" (%s %s) cannot be packed into \"%s\" with \"%s\" (%s %s): shapes or dtypes differ",
+                            t->name, bfs__dtype_name(t->out_dtype), shp, g[0].target, m0->name,
+                            bfs__dtype_name(m0->out_dtype), shp0);
+        }
+        mem[i] = *t;
+    }
+    *pt = mem[0];
+    pt->name = g[0].target;
+    pt->ndim = mem[0].ndim + 1;
+    pt->shape[0] = E;
+    pt->shape[1] = (uint64_t)J * mem[0].shape[0];
+    for (int d = 1; d < mem[0].ndim; d++)
+        pt->shape[d + 1] = mem[0].shape[d];
+    bfs__finish_shape(pt);
+    pt->members = mem;
+    pt->npack = (uint32_t)J;
+    pt->rule = c->r[g[0].rule]->ops;
+    pt->keep_fp32 = false;
+    pt->nsrc = 0; /* its sources are its members' (bfs__part) */
+    memset(pt->src, 0, sizeof pt->src);
+    return 0;
+}
+
+const char *bfs__names_family(const char *model_type)
+{
+    const bfs_nfamily *f = bfs__nfamily_of(model_type);
+    return f ? f->name : NULL;
+}
+
+int bfs__plan_names(bfs_plan *p, const char *model_type, int mode, int layout)
+{
+    int rc = 0;
+    bfs_ncomp *c = NULL;
+    bfs_nmatch *m = NULL;
+    bool *gone = NULL;
+    bfs_ltensor *out = NULL;
+    size_t nm = 0, nout = 0;
+    const bfs_nfamily *f = bfs__nfamily_of(model_type);
+    const bool want = mode == BFS_NAMES_TRANSFORMERS || (mode == BFS_NAMES_AUTO && layout == BFS_LAYOUT_DCP);
+    p->names_family = NULL;
+    p->names_unmapped = 0;
+    if (!want || !f) {
+        /* per-expert tensors left under checkpoint names in the DCP layout: transformers 5
+         * packs them on load, so DCP will not find them (for the log, inspect, the manifest) */
+        for (size_t i = 0; layout == BFS_LAYOUT_DCP && i < p->nt; i++) {
+            const char *x = strstr(p->t[i].name, ".experts.");
+            if (x && x[9] >= '0' && x[9] <= '9')
+                p->names_unmapped++;
+        }
+        return 0;
+    }
+    p->names_family = f->name;
+    if (!(c = malloc(sizeof *c)) || !(m = calloc(p->nt + 1, sizeof *m)) || !(gone = calloc(p->nt + 1, sizeof *gone)))
+        BFS_FAIL(BFS_ENOMEM, "out of memory");
+    BFS_TRY(bfs__ncomp(f, c));
+    for (size_t i = 0; i < p->nt; i++) {
+        bool hit = false;
+        BFS_TRY(bfs__name_one(f, c, &p->t[i].name, &p->t[i].rule, &m[nm], &hit));
+        if (hit)
+            m[nm++].t = i;
+    }
+    if (nm == 0)
+        goto cleanup;
+    qsort(m, nm, sizeof *m, bfs__cmp_nmatch);
+    if (!(p->members = malloc(nm * sizeof *p->members)))
+        BFS_FAIL(BFS_ENOMEM, "out of memory");
+    if (!(out = malloc((p->nt + 1) * sizeof *out)))
+        BFS_FAIL(BFS_ENOMEM, "out of memory");
+    for (size_t a = 0, b; a < nm; a = b) {
+        for (b = a + 1; b < nm && strcmp(m[b].target, m[a].target) == 0; b++)
+            ;
+        BFS_TRY(bfs__pack_one(p, c, &m[a], b - a, &p->members[a], &out[nout]));
+        m[a].target = NULL; /* the packed tensor's name now */
+        nout++;
+        for (size_t k = a; k < b; k++)
+            gone[m[k].t] = true;
+    }
+    /* the members' names move with them to p->members; the rest keep their order (the
+     * plan sorts them) and the packed tensors follow */
+    size_t kept = 0;
+    for (size_t i = 0; i < p->nt; i++)
+        if (!gone[i])
+            p->t[kept++] = p->t[i];
+    memcpy(p->t + kept, out, nout * sizeof *out);
+    p->nt = kept + nout;
+    p->nmembers = nm;
+    nout = 0;
+cleanup:
+    for (size_t k = 0; k < nout; k++) /* a pack failed: the members' names are still p->t's */
+        free((char *)out[k].name);
+    free(out);
+    for (size_t k = 0; m && k < nm; k++)
+        free(m[k].target);
+    free(m);
+    free(c);
+    free(gone);
+    return rc;
+}
