@@ -44,6 +44,7 @@ static const bfs_py_field bfs_py_fields[] = {
     F(bfs_convert_opts, revision),
     F(bfs_convert_opts, max_rss),
     F(bfs_convert_opts, sha256),
+    F(bfs_convert_opts, names),
     S(bfs_convert_result),
     F(bfs_convert_result, size),
     F(bfs_convert_result, bytes_written),

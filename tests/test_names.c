@@ -137,9 +137,12 @@ static void check_layout(const char *type, const stfile *ref, const char *out, i
         const uint64_t d0 = e->ndim ? e->shape[0] : 1, nb = d0 * row_bytes;
         for (int r = 0; r < W; r++) {
             const bfs_st_tensor *g = st_find(&rk[r], target);
-            if (j < 0) { /* renamed or not: the same tensor, rank r's rows */
+            if (j < 0) { /* renamed or not: the same tensor, rank r's rows (a model buffer: whole, rank 0) */
                 uint64_t a = 0, b = d0;
-                if (!hf && e->ndim)
+                const bool buffer = bfs__str_ends(target, ".e_score_correction_bias") || bfs__str_ends(target, ".tid2eid");
+                if (!hf && e->ndim && buffer)
+                    b = r == 0 ? d0 : 0;
+                else if (!hf && e->ndim)
                     bfs__chunk_rows(d0, (uint64_t)W, (uint64_t)r, &a, &b);
                 if (a == b) {
                     assert_null(g);

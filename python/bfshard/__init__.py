@@ -136,7 +136,7 @@ def _choice(name: str, v: Any, table: Dict[Any, int]) -> int:
 
 _OPTIONS = ("layout", "device", "threads", "mem", "gpu_mem", "mxfp4_layout", "keep_dtype", "force",
             "max_shard_size", "cpu_level", "compress", "log", "ranks", "parts", "revision", "max_rss",
-            "sha256")
+            "sha256", "names")
 
 
 def _opts(world_size: int, options: Dict[str, Any], keep: List[Any]) -> "_lib.ConvertOpts":
@@ -162,6 +162,8 @@ def _opts(world_size: int, options: Dict[str, Any], keep: List[Any]) -> "_lib.Co
     o.max_shard_size = _size("max_shard_size", options.get("max_shard_size"))
     if "mxfp4_layout" in options:
         o.mxfp4_layout = _choice("mxfp4_layout", options["mxfp4_layout"], _lib.MXFP4_LAYOUT)
+    if "names" in options:
+        o.names = _choice("names", options["names"], _lib.NAMES)
     o.keep_dtype = 1 if options.get("keep_dtype") else 0
     o.force = 1 if options.get("force") else 0
     o.sha256 = 1 if options.get("sha256") else 0
@@ -195,7 +197,8 @@ def convert(input: Union[str, os.PathLike], outdir: Union[str, os.PathLike], wor
     directory, or a model in the local Hugging Face cache ("org/name", or its
     models--org--name folder; revision="branch, tag or commit"): see resolve().
 
-    options (as the CLI's, see `bfshard convert --help`): layout ("dcp", "hf"), device
+    options (as the CLI's, see `bfshard convert --help`): layout ("dcp", "hf"), names
+    ("transformers", "checkpoint", "auto"; docs/NAMES.md), device
     ("auto", "cpu", "cuda", "cuda:N[,M]"), threads, mem, max_rss, gpu_mem, max_shard_size (ints or
     "512M"-style strings), mxfp4_layout ("hf", "openai"), keep_dtype, force, sha256, cpu_level
     (None, "scalar", "avx2", "avx512"), compress (None, "zstd[:LEVEL]",

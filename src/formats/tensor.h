@@ -40,6 +40,8 @@ typedef struct bfs_ltensor {
     const struct bfs_ltensor *members;
     uint32_t npack;
     const char *rule;     /* the naming rule that made the name, for the manifest (static); NULL: none */
+    bool whole;           /* the model keeps it as a buffer, which FSDP2 does not shard: written whole,
+                           * on rank 0 only, like a 0-d tensor (src/plan/names.c) */
     /* kind-specific: one kind's members only (a plan holds one of these per tensor; the
      * plan zeroes the entry before each format's claim) */
     union {

@@ -161,6 +161,8 @@ static json_t *bfs__manifest_tensor(const bfs_manifest_in *mi, size_t i)
     whole = e && json_object_set_new(e, "action", json_string(bfs__kind_action(t))) == 0;
     if (whole && t->rule) /* the target-name rule that made its name (and a pack, its shape) */
         whole = json_object_set_new(e, "rule", json_string(t->rule)) == 0;
+    if (whole && t->whole) /* a model buffer: whole on rank 0 (docs/NAMES.md) */
+        whole = json_object_set_new(e, "placement", json_string("whole on rank 0 (a buffer of the model)")) == 0;
     if (whole &&
         (t->kind == BFS_K_BNB4 || t->kind == BFS_K_CAST || (t->kind == BFS_K_PASS && t->out_dtype != t->src_dtype)))
         whole = json_object_set_new(e, "source_dtype", json_string(bfs__dtype_name(t->src_dtype))) == 0;

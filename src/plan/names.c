@@ -109,12 +109,21 @@ static const bfs_nrule bfs__nr_dsv4[] = {
  * only under it (core_model_loading.py rename_source_key). Here: to keys under these roots. */
 static const char *const bfs__dsv4_roots[] = {"layers.", "embed_tokens.", "norm.", "hc_head.", NULL};
 
+/* Tensors the model registers as buffers (the router's correction bias, DeepSeek-V4's hash
+ * routing table), by the end of their target name: FSDP2 shards parameters only, so every
+ * rank needs these whole; they go to rank 0's file whole, as 0-d tensors do, and every rank
+ * reads them from there (tensor.h, bfs_ltensor.whole). `make interop` compares them with
+ * the model's buffers. */
+static const char *const bfs__buf_router[] = {".e_score_correction_bias", NULL};
+static const char *const bfs__buf_dsv4[] = {".e_score_correction_bias", ".tid2eid", NULL};
+
 typedef struct bfs_nfamily {
     const char *name;           /* the table's row, transformers' mapping key it follows */
     const char *const *types;   /* config.json model_type values */
     const bfs_nrule *rules[2];  /* applied as one list, in order (the second: upstream's +=) */
     const char *prefix;         /* added to names under roots[] (NULL: none) */
     const char *const *roots;
+    const char *const *buffers; /* the model's buffers, by name suffix */
 } bfs_nfamily;
 
 static const char *const bfs__t_qwen2_moe[] = {
@@ -128,13 +137,13 @@ static const char *const bfs__t_minimax_m2[] = {"minimax_m2", NULL};
 static const char *const bfs__t_dsv4[] = {"deepseek_v4", NULL};
 
 static const bfs_nfamily bfs__nfamilies[] = {
-    {"qwen2_moe", bfs__t_qwen2_moe, {bfs__nr_qwen2_moe, NULL}, NULL, NULL},
-    {"ernie4_5_moe", bfs__t_ernie, {bfs__nr_qwen2_moe, bfs__nr_ernie}, NULL, NULL},
-    {"exaone_moe", bfs__t_exaone, {bfs__nr_qwen2_moe, bfs__nr_exaone}, NULL, NULL},
-    {"mixtral", bfs__t_mixtral, {bfs__nr_mixtral, NULL}, NULL, NULL},
-    {"minimax_m2", bfs__t_minimax_m2, {bfs__nr_mixtral, bfs__nr_minimax_m2}, NULL, NULL},
-    {"deepseek_v4", bfs__t_dsv4, {bfs__nr_dsv4, NULL}, "model.", bfs__dsv4_roots},
-    {NULL, NULL, {NULL, NULL}, NULL, NULL},
+    {"qwen2_moe", bfs__t_qwen2_moe, {bfs__nr_qwen2_moe, NULL}, NULL, NULL, bfs__buf_router},
+    {"ernie4_5_moe", bfs__t_ernie, {bfs__nr_qwen2_moe, bfs__nr_ernie}, NULL, NULL, bfs__buf_router},
+    {"exaone_moe", bfs__t_exaone, {bfs__nr_qwen2_moe, bfs__nr_exaone}, NULL, NULL, bfs__buf_router},
+    {"mixtral", bfs__t_mixtral, {bfs__nr_mixtral, NULL}, NULL, NULL, bfs__buf_router},
+    {"minimax_m2", bfs__t_minimax_m2, {bfs__nr_mixtral, bfs__nr_minimax_m2}, NULL, NULL, bfs__buf_router},
+    {"deepseek_v4", bfs__t_dsv4, {bfs__nr_dsv4, NULL}, "model.", bfs__dsv4_roots, bfs__buf_dsv4},
+    {NULL, NULL, {NULL, NULL}, NULL, NULL, NULL},
 };
 
 /* ---- upstream's patterns ---------------------------------------------------------------- */
@@ -514,6 +523,11 @@ int bfs__plan_names(bfs_plan *p, const char *model_type, int mode, int layout)
         BFS_TRY(bfs__name_one(f, c, &p->t[i].name, &p->t[i].rule, &m[nm], &hit));
         if (hit)
             m[nm++].t = i;
+        for (const char *const *b = f->buffers; !hit && p->t[i].ndim > 0 && b && *b; b++)
+            if (bfs__str_ends(p->t[i].name, *b)) {
+                p->t[i].whole = true;
+                p->t[i].rule = f->name;
+            }
     }
     if (nm == 0)
         goto cleanup;

@@ -256,7 +256,8 @@ static int bfs__file_order(const bfs_plan *p, bfs_outfile *f)
  * tensors once and each tensor's ranks costs the number of pieces, never ranks x tensors. */
 static uint64_t bfs__dcp_ranks(const bfs_ltensor *t, uint64_t W)
 {
-    if (t->ndim == 0 || t->d0 == 0) /* a 0-d tensor cannot be chunked; an empty one is recorded once: rank 0 */
+    if (t->ndim == 0 || t->d0 == 0 || t->whole) /* a 0-d tensor cannot be chunked; an empty one is recorded
+                                                  * once; a model's buffer is whole: rank 0 */
         return 1;
     const uint64_t chunk = (t->d0 + W - 1) / W;
     return (t->d0 + chunk - 1) / chunk;
@@ -280,9 +281,8 @@ static int bfs__dcp_file(bfs_plan *p, uint64_t W, uint64_t r, bfs_outfile *f)
             continue;
         if (f->npieces == want)
             return bfs__err(BFS_EINTERNAL, "%s: more pieces than the layout counted (%zu)", f->name, want);
-        uint64_t a = 0, b = t->ndim == 0 ? 1 : 0;
-        if (t->ndim > 0)
-            bfs__chunk_rows(t->d0, W, r, &a, &b);
+        uint64_t a = 0, b = 0;
+        bfs__rank_rows(t, W, r, &a, &b);
         f->pieces[f->npieces++] = (bfs_piece){.tensor = (int)i, .row0 = a, .row1 = b};
     }
     if (f->npieces == 0 && first_nd < p->nt && want > 0)
@@ -338,9 +338,8 @@ static int bfs__layout_dcp(bfs_plan *p, uint64_t W, const bool *only)
         for (uint64_t r = 0; r < n; r++) {
             count[r]++;
             if (only && !only[r]) {
-                uint64_t a = 0, b = t->ndim == 0 ? 1 : 0;
-                if (t->ndim > 0)
-                    bfs__chunk_rows(t->d0, W, r, &a, &b);
+                uint64_t a = 0, b = 0;
+                bfs__rank_rows(t, W, r, &a, &b);
                 bytes[r] += (b - a) * rb; /* bounded: the tensor's bytes were checked by the plan */
             }
         }

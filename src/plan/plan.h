@@ -93,6 +93,18 @@ int bfs__plan_header(const bfs_plan *p, const bfs_outfile *f, char **out);
  * into buf (cap > data_start), which the caller keeps (convert reuses one per file in flight). */
 int bfs__plan_header_into(const bfs_plan *p, const bfs_outfile *f, char *buf, size_t cap);
 
+/* Rows [*row0, *row1) of tensor t in rank r's file of W: FSDP2's Shard(0) / torch.chunk rule
+ * (bfs__chunk_rows); a 0-d tensor, and one the model keeps whole (t->whole), on rank 0. */
+#define bfs__rank_rows(t, W, r, row0, row1)                                                        \
+    do {                                                                                           \
+        if ((t)->ndim == 0 || (t)->whole) {                                                        \
+            *(row0) = 0;                                                                           \
+            *(row1) = (r) == 0 ? ((t)->ndim == 0 ? 1 : (t)->d0) : 0;                               \
+        } else {                                                                                   \
+            bfs__chunk_rows((t)->d0, (W), (r), (row0), (row1));                                     \
+        }                                                                                          \
+    } while (0)
+
 /* FSDP2 Shard(0) / torch.chunk rule: rows of rank r out of d0 for W ranks. */
 static inline void bfs__chunk_rows(uint64_t d0, uint64_t W, uint64_t r, uint64_t *row0, uint64_t *row1)
 {
