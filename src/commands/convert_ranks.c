@@ -262,25 +262,63 @@ cleanup:
     return rc;
 }
 
-/* One unit of the piece of rows [a, b) between its identity checks: its kernel (timed),
- * then its source bytes hashed into its rank's blocks (srchash.c) -- the bytes the kernel
- * read, since nothing wrote the file after the check before it. */
-static int bfs__run_unit(bfs_run *r, const bfs_unit *u, uint64_t a, uint64_t b)
+/* The units of a span (bfs__ucur_span) into out, *len bytes, between the identity checks of
+ * their inputs: their kernels (timed), then their source bytes hashed into their ranks'
+ * blocks (srchash.c) -- the bytes the kernels read, since nothing wrote the file after the
+ * check before it -- then their input pages released. */
+#define BFS_SPAN_BATCH 64 /* units through the backend at a time (run_batch) */
+/* The identity checks of units u[0..n)'s input files, each file once (as bfs__check_batch). */
+static int bfs__check_units(bfs_run *r, const bfs_unit *u, int n)
 {
-    bfs_srange sr[BFS_UNIT_MAX_SRC], blk[BFS_UNIT_MAX_SRC];
-    const int ns = bfs__unit_hash_blocks(u, a, b, sr, blk);
-    if (ns < 0)
-        return ns;
-    const double t0 = bfs__now();
-    const int rc = r->be->run(r->be, u);
-    r->t_dequant += bfs__now() - t0;
-    return rc < 0 ? rc : bfs__srchash_ranges(r->sh, sr, blk, ns);
+    if (n == 1)
+        return bfs__check_sources(r, u[0].t);
+    const unsigned stamp = ++r->stamp ? r->stamp : ++r->stamp; /* 0 is "never" */
+    if (stamp == 1)
+        memset(r->fstamp, 0, (size_t)r->in->nfiles * sizeof *r->fstamp);
+    for (int k = 0; k < n; k++)
+        for (int i = 0; i < u[k].t->nsrc; i++) {
+            const int f = u[k].t->src[i]->file;
+            if (r->fstamp[f] == stamp)
+                continue;
+            r->fstamp[f] = stamp;
+            const int rc = bfs__input_check(r->in, f);
+            if (rc < 0)
+                return rc;
+        }
+    return 0;
+}
+static int bfs__run_units(bfs_run *r, const bfs_unit *u, const uint64_t *ua, const uint64_t *ub, int n);
+static int bfs__run_span(bfs_run *r, bfs_ucur *span, uint8_t *out, uint64_t *len)
+{
+    bfs_unit u[BFS_SPAN_BATCH];
+    uint64_t ua[BFS_SPAN_BATCH], ub[BFS_SPAN_BATCH];
+    int n = 0, rc = 0;
+    bool more = true;
+    while (more && rc == 0) {
+        more = bfs__ucur_next(span, UINT64_MAX, &u[n], &ua[n], &ub[n]);
+        if (more) {
+            u[n].out = out + *len;
+            *len += (u[n].row1 - u[n].row0) * bfs__sub_row_bytes(u[n].t);
+            n++;
+        }
+        if (n == BFS_SPAN_BATCH || (!more && n > 0)) {
+            rc = bfs__check_units(r, u, n);
+            if (rc == 0)
+                rc = bfs__run_units(r, u, ua, ub, n);
+            if (rc == 0)
+                rc = bfs__check_units(r, u, n);
+            for (int i = 0; i < n && rc == 0; i++)
+                bfs__advise_sources(r->in, &u[i], true);
+            n = 0;
+        }
+    }
+    return rc;
 }
 
 /* Units u[0..n) of a batch, each a whole piece (a packed one: a whole member; ua, ub: the
  * piece's rows for the hash blocks, bfs__ucur_next): run_batch when the backend has it (one
  * pipeline for them all), else one by one; timed as one (two clock reads a tiny piece were
- * 3% of a DeepSeek-V3 run at W = 64), then their source bytes hashed, as bfs__run_unit does. */
+ * 3% of a DeepSeek-V3 run at W = 64), then their source bytes hashed. */
 #define BFS_RUN_BATCH 64
 static int bfs__run_units(bfs_run *r, const bfs_unit *u, const uint64_t *ua, const uint64_t *ub, int n)
 {
@@ -345,37 +383,34 @@ static int bfs__write_piece(bfs_run *r, bfs_rank *rk, const bfs_outfile *of, siz
         return bfs__unit_push(r, rk, &(bfs_wjob){.buf = "", .len = 0, .off = off, .piece = (int)pi, .piece_end = true},
                               false);
     }
-    bfs_ucur cur = bfs__ucur(t, pc->row0, pc->row1);
-    bfs_unit u, next;
-    uint64_t a = 0, b = 0, na = 0, nb = 0;
-    bool more = bfs__ucur_next(&cur, rows_per_unit, &u, &a, &b);
+    /* a buffer's worth of rows at a time: one unit of t, or of a packed tensor as many of its
+     * members' units as fill one (small experts: one writer job for many, as batches are) */
+    bfs_ucur cur = bfs__ucur(t, pc->row0, pc->row1), span, nspan;
+    bool more = bfs__ucur_span(&cur, rows_per_unit, &span);
     while (more) {
         if (bfs__cancelled())
             BFS_FAIL(BFS_EINTR, "interrupted while writing %s (tensor \"%s\")", of->name, t->name);
-        const uint64_t n = u.row1 - u.row0;
         /* at buffer + off % 4096: the writer writes it O_DIRECT from there (writer.h) */
         uint8_t *buf;
         BFS_TRY(bfs__slot_take(r, &buf)); /* the writer is done with it */
         uint8_t *const out = buf + off % BFS_DIO_ALIGN;
-        u.out = out;
-        more = bfs__ucur_next(&cur, rows_per_unit, &next, &na, &nb);
-        if (more)
+        more = bfs__ucur_span(&cur, rows_per_unit, &nspan);
+        bfs_ucur peek = nspan;
+        bfs_unit next;
+        uint64_t na, nb;
+        if (more && bfs__ucur_next(&peek, UINT64_MAX, &next, &na, &nb))
             bfs__advise_sources(r->in, &next, false);
-        BFS_TRY(bfs__check_sources(r, u.t));
-        BFS_TRY(bfs__run_unit(r, &u, a, b));
-        BFS_TRY(bfs__check_sources(r, u.t));
-        bfs__advise_sources(r->in, &u, true);
-        const bfs_wjob j = {.buf = out, .len = (size_t)(n * row_bytes), .off = off, .piece = (int)pi,
-                            .piece_end = !more, .headroom = true};
+        uint64_t len = 0;
+        BFS_TRY(bfs__run_span(r, &span, out, &len));
+        const bfs_wjob j = {.buf = out, .len = (size_t)len, .off = off, .piece = (int)pi, .piece_end = !more,
+                            .headroom = true};
         bfs__slot_touch(r, out + j.len);
         /* a file's first units are dequantized while the writer writes the last file's last
          * ones: this one is begun once that one is committed (bfs__unit_push) */
         BFS_TRY(bfs__unit_push(r, rk, &j, true));
-        off += n * row_bytes;
+        off += len;
         bfs__progress(r, t->name);
-        u = next;
-        a = na;
-        b = nb;
+        span = nspan;
     }
 cleanup:
     return rc;

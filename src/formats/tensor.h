@@ -128,6 +128,18 @@ static inline bool bfs__ucur_next(bfs_ucur *c, uint64_t max, bfs_unit *u, uint64
     return true;
 }
 
+/* The next span of c, at most max of its sub-rows (one buffer's worth; a packed tensor's
+ * span may hold several members' units), as a cursor of its own; false when none is left. */
+static inline bool bfs__ucur_span(bfs_ucur *c, uint64_t max, bfs_ucur *span)
+{
+    if (c->pos >= c->end || max == 0)
+        return false;
+    *span = *c;
+    span->end = c->end - c->pos < max ? c->end : c->pos + max;
+    c->pos = span->end;
+    return true;
+}
+
 /* The logical tensors whose sources t reads: t itself, or a packed tensor's members
  * (part i of bfs__nparts(t)). */
 static inline size_t bfs__nparts(const bfs_ltensor *t) { return t->members ? (size_t)t->d0 * t->npack : 1; }

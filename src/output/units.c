@@ -326,7 +326,7 @@ static void bfs__mw_touch(bfs_mwalk *w, uint64_t end, uint64_t in)
 
 static void bfs__mw_next(bfs_mwalk *w) { w->slot = (w->slot + 1) % w->m->ring.n; }
 
-/* a piece cut into units, as bfs__write_piece cuts them; each unit's input pages go after it */
+/* a piece cut into buffers, as bfs__write_piece cuts them; each one's input pages go after it */
 static void bfs__mw_piece(bfs_mwalk *w, const bfs_plan *p, const bfs_piece *pc)
 {
     const uint64_t pg = 4096;
@@ -336,19 +336,20 @@ static void bfs__mw_piece(bfs_mwalk *w, const bfs_plan *p, const bfs_piece *pc)
         return;
     const uint64_t rows_per_unit = bfs__unit_rows(&w->m->ring, row_bytes);
     uint64_t off = pc->offset;
-    bfs_ucur cur = bfs__ucur(t, pc->row0, pc->row1);
-    bfs_unit u;
-    uint64_t ua, ub;
-    while (bfs__ucur_next(&cur, rows_per_unit, &u, &ua, &ub)) {
-        const uint64_t n = u.row1 - u.row0;
-        bfs_srange s[BFS_UNIT_MAX_SRC];
-        const int ns = bfs__unit_sources(&u, s);
-        uint64_t in = 0;
-        for (int i = 0; i < ns; i++)
-            if (s[i].len) { /* outward to pages, as convert releases them */
-                const uint64_t a = s[i].r->file_offset + s[i].off;
-                in += (a + s[i].len + pg - 1) / pg * pg - a / pg * pg;
-            }
+    bfs_ucur cur = bfs__ucur(t, pc->row0, pc->row1), span;
+    while (bfs__ucur_span(&cur, rows_per_unit, &span)) { /* a buffer each; a packed tensor's: its members' units */
+        const uint64_t n = span.end - span.pos;
+        bfs_unit u;
+        uint64_t ua, ub, in = 0;
+        while (bfs__ucur_next(&span, UINT64_MAX, &u, &ua, &ub)) {
+            bfs_srange s[BFS_UNIT_MAX_SRC];
+            const int ns = bfs__unit_sources(&u, s);
+            for (int i = 0; i < ns; i++)
+                if (s[i].len) { /* outward to pages, as convert releases them */
+                    const uint64_t a = s[i].r->file_offset + s[i].off;
+                    in += (a + s[i].len + pg - 1) / pg * pg - a / pg * pg;
+                }
+        }
         bfs__mw_touch(w, off % BFS_DIO_ALIGN + n * row_bytes, in);
         bfs__mw_next(w);
         off += n * row_bytes;
