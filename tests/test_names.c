@@ -16,9 +16,12 @@
 #include "plan/plan.h"
 
 #include <jansson.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
+#include <unistd.h>
 
 static const char *const moe_fixtures[] = {
     "fixtures/ct-moe-mixed", "fixtures/ct-mx-mixed", "fixtures/ct-mx6-mixed", "fixtures/dsv4-tiny",
@@ -306,12 +309,46 @@ static void packs_refused_and_told(void **s)
     free(tmp);
 }
 
+/* Parts + merge, and a run killed (SIGKILL) after its first rank file and run again, give the
+ * bytes of one whole run under target names. */
+static void parts_and_resume_identical(void **s)
+{
+    (void)s;
+    char *tmp = tu_tmpdir("namesp");
+    const char *fx = "fixtures/moe-dsv4-fp8";
+    assert_int_equal(tu_sh("%s convert %s %s/whole -w 4 --device cpu -q", tu_bfshard(), fx, tmp), 0);
+    static const char *const parts[] = {"3", "0-1", "2"};
+    for (size_t i = 0; i < 3; i++)
+        assert_int_equal(tu_sh("%s convert %s %s/parts -w 4 --ranks %s --device cpu -q", tu_bfshard(), fx, tmp, parts[i]), 0);
+    assert_int_equal(tu_sh("%s merge %s/parts -q", tu_bfshard(), tmp), 0);
+    assert_int_equal(tu_sh("diff -r %s/whole %s/parts", tmp, tmp), 0);
+    /* killed once rank 0's file is committed (rank 1's .partial appears), then run again */
+    char out[4096];
+    snprintf(out, sizeof out, "%s/killed", tmp);
+    assert_int_equal(tu_sh("mkdir -p %s", out), 0);
+    const int ifd = tu_watch(out, IN_CREATE);
+    char *argv[] = {"bfshard", "convert", (char *)fx, out, "-w", "4", "--device", "cpu", "--mem", "64K", "-q", NULL};
+    setenv("BFSHARD_TEST_WRITER_DELAY_US", "100000", 1); /* a slow disk: the kill lands mid-run */
+    int rc = 0;
+    const bool killed = tu_kill_on_event(ifd, tu_spawn(argv, NULL), ".shard-00002-model-00001-of-00001.safetensors.partial",
+                                         IN_CREATE, 120, &rc);
+    unsetenv("BFSHARD_TEST_WRITER_DELAY_US");
+    close(ifd);
+    assert_true(killed && rc == 1000 + SIGKILL);
+    assert_int_equal(tu_sh("test -f %s/shard-00001-model-00001-of-00001.safetensors", out), 0);
+    assert_int_equal(tu_sh("%s convert %s %s -w 4 --device cpu -q", tu_bfshard(), fx, out), 0);
+    assert_int_equal(tu_sh("diff -r %s/whole %s", tmp, out), 0);
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(engine_matches_transformers),
         cmocka_unit_test(packed_equals_checkpoint),
         cmocka_unit_test(packs_refused_and_told),
+        cmocka_unit_test(parts_and_resume_identical),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
