@@ -5,6 +5,7 @@
 #include "base/base.h"
 
 #include <stdatomic.h>
+#include <stdio.h>
 #include <time.h>
 
 /* lock-free atomic: safe from a signal handler and read by the worker threads */
@@ -18,6 +19,19 @@ double bfs__now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+uint64_t bfs__device_read_bytes(void)
+{
+    FILE *f = fopen("/proc/self/io", "r");
+    char line[128];
+    unsigned long long v = UINT64_MAX;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "read_bytes: %llu", &v) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return (uint64_t)v;
 }
 
 void bfs__progress_report(const bfs_convert_opts *o, uint64_t done, uint64_t total, const char *tensor)

@@ -376,6 +376,10 @@ static int bfs__run_setup(bfs_run *r, const char *input)
     malloc_trim(0);
 #endif
     BFS_TRY(bfs__run_part(r));
+    for (int f = 0; r->mine && f < o->world_size && !r->prefetch; f++)
+        r->prefetch = !r->mine[f]; /* a part (not every rank): exact reads, no readahead */
+    if (r->prefetch)
+        bfs__input_random(r->in);
     BFS_TRY(bfs__check_aux(r->in));
     if (!(r->unit_read = calloc(r->in->nraw + 1, sizeof *r->unit_read)))
         BFS_FAIL(BFS_ENOMEM, "out of memory");
@@ -681,33 +685,6 @@ static void bfs__run_free(bfs_run *r, int rc)
     bfs__input_free(r->in);
 }
 
-/* BFSHARD_STAGES=1: one JSON line on stderr with the seconds per stage (make bench) */
-static void bfs__stages_print(const bfs_run *r, double total)
-{
-    const char *e = getenv("BFSHARD_STAGES");
-    if (!e || strcmp(e, "1") || !r->plan)
-        return;
-    const bfs_wstages *s = &r->w.st;
-    const uint64_t bp = bfs__buf_page();
-    uint64_t touched = 0; /* the buffers' pages the run filled (the memory model: units.h) */
-    for (int i = 0; i < r->ring.n; i++)
-        touched += (r->touched[i] + bp - 1) / bp * bp;
-    /* writer_busy: the share of the run the writer spent writing (issue 25: keep the disk busy) */
-    fprintf(stderr,
-            "bfshard-stages {\"total_s\": %.4f, \"dequant_s\": %.4f, \"hash_s\": %.4f, \"wait_writer_s\": %.4f, "
-            "\"write_s\": %.4f, \"zst_s\": %.4f, \"tail_s\": %.4f, \"commit_s\": %.4f, \"direct_bytes\": %llu, "
-            "\"buffered_bytes\": %llu, \"input_s\": %.4f, \"plan_s\": %.4f, \"layout_s\": %.4f, \"setup_s\": %.4f, "
-            "\"files_s\": %.4f, \"manifest_s\": %.4f, \"sha256_s\": %.4f, \"writer_busy\": %.4f, "
-            "\"writer_busy_files\": %.4f, \"buffers\": %d, \"buffers_used\": %d, \"buffers_touched_bytes\": %llu, \"units_waited\": %llu, \"buffer_bytes\": %llu, \"unit_bytes\": %llu, \"group\": %d, "
-            "\"input_bytes_read\": %llu, \"source_bytes_hashed\": %llu}\n",
-            total, r->t_dequant, s->hash, s->wait, s->write, s->zst, s->tail, r->t_commit,
-            (unsigned long long)s->direct_bytes, (unsigned long long)s->buffered_bytes, r->t_input, r->t_plan,
-            r->t_layout, r->t_setup, r->t_files, r->t_manifest, s->sha, total > 0 ? s->write / total : 0.0,
-            r->t_files > 0 ? s->write / r->t_files : 0.0, r->ring.n, r->live,
-            (unsigned long long)touched, (unsigned long long)r->waited, (unsigned long long)r->ring.slot,
-            (unsigned long long)r->ring.unit, r->group, (unsigned long long)r->in_read, (unsigned long long)r->src_read);
-}
-
 int bfs_convert(const char *input_arg, const char *outdir, const bfs_convert_opts *o_arg, bfs_convert_result *res_arg)
 {
     int rc = 0;
@@ -727,6 +704,7 @@ int bfs_convert(const char *input_arg, const char *outdir, const bfs_convert_opt
     r->o = o;
     r->outdir = outdir;
     const double t0 = bfs__now();
+    r->dev_read0 = bfs__device_read_bytes();
     BFS_TRY(bfs__struct_out_check(res_arg, "bfs_convert_result"));
     BFS_TRY(bfs__struct_in(o, sizeof *o, o_arg, "bfs_convert_opts"));
     if (o->ranks && o->threads == 0) { /* several processes per node share its CPUs */

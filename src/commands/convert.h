@@ -27,6 +27,7 @@ typedef struct bfs_rank {
     bfs_zst_writer *zw;
     char zname[NAME_MAX + 1];
     char what[PATH_MAX + 64];    /* the temporary's path, for messages (the writer's too) */
+    size_t pf;                   /* pieces [0, pf) read ahead (bfs__prefetch_pieces) */
 } bfs_rank;
 
 typedef struct bfs_run {
@@ -58,11 +59,13 @@ typedef struct bfs_run {
     json_t *aux;               /* extra files written: manifest files[] entries */
     /* a part (ISSUE 13); mine == NULL for a whole run */
     bool *mine;                /* per output file: this part writes it */
+    bool prefetch;             /* a part: input maps MADV_RANDOM, its ranges read ahead by hand */
     char part[128];            /* the canonical rank list */
     char pname[NAME_MAX + 1], jname[NAME_MAX + 1]; /* the part's manifest and journal */
     uint64_t part_bytes;       /* tensor bytes the part writes */
     uint64_t src_read;         /* input bytes the source-hash terms of this run cover (srchash.c) */
     uint64_t in_read;          /* input bytes read: headers, the units' ranges, bytes read to hash */
+    uint64_t dev_read0;        /* bfs__device_read_bytes() when the run began */
     bfs_outdir_lock lock;      /* one writer per OUTDIR */
     double t_dequant, t_commit; /* stage times (BFSHARD_STAGES=1) */
     double t_input, t_plan, t_layout, t_setup, t_files, t_manifest; /* and the phases around the rank files */
@@ -118,5 +121,8 @@ int bfs__rehash_pieces(bfs_run *r, int fidx);
 int bfs__file_slices(bfs_run *r, int fidx);
 /* File fidx's piece hashes (r->piece_dig[fidx]) allocated, when they are not yet. */
 int bfs__piece_dig_alloc(bfs_run *r, int fidx);
+
+/* BFSHARD_STAGES=1: the run's seconds per stage, one JSON line on stderr (make bench). */
+void bfs__stages_print(const bfs_run *r, double total);
 
 #endif

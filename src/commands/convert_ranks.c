@@ -611,6 +611,13 @@ cleanup:
     return rc;
 }
 
+/* A part reads ahead by hand: the pieces of k's file within BFS_PREFETCH_AHEAD (units.h) */
+static void bfs__prefetch(bfs_run *r, bfs_rank *k, const bfs_outfile *of, size_t pi)
+{
+    if (r->prefetch)
+        k->pf = bfs__prefetch_ahead(r->in, r->plan, of, k->pf, pi);
+}
+
 int bfs__write_file(bfs_run *r, int fidx)
 {
     int rc = 0;
@@ -620,6 +627,7 @@ int bfs__write_file(bfs_run *r, int fidx)
     bfs__rank_reset(k, fidx);
     for (size_t pi = 0, pe; pi < of->npieces; pi = pe) {
         pe = bfs__batch_end(r->plan, of, pi, r->unit_bytes);
+        bfs__prefetch(r, k, of, pi);
         if (pe > pi + 1)
             BFS_TRY(bfs__write_batch(r, k, of, pi, pe, false));
         else
@@ -675,6 +683,7 @@ int bfs__write_group(bfs_run *r, const int *fidx, int n)
         }
         bfs_rank *const k = &r->grp[s.g];
         const bfs_outfile *of = &r->plan->files[k->fidx];
+        bfs__prefetch(r, k, of, s.p0);
         if (!s.batch) {
             BFS_TRY(bfs__write_piece(r, k, of, s.p0));
             continue;

@@ -220,6 +220,13 @@ static void bfs__stat_id(const struct stat *st, uint64_t id[6])
     id[5] = (uint64_t)st->st_ctim.tv_nsec;
 }
 
+void bfs__input_random(const bfs_input *in)
+{
+    for (int i = 0; i < in->nfiles; i++)
+        if (in->files[i].map)
+            (void)madvise((void *)in->files[i].map, (size_t)in->files[i].size, MADV_RANDOM);
+}
+
 int bfs__input_check(const bfs_input *in, int file)
 {
     for (int i = file < 0 ? 0 : file; i < in->nfiles && (file < 0 || i == file); i++) {

@@ -48,6 +48,10 @@ const bfs_raw *bfs__input_find(const bfs_input *in, const char *name);
  * its mapping (input.c: the SIGBUS handler). Any write(2) to the file changes its
  * ctime, which no user can set back. */
 int bfs__input_check(const bfs_input *in, int file);
+/* Every map advised MADV_RANDOM: a fault reads its page and no readahead. For a part, whose
+ * rows of a weight are a thin band: readahead ran into the other ranks' bands (at W = 64 the
+ * storage delivered 25x the part's bytes); it reads ahead by hand (bfs__prefetch_pieces). */
+void bfs__input_random(const bfs_input *in);
 
 /* Input bytes one unit reads: [off, off + len) of raw tensor r's data (the formats say
  * which: bfs__unit_sources; the source hashes take them). */

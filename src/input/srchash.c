@@ -59,8 +59,11 @@ static void bfs__hash_mapped(XXH3_state_t *st, const uint8_t *p, uint64_t n)
     const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
     for (uint64_t o = 0; o < n;) {
         const size_t w = n - o < BFS_SRC_HASH_WINDOW ? (size_t)(n - o) : BFS_SRC_HASH_WINDOW;
-        if (st)
+        if (st) { /* asked for whole: a part's maps read no further than asked (MADV_RANDOM) */
+            const uintptr_t wa = (uintptr_t)(p + o) / pg * pg;
+            (void)madvise((void *)wa, (uintptr_t)(p + o + w) - wa, MADV_WILLNEED);
             XXH3_128bits_update(st, p + o, w);
+        }
         const uintptr_t a = ((uintptr_t)(p + o) + pg - 1) / pg * pg, b = (uintptr_t)(p + o + w) / pg * pg;
         if (b > a)
             (void)madvise((void *)a, b - a, MADV_DONTNEED);

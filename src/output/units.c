@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 bool bfs__ring_budget(const bfs_plan *p, const bool *mine, uint64_t mem, bfs_ring *rg)
@@ -69,9 +70,15 @@ size_t bfs__batch_end(const bfs_plan *p, const bfs_outfile *of, size_t pi, uint6
      * the pipeline coarser and the resident set larger */
     const uint64_t cap = unit_bytes < BFS_BATCH_BYTES ? unit_bytes : BFS_BATCH_BYTES;
     uint64_t sum = 0;
-    size_t e = pi;
-    while (e < of->npieces && e - pi < BFS_BATCH_MAX && of->pieces[e].nbytes <= cap - sum) {
-        sum += of->pieces[e].nbytes;
+    size_t e = pi, units = 0;
+    while (e < of->npieces && of->pieces[e].nbytes <= cap - sum) {
+        const bfs_piece *pc = &of->pieces[e];
+        const bfs_ltensor *t = &p->t[pc->tensor]; /* a packed piece: a kernel unit per member */
+        const size_t nu = t->members ? (size_t)(pc->row1 - pc->row0) * t->npack : 1;
+        if (units + nu > BFS_BATCH_MAX)
+            break;
+        units += nu;
+        sum += pc->nbytes;
         e++;
     }
     return e > pi + 1 ? e : pi + 1;
@@ -100,6 +107,65 @@ static size_t bfs__prange_merge(bfs_prange *o, size_t n, bool sorted)
         }
     }
     return m;
+}
+
+/* pages [a, b) of file gathered for one MADV_WILLNEED (file < 0: none) */
+typedef struct {
+    int file;
+    uint64_t a, b;
+} bfs_pfrange;
+
+static void bfs__pf_flush(const bfs_input *in, bfs_pfrange *g)
+{
+    if (g->file >= 0) {
+        const bfs_infile *fl = &in->files[g->file];
+        const uint64_t e = g->b < fl->size ? g->b : fl->size;
+        if (e > g->a)
+            (void)madvise((void *)(fl->map + g->a), (size_t)(e - g->a), MADV_WILLNEED);
+    }
+    g->file = -1;
+}
+
+void bfs__prefetch_pieces(const bfs_input *in, const bfs_plan *p, const bfs_outfile *of, size_t p0, size_t p1)
+{
+    const uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
+    bfs_pfrange g = {.file = -1};
+    for (size_t k = p0; k < p1; k++) {
+        const bfs_piece *pc = &of->pieces[k];
+        bfs_ucur cur = bfs__ucur(&p->t[pc->tensor], pc->row0, pc->row1);
+        bfs_unit u;
+        uint64_t ua, ub;
+        while (bfs__ucur_next(&cur, UINT64_MAX, &u, &ua, &ub)) { /* the piece; a packed one's members */
+            bfs_srange s[BFS_UNIT_MAX_SRC];
+            const int ns = bfs__unit_sources(&u, s);
+            for (int i = 0; i < ns; i++) {
+                if (s[i].len == 0)
+                    continue;
+                const uint64_t x = (s[i].r->file_offset + s[i].off) / pg * pg;
+                const uint64_t y = (s[i].r->file_offset + s[i].off + s[i].len + pg - 1) / pg * pg;
+                /* the same file and near: one request (a gap of a few pages costs less than a call) */
+                if (s[i].r->file == g.file && x <= g.b + 16 * pg && y + 16 * pg >= g.a) {
+                    g.a = x < g.a ? x : g.a;
+                    g.b = y > g.b ? y : g.b;
+                } else {
+                    bfs__pf_flush(in, &g);
+                    g = (bfs_pfrange){s[i].r->file, x, y};
+                }
+            }
+        }
+    }
+    bfs__pf_flush(in, &g);
+}
+
+size_t bfs__prefetch_ahead(const bfs_input *in, const bfs_plan *p, const bfs_outfile *of, size_t pf, size_t pi)
+{
+    const size_t a = pf > pi ? pf : pi;
+    size_t e = a;
+    while (e < of->npieces && of->pieces[e].offset < of->pieces[pi].offset + BFS_PREFETCH_AHEAD)
+        e++;
+    if (e > a)
+        bfs__prefetch_pieces(in, p, of, a, e);
+    return e > pf ? e : pf;
 }
 
 size_t bfs__batch_pages(const bfs_plan *p, const bfs_outfile *of, size_t p0, size_t p1, uint64_t pg, bool inward,

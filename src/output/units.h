@@ -49,7 +49,7 @@ static inline uint64_t bfs__unit_rows(const bfs_ring *rg, uint64_t row_bytes)
  * release of their input pages), so that a model of many small tensors does not pay
  * per-tensor syscalls and hand-offs. Returns the end of the batch that begins at piece
  * pi: > pi + 1 for a batch, pi + 1 for a piece on its own (cut into units of rows,
- * bfs__write_piece). At most BFS_BATCH_MAX pieces. */
+ * bfs__write_piece). At most BFS_BATCH_MAX kernel units (a packed tensor's piece: one per member). */
 #define BFS_BATCH_MAX 4096
 size_t bfs__batch_end(const bfs_plan *p, const bfs_outfile *of, size_t pi, uint64_t unit_bytes);
 /* The bytes of pieces [p0, p1) of `of` together (a batch's) */
@@ -60,10 +60,20 @@ static inline uint64_t bfs__pieces_bytes(const bfs_outfile *of, size_t p0, size_
         n += of->pieces[k].nbytes;
     return n;
 }
+/* Reading ahead by hand, for a run whose input maps are MADV_RANDOM (a part: no readahead
+ * past its thin bands of each weight): MADV_WILLNEED on exactly the source ranges of pieces
+ * [p0, p1) of `of` (page-rounded outward, neighbours within a few pages joined), so that the
+ * storage delivers those bytes, asynchronously, while the pieces before them dequantize. */
+void bfs__prefetch_pieces(const bfs_input *in, const bfs_plan *p, const bfs_outfile *of, size_t p0, size_t p1);
+/* The window: pieces [0, pf) read ahead already, piece pi next to be written: those whose data
+ * starts within BFS_PREFETCH_AHEAD of pi's read ahead now, so that requests are in flight
+ * while pi's units dequantize. Returns the new pf. */
+#define BFS_PREFETCH_AHEAD (128ull << 20)
+size_t bfs__prefetch_ahead(const bfs_input *in, const bfs_plan *p, const bfs_outfile *of, size_t pf, size_t pi);
 /* The input pages that pieces [p0, p1) of `of` read (dim-0 rows of their sources),
  * outward to pages of `pg` bytes (inward: only the pages they read whole; none where a
  * source range holds no whole page), sorted by (file, offset) and merged where they touch:
- * at most BFS_UNIT_MAX_SRC * (p1 - p0) ranges into out. Returns how many. */
+ * at most BFS_UNIT_MAX_SRC per kernel unit (bfs__batch_end: BFS_BATCH_MAX units) into out. Returns how many. */
 typedef struct bfs_prange {
     int file;
     uint64_t a, b; /* page-aligned [a, b) of the file (b may pass its end by < pg) */

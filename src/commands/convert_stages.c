@@ -1,0 +1,39 @@
+/* The BFSHARD_STAGES=1 report of a conversion (make bench reads it): seconds per stage, the
+ * writer's and the ring's figures, the bytes read, as one JSON line on stderr. */
+#include "commands/convert.h"
+#include "output/units.h"
+#include "output/writer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* BFSHARD_STAGES=1: one JSON line on stderr with the seconds per stage (make bench) */
+void bfs__stages_print(const bfs_run *r, double total)
+{
+    const char *e = getenv("BFSHARD_STAGES");
+    if (!e || strcmp(e, "1") || !r->plan)
+        return;
+    const bfs_wstages *s = &r->w.st;
+    const uint64_t bp = bfs__buf_page();
+    uint64_t touched = 0; /* the buffers' pages the run filled (the memory model: units.h) */
+    for (int i = 0; i < r->ring.n; i++)
+        touched += (r->touched[i] + bp - 1) / bp * bp;
+    /* writer_busy: the share of the run the writer spent writing (keep the disk busy); device
+     * bytes: what the storage delivered, readahead included (-1: no count) */
+    const uint64_t dev = bfs__device_read_bytes();
+    fprintf(stderr,
+            "bfshard-stages {\"total_s\": %.4f, \"dequant_s\": %.4f, \"hash_s\": %.4f, \"wait_writer_s\": %.4f, "
+            "\"write_s\": %.4f, \"zst_s\": %.4f, \"tail_s\": %.4f, \"commit_s\": %.4f, \"direct_bytes\": %llu, "
+            "\"buffered_bytes\": %llu, \"input_s\": %.4f, \"plan_s\": %.4f, \"layout_s\": %.4f, \"setup_s\": %.4f, "
+            "\"files_s\": %.4f, \"manifest_s\": %.4f, \"sha256_s\": %.4f, \"writer_busy\": %.4f, "
+            "\"writer_busy_files\": %.4f, \"buffers\": %d, \"buffers_used\": %d, \"buffers_touched_bytes\": %llu, \"units_waited\": %llu, \"buffer_bytes\": %llu, \"unit_bytes\": %llu, \"group\": %d, "
+            "\"input_bytes_read\": %llu, \"source_bytes_hashed\": %llu, \"device_bytes_read\": %lld}\n",
+            total, r->t_dequant, s->hash, s->wait, s->write, s->zst, s->tail, r->t_commit,
+            (unsigned long long)s->direct_bytes, (unsigned long long)s->buffered_bytes, r->t_input, r->t_plan,
+            r->t_layout, r->t_setup, r->t_files, r->t_manifest, s->sha, total > 0 ? s->write / total : 0.0,
+            r->t_files > 0 ? s->write / r->t_files : 0.0, r->ring.n, r->live,
+            (unsigned long long)touched, (unsigned long long)r->waited, (unsigned long long)r->ring.slot,
+            (unsigned long long)r->ring.unit, r->group, (unsigned long long)r->in_read, (unsigned long long)r->src_read,
+            dev == UINT64_MAX || r->dev_read0 == UINT64_MAX ? -1LL : (long long)(dev - r->dev_read0));
+}
