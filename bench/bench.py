@@ -55,6 +55,9 @@ TARGETS = {
     "parts_vs_whole": 1.3,     # 4 parts one after another <= 1.3x the whole run at W=64
     "part_manifest_vs_whole": 0.5,  # each part's manifest <= 0.5x the whole run's
     "merge_vs_whole": 0.1,     # merge <= 0.1x the whole run
+    # a node's part of real shapes (DeepSeek-V3 FP8 experts), from a cold page cache:
+    "part_device_vs_share": 1.5,   # the storage delivers <= 1.5x the part's share (W=64 --ranks 0)
+    "part_w64_vs_w8": 0.25,        # W=64 --ranks 0 takes <= 0.25x W=8 --ranks 0 (ideal 0.125)
 }
 # reported, not bars of issue 15: near-linear thread scaling would be >= 0.8; the project's
 # own aim for many tiny tensors (--tiny) is >= 50k tensors/s end to end at W = 1 and 8;
@@ -565,6 +568,61 @@ class Bench:
                             "stages": s})
         self.res["tiny"] = out
 
+    # ---- a part's reads: real shapes, cold cache ----
+    def cold(self, d):
+        """d's files out of the page cache: drop_caches where allowed, else fadvise DONTNEED
+        (clean pages after a sync: they go)."""
+        os.sync()
+        try:
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("3\n")
+            return "drop_caches"
+        except OSError:
+            for f in os.listdir(d):
+                fd = os.open(os.path.join(d, f), os.O_RDONLY)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                os.close(fd)
+            return "fadvise DONTNEED"
+
+    def partio(self):
+        """--ranks 0 of W = 8 and 64 on DeepSeek-V3's real shapes (gen_synth.py fp8-block: 7168 hidden,
+        experts of [2048, 7168] FP8 in 128 x 128 blocks, real blocks on disk), cold: the bytes bfshard
+        asks for (input_bytes_read), the bytes the storage delivered (device_bytes_read, /proc/self/io),
+        time; the floor: dd reading the share's bytes cold + dd writing the part's output."""
+        a = self.a
+        d = os.path.join(self.data, f"fp8-real-L{a.partio_layers}-E{a.partio_experts}")
+        if not os.path.isdir(d):
+            os.makedirs(self.data, exist_ok=True)
+            log(f"generating {d}")
+            subprocess.run([self.py, os.path.join(HERE, "gen_synth.py"), "fp8-block", d, "--layers",
+                            str(a.partio_layers), "--experts", str(a.partio_experts), "--vocab", "32000"], check=True)
+        out, rows = os.path.join(self.disk, "out"), []
+        big = max((os.path.join(d, f) for f in os.listdir(d) if f.endswith(".safetensors")), key=os.path.getsize)
+        for rnd in range(self.a.repeat):
+            for W in (8, 64):
+                how = self.cold(d)
+                rmtree(out)
+                env = dict(os.environ, BFSHARD_STAGES="1")
+                r = timed(self.convert_cmd(d, out, world=W) + ["--ranks", "0"], env=env)
+                st = {}
+                for line in r.pop("stderr_text", "").splitlines():
+                    if line.startswith("bfshard-stages "):
+                        st = json.loads(line.split(" ", 1)[1])
+                wb = du(out)
+                rmtree(out)
+                share = st.get("input_bytes_read") or 0
+                self.cold(d)  # the floor: the same bytes read cold, then the output written
+                rd = timed(["dd", f"if={big}", "of=/dev/null", "bs=8M", f"count={share}", "iflag=count_bytes"])
+                wr = self.run_dd(self.disk, wb or 1, direct=True)
+                row = {"round": rnd, "world": W, "rc": r["rc"], "wall_s": r["wall_s"], "share_bytes": share,
+                       "device_bytes": st.get("device_bytes_read"), "write_bytes": wb,
+                       "floor_s": rd["wall_s"] + wr["wall_s"], "dd_read_s": rd["wall_s"], "dd_write_s": wr["wall_s"],
+                       "cold": how, "max_rss_kb": r.get("max_rss_kb")}
+                log(f"partio: W={W} --ranks 0: {r['wall_s']:.2f} s, share {share / 2**20:.0f} MiB, storage "
+                    f"{(row['device_bytes'] or 0) / 2**20:.0f} MiB, floor {row['floor_s']:.2f} s ({how})")
+                rows.append(row)
+        self.res["partio"] = {"layers": a.partio_layers, "experts": a.partio_experts, "rows": rows}
+
     # ---- issue 22: bookkeeping at DeepSeek-V3's real tensor count and 64+ ranks ----
     def scale(self):
         a = self.a
@@ -951,9 +1009,28 @@ class Bench:
                     P(f"    {wk['layers']} layers, W={x['world']:<4d}: convert {x['wall_s'] or 0:6.1f} s (rc {x['rc']}), "
                       f"peak RSS {(x['max_rss_kb'] or 0) / 1e3:.0f} MB, manifest {(x['manifest_bytes'] or 0) / 1e6:.1f} MB, "
                       f"verify {x['verify_s'] or 0:.1f} s")
+        pio = R.get("partio")
+        if pio and pio["rows"]:
+            P("")
+            P(f"part reads: DeepSeek-V3 real shapes ({pio['layers']} layers, {pio['experts']} experts), --ranks 0, "
+              f"cold cache; medians over rounds")
+            med = {}
+            for W in (8, 64):
+                rs = [x for x in pio["rows"] if x["world"] == W and x["rc"] == 0]
+                if not rs:
+                    continue
+                m = {k: statistics.median([x[k] for x in rs]) for k in ("wall_s", "share_bytes", "device_bytes", "floor_s")}
+                med[W] = m
+                P(f"    W={W:<3d} {m['wall_s']:6.2f} s, share {m['share_bytes'] / 2**20:7.0f} MiB, storage delivered "
+                  f"{m['device_bytes'] / 2**20:7.0f} MiB ({m['device_bytes'] / max(1, m['share_bytes']):.2f}x), "
+                  f"floor (dd read + write) {m['floor_s']:.2f} s")
+            if 64 in med:
+                targ["part_device_vs_share"] = [{"what": "W64", "ratio": med[64]["device_bytes"] / max(1, med[64]["share_bytes"])}]
+            if 8 in med and 64 in med:
+                targ["part_w64_vs_w8"] = [{"what": "W64/W8", "ratio": med[64]["wall_s"] / med[8]["wall_s"]}]
         lower = ("rss_growth", "time_linear", "rss_predicted", "scale_w64_vs_w8", "parts_vs_whole",
                  "mem_1g_vs_64m", "manifest_w64_vs_w8", "verify_w64_vs_w8", "part_manifest_vs_whole",
-                 "merge_vs_whole", "scale_w64_vs_w8_aim")  # lower is better
+                 "merge_vs_whole", "scale_w64_vs_w8_aim", "part_device_vs_share", "part_w64_vs_w8")  # lower is better
         for key, lim in list(TARGETS.items()) + list(INFO_ONLY.items()):
             items = targ.get(key)
             if not items:
@@ -980,6 +1057,8 @@ class Bench:
                     "parts_vs_whole": "92k tensors: 4 parts <= %.1fx whole",
                     "part_manifest_vs_whole": "92k tensors: part manifest <= %.1fx whole",
                     "merge_vs_whole": "92k tensors: merge <= %.1fx whole",
+                    "part_device_vs_share": "a part's storage reads <= %.1fx its share",
+                    "part_w64_vs_w8": "a part: W=64 time <= %.2fx W=8",
                     "tiny_tensors_per_s": "(info) tiny tensors, aim >= %.0f tensors/s"}[key] % lim
             detail = ", ".join(
                 f"{x.get('op') or x.get('model') or x.get('what') or ''} {x[field]:.2f}".strip() for x in items)
@@ -1016,6 +1095,8 @@ class Bench:
                 self.tiny()
             if a.scale_layers:
                 self.scale()
+            if a.partio_layers:
+                self.partio()
         finally:
             for d in self.shm_inputs:
                 rmtree(d)
@@ -1066,6 +1147,9 @@ def main():
     ap.add_argument("--scale-worlds", default="8,64,256", help="issue 22: world sizes of the scale case")
     ap.add_argument("--scale-w1024-layers", type=int, default=5,
                     help="issue 22: layers of the W=1024 row (and its W=64 baseline); 0 skips")
+    ap.add_argument("--partio-layers", type=int, default=2,
+                    help="a part's reads: DeepSeek-V3 real-shape layers (0 skips; 4 with 256 experts = 34 GB)")
+    ap.add_argument("--partio-experts", type=int, default=64, help="routed experts of those layers (256 = real)")
     ap.add_argument("--kernels", type=int, default=1)
     ap.add_argument("--kreps", type=int, default=5, help="threads_bench repetitions")
     ap.add_argument("--kb-reps", type=int, default=25, help="kernels_bench repetitions (best of)")
