@@ -3,7 +3,7 @@
  * it: counted in bytes the storage delivered (BFSHARD_STAGES device_bytes_read, from
  * /proc/self/io), from a cold page cache, on real shapes where a rank's band of a weight
  * (32 of 2048 rows at W = 64) is much smaller than the readahead a fault would start.
- * Not timed: bytes only.
+ * inspect --ranks predicts them (device_bytes_to_read) within 10%. Not timed: bytes only.
  *
  * The input lies under build/ (a disk: tmpfs has no block reads to count); a machine whose
  * kernel counts none at all (device_bytes_read -1, or 0 for a read that was not cached)
@@ -107,6 +107,12 @@ static void part_reads_its_share(void **s)
         if ((double)dev > 1.5 * (double)logical)
             fail_msg("W=%d --ranks %s: the storage delivered %lld bytes for a share of %lld", runs[i].W, runs[i].ranks,
                      dev, logical);
+        /* inspect --ranks said so before the run: its ranges in whole pages, within 10% */
+        assert_int_equal(tu_sh("%s inspect %s -w %d --ranks %s --json > %s", tu_bfshard(), in, runs[i].W, runs[i].ranks, st), 0);
+        const long long want = stage(st, "device_bytes_to_read");
+        if (want <= 0 || (double)dev > 1.1 * (double)want || (double)dev < 0.9 * (double)want)
+            fail_msg("W=%d --ranks %s: inspect predicted %lld bytes from the storage, the run read %lld", runs[i].W,
+                     runs[i].ranks, want, dev);
     }
     tu_rmrf(dir);
 }

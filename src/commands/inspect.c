@@ -35,13 +35,14 @@ static json_t *bfs__shape_j(const uint64_t *s, int n)
     return a;
 }
 
-/* ISSUE 13: a part's bytes: written (its rank files), read (every header, its units' source
+/* A part's bytes: written (its rank files), read (every header, its units' source
  * ranges, what it reads only to hash) and covered by its source-hash terms: convert's own
  * count (srchash.c), its pieces fed to a source hash that hashes nothing. */
 typedef struct {
     bool *mine;
     char list[128], how[192];
     uint64_t write, read, hashed;
+    uint64_t device; /* what the storage delivers: the pages a part asks for (headers, its ranges) */
 } bfs_part_plan;
 
 static int bfs__inspect_part(const bfs_input *in, const bfs_plan *p, const bfs_convert_opts *o, bfs_part_plan *pp)
@@ -66,6 +67,8 @@ static int bfs__inspect_part(const bfs_input *in, const bfs_plan *p, const bfs_c
             continue;
         pp->write += p->files[f].size;
         rc = bfs__plan_pieces((bfs_plan *)p, f); /* a lazy plan's, made for this walk and dropped */
+        if (rc == 0) /* the pages it reads ahead of its units (bfs__prefetch_ahead), counted */
+            bfs__prefetch_pieces(in, p, &p->files[f], 0, p->files[f].npieces, &pp->device);
         for (size_t k = 0; k < p->files[f].npieces && rc == 0; k++) {
             const bfs_piece *pc = &p->files[f].pieces[k];
             const bfs_ltensor *t = &p->t[pc->tensor];
@@ -81,6 +84,9 @@ static int bfs__inspect_part(const bfs_input *in, const bfs_plan *p, const bfs_c
         }
         bfs__plan_pieces_drop((bfs_plan *)p, f);
     }
+    const uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
+    for (int i = 0; i < in->nfiles; i++) /* each header, read alone */
+        pp->device += (in->files[i].h.data_start + pg - 1) / pg * pg;
     if (rc == 0)
         rc = bfs__srchash_finish(h, NULL);
     if (rc == 0)
@@ -232,9 +238,10 @@ int bfs_inspect(const char *input_arg, const bfs_convert_opts *o_arg, int as_jso
     json_object_set_new(root, "outputs", jranks);
     json_object_set_new(root, "output_bytes", json_integer((json_int_t)p->total_bytes));
     if (pp.mine)
-        json_object_set_new(root, "part", json_pack("{s:s, s:s, s:I, s:I, s:I, s:I}", "ranks", pp.list, "from",
+        json_object_set_new(root, "part", json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I}", "ranks", pp.list, "from",
                                                     pp.how[0] ? pp.how : "--ranks", "bytes_to_write",
                                                     (json_int_t)pp.write, "bytes_to_read", (json_int_t)pp.read,
+                                                    "device_bytes_to_read", (json_int_t)pp.device,
                                                     "source_bytes_to_hash", (json_int_t)pp.hashed, "input_bytes",
                                                     (json_int_t)in_bytes));
     json_object_set_new(root, "memory", json_pack("{s:I, s:I, s:i, s:I, s:I, s:I, s:b, s:I, s:i}", "budget", (json_int_t)mem,
@@ -275,9 +282,9 @@ int bfs_inspect(const char *input_arg, const bfs_convert_opts *o_arg, int as_jso
                 o->world_size, (double)p->total_bytes / 1e6);
         if (pp.mine)
             fprintf(out, "part: ranks %s (%s): writes %llu bytes; reads %llu of the %llu input bytes (every header and "
-                    "its ranks' rows), of which its terms of the source hashes cover %llu\n",
+                    "its ranks' rows; ~%llu from the storage, in whole pages), of which its terms of the source hashes cover %llu\n",
                     pp.list, pp.how[0] ? pp.how : "--ranks", (unsigned long long)pp.write, (unsigned long long)pp.read,
-                    (unsigned long long)in_bytes, (unsigned long long)pp.hashed);
+                    (unsigned long long)in_bytes, (unsigned long long)pp.device, (unsigned long long)pp.hashed);
         for (int f = 0; f < p->nfiles; f++)
             if (!pp.mine || pp.mine[f])
                 fprintf(out, "  %s %-50s %5zu tensors %14llu bytes\n", o->layout == BFS_LAYOUT_HF ? "file" : "rank",

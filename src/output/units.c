@@ -115,18 +115,21 @@ typedef struct {
     uint64_t a, b;
 } bfs_pfrange;
 
-static void bfs__pf_flush(const bfs_input *in, bfs_pfrange *g)
+static void bfs__pf_flush(const bfs_input *in, bfs_pfrange *g, uint64_t *dry)
 {
     if (g->file >= 0) {
         const bfs_infile *fl = &in->files[g->file];
         const uint64_t e = g->b < fl->size ? g->b : fl->size;
-        if (e > g->a)
+        if (e > g->a && dry)
+            *dry += e - g->a;
+        else if (e > g->a)
             (void)madvise((void *)(fl->map + g->a), (size_t)(e - g->a), MADV_WILLNEED);
     }
     g->file = -1;
 }
 
-void bfs__prefetch_pieces(const bfs_input *in, const bfs_plan *p, const bfs_outfile *of, size_t p0, size_t p1)
+void bfs__prefetch_pieces(const bfs_input *in, const bfs_plan *p, const bfs_outfile *of, size_t p0, size_t p1,
+                          uint64_t *dry)
 {
     const uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
     bfs_pfrange g = {.file = -1};
@@ -148,13 +151,13 @@ void bfs__prefetch_pieces(const bfs_input *in, const bfs_plan *p, const bfs_outf
                     g.a = x < g.a ? x : g.a;
                     g.b = y > g.b ? y : g.b;
                 } else {
-                    bfs__pf_flush(in, &g);
+                    bfs__pf_flush(in, &g, dry);
                     g = (bfs_pfrange){s[i].r->file, x, y};
                 }
             }
         }
     }
-    bfs__pf_flush(in, &g);
+    bfs__pf_flush(in, &g, dry);
 }
 
 size_t bfs__prefetch_ahead(const bfs_input *in, const bfs_plan *p, const bfs_outfile *of, size_t pf, size_t pi)
@@ -164,7 +167,7 @@ size_t bfs__prefetch_ahead(const bfs_input *in, const bfs_plan *p, const bfs_out
     while (e < of->npieces && of->pieces[e].offset < of->pieces[pi].offset + BFS_PREFETCH_AHEAD)
         e++;
     if (e > a)
-        bfs__prefetch_pieces(in, p, of, a, e);
+        bfs__prefetch_pieces(in, p, of, a, e, NULL);
     return e > pf ? e : pf;
 }
 

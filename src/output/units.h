@@ -64,7 +64,8 @@ static inline uint64_t bfs__pieces_bytes(const bfs_outfile *of, size_t p0, size_
  * past its thin bands of each weight): MADV_WILLNEED on exactly the source ranges of pieces
  * [p0, p1) of `of` (page-rounded outward, neighbours within a few pages joined), so that the
  * storage delivers those bytes, asynchronously, while the pieces before them dequantize. */
-void bfs__prefetch_pieces(const bfs_input *in, const bfs_plan *p, const bfs_outfile *of, size_t p0, size_t p1);
+void bfs__prefetch_pieces(const bfs_input *in, const bfs_plan *p, const bfs_outfile *of, size_t p0, size_t p1,
+                          uint64_t *dry); /* dry: the bytes it would ask for, added there; nothing advised */
 /* The window: pieces [0, pf) read ahead already, piece pi next to be written: those whose data
  * starts within BFS_PREFETCH_AHEAD of pi's read ahead now, so that requests are in flight
  * while pi's units dequantize. Returns the new pf. */
