@@ -138,7 +138,7 @@ test: all $(TEST_BIN)
 	 $(MAKE) --no-print-directory check-layers || rc=1; \
 	 $(MAKE) --no-print-directory check-cuda-exact || rc=1; exit $$rc
 
-# ISSUE 21: the one-way layers of src/ and kernels/ (dev/layers/order), no cycle between
+# the one-way layers of src/ and kernels/ (dev/layers/order), no cycle between
 # files, no file over 800 lines nor function over 150, derived from the code and the
 # objects of this build (dev/layers/check.py); first its self-test, which breaks each rule
 # on purpose in a small made-up tree and must see it fail.
@@ -147,13 +147,13 @@ check-layers: all
 	    { cat $(BUILD)/layers-selftest.log; echo "FAILED: the layering check's self-test"; exit 1; }
 	@python3 dev/layers/check.py --build $(BUILD)
 
-# ISSUE 24: a packed artifact through a real OCI registry on loopback (Debian's docker-registry)
+# a packed artifact through a real OCI registry on loopback (Debian's docker-registry)
 # and back with skopeo, rebuilt and verified (tests/oci/roundtrip.sh; installs them when missing).
 .PHONY: test-oci
 test-oci: all
 	@tests/oci/roundtrip.sh $(BUILD)
 
-# ISSUE 13: a conversion in parts under real launchers (mpirun; torchrun when make interop's
+# a conversion in parts under real launchers (mpirun; torchrun when make interop's
 # venv exists). Installs Debian's openmpi-bin when mpirun is missing.
 test-launchers: all
 	@scripts/test-launchers.sh $(BUILD)/bfshard
@@ -292,7 +292,7 @@ bench: all
 interop: all
 	@tests/interop/run.sh $(BUILD)
 
-# ---- ISSUE 25: what the GPU would run, checked without one. Every kernel's PTX (per
+# ---- what the GPU would run, checked without one. Every kernel's PTX (per
 # architecture built) and SASS (the build's own objects) has no float FMA, no FTZ, no
 # approximation; negative controls (--fmad=true, -ftz=true) must be caught. make test runs
 # it on every CUDA build (dev/cuda/exactness.py; cuobjdump from NVIDIA's PyPI wheel).

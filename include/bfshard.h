@@ -80,9 +80,9 @@ typedef struct bfs_convert_opts {
     void *progress_user;
     FILE *log;               /* plain log lines, NULL for none */
     int compress_level;      /* 0 = off; else also write each rank file as seekable zstd at this
-                                level, NAME.safetensors.zst, recorded in the manifest (ISSUE 7) */
+                                level, NAME.safetensors.zst, recorded in the manifest */
     int compress_mode;       /* BFS_ZST_PLAIN, or BFS_ZST_BYTEGROUP (NAME.safetensors.bfz) */
-    /* ISSUE 13: one part of a conversion across processes or machines (--layout dcp). */
+    /* one part of a conversion across processes or machines (--layout dcp). */
     const char *ranks;       /* NULL: every rank. "0-3,8": only these ranks' files, and a partial
                                 manifest bfshard.part-RANKS.json (bfs_merge() finishes). "auto":
                                 this process's block of ranks from the launcher's environment
@@ -93,7 +93,7 @@ typedef struct bfs_convert_opts {
                                 folder: the branch, tag or commit hash to use (NULL = "main") */
     uint64_t max_rss;        /* 0 = none; else the largest mem up to the default whose predicted
                                 peak RSS (bfs_inspect's) fits; not with mem */
-    int sha256;              /* ISSUE 24: also the SHA-256 of every file, in the same pass as XXH3
+    int sha256;              /* also the SHA-256 of every file, in the same pass as XXH3
                                 (a thread beside the writer): files[].sha256 in the manifest and
                                 sha256sums.txt (`sha256sum -c`) beside xxh128sums.txt */
     int names;               /* BFS_NAMES_*: the output tensors' names (default AUTO) */
@@ -167,7 +167,7 @@ const char *bfs_build_revision(void);
  * it carries as a layer (names, sizes, XXH3-128, media types, ranks). */
 int bfs_verify(const char *outdir, FILE *report, uint64_t *bytes_checked);
 
-/* ---- OCI artifacts (ISSUE 24) -------------------------------------------------------------
+/* ---- OCI artifacts -------------------------------------------------------------
  * bfs_pack: a verified OUTDIR as an OCI image layout (OCIDIR/oci-layout, index.json,
  * blobs/sha256/) holding a CNCF ModelPack artifact: one raw layer per file (rank files
  * application/vnd.cncf.model.weight.v1.raw, the rest ...weight.config.v1.raw or
@@ -221,7 +221,7 @@ int bfs_cuda_built(void);
 /* Number of usable CUDA devices, 0 when none or no driver (never fails). */
 int bfs_cuda_device_count(void);
 
-/* ---- compressed artifacts (seekable zstd; ISSUE 7) ------------------------------------
+/* ---- compressed artifacts (seekable zstd) ------------------------------------
  * A rank file compressed as seekable zstd: independent zstd frames cut at every tensor
  * boundary and after at most frame_bytes, then a seek table, so one tensor can be read
  * without decompressing the file. BFS_ZST_PLAIN (".zst") is restored byte for byte by

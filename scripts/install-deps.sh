@@ -12,7 +12,7 @@ have_hdr zstd.h || need="$need libzstd-dev"
 have_hdr xxhash.h || need="$need libxxhash-dev"
 have_hdr jansson.h || need="$need libjansson-dev"
 have_hdr cmocka.h || need="$need libcmocka-dev"
-# SHA-256 of every output file and OCI blob digests (ISSUE 24): OpenSSL's libcrypto
+# SHA-256 of every output file and OCI blob digests: OpenSSL's libcrypto
 have_hdr openssl/evp.h || need="$need libssl-dev"
 command -v xxh128sum >/dev/null 2>&1 || need="$need xxhash"
 # the test suite checks our .zst files against the stock zstd CLI

@@ -1,5 +1,5 @@
 #!/bin/sh
-# `make test-launchers` (ISSUE 13): a conversion in parts under real launchers on this machine.
+# `make test-launchers`: a conversion in parts under real launchers on this machine.
 #   mpirun (Open MPI from Debian, installed when missing), 4 processes on localhost, each
 #   `bfshard convert --ranks auto` into one shared OUTDIR, then `bfshard merge`: every file
 #   byte-identical to a single run; each process read only its share of the input (its rows

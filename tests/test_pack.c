@@ -1,5 +1,5 @@
 /*
- * ISSUE 24: SHA-256 beside XXH3, `bfshard pack` (an OCI image layout holding a CNCF
+ * SHA-256 beside XXH3, `bfshard pack` (an OCI image layout holding a CNCF
  * ModelPack artifact) and `bfshard verify OCIDIR`.
  *
  *   convert --sha256: files[].sha256 and sha256sums.txt (`sha256sum -c` passes), also after

@@ -1,5 +1,5 @@
 /*
- * A conversion in parts (ISSUE 13), through the CLI with controlled environments:
+ * A conversion in parts, through the CLI with controlled environments:
  *
  *   parts given as --ranks lists, in any order, merged -> every file of OUTDIR (manifest
  *       and xxh128sums.txt included) byte-identical to one run; each part read only its
@@ -13,7 +13,7 @@
  *       codes (2, 10, 11), no final manifest;
  *   verify of a node-local OUTDIR holding some parts -> checks them, names the rest;
  *   a part killed with SIGKILL when its first .partial appears, rerun, merged -> identical;
- *   parts and the OUTDIR lock (ISSUE 11): a part runs beside another part (the lock is
+ *   parts and the OUTDIR lock: a part runs beside another part (the lock is
  *       shared), a whole run, merge and compress are refused while a part runs (exit 8,
  *       naming the pid), the same part twice is refused, a part never removes the user's
  *       file nor one where its output goes (--force included), nor another conversion's
@@ -403,7 +403,7 @@ static void sigkill_part_resume(void **s)
     assert_same_tree(whole, out, "a part killed twice, rerun, merged");
 }
 
-/* ---- parts and the OUTDIR lock, ownership (ISSUE 11 x ISSUE 13) ---------------------------------- */
+/* ---- parts and the OUTDIR lock, ownership ---------------------------------- */
 /* Pretend to be a running bfshard: hold dir/name locked (op) with our made-up pid in it. */
 static int hold_lock(const char *dir, const char *name, int op, const char *pid)
 {

@@ -25,7 +25,7 @@ bool bfs__hex16_parse(const char *s, uint8_t out[16]);
 int bfs__hash_range(int fd, uint64_t off, uint64_t len, uint8_t *buf, size_t bufsize, const char *what,
                     XXH3_state_t *st);
 
-/* SHA-256 (ISSUE 24) through OpenSSL's libcrypto (EVP: SHA-NI or AVX2 where the CPU has
+/* SHA-256 through OpenSSL's libcrypto (EVP: SHA-NI or AVX2 where the CPU has
  * them, never code of our own). A context is reused: reset, update..., hex (which ends it). */
 typedef struct bfs_sha256 bfs_sha256;
 bfs_sha256 *bfs__sha256_new(void); /* NULL when out of memory; ready (reset) */

@@ -484,7 +484,7 @@ static int cmd_merge(cli_args *a)
     return rc < 0 ? fail(rc, bfs_last_error()) : 0;
 }
 
-/* ---- OCI artifacts (ISSUE 24) ------------------------------------------------------ */
+/* ---- OCI artifacts ------------------------------------------------------ */
 static int cmd_pack(cli_args *a)
 {
     if (!a->quiet)
@@ -516,7 +516,7 @@ static int cmd_pack(cli_args *a)
     return 0;
 }
 
-/* ---- compressed artifacts (ISSUE 7) ---------------------------------------------- */
+/* ---- compressed artifacts ---------------------------------------------- */
 static int is_dir(const char *p)
 {
     struct stat sb;

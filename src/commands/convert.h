@@ -46,7 +46,7 @@ typedef struct bfs_run {
     bfs_writer w;
     char (*file_hex)[33];      /* per output file */
     char (*file_sha)[65];      /* per output file: SHA-256 (--sha256), else NULL */
-    json_t **zst;              /* per output file: its compressed copy's manifest entry (ISSUE 7) */
+    json_t **zst;              /* per output file: its compressed copy's manifest entry */
     bfs_dig16 **piece_dig;     /* per output file, per piece: its XXH3-128 */
     char (*hdr_hex)[33];       /* per output file: XXH3-128 of its header bytes, as written ("": not known) */
     char (*slices_hex)[33];    /* per output file: its slice index's XXH3-128, once written ("": not yet) */
@@ -57,7 +57,7 @@ typedef struct bfs_run {
     bool *unit_read;           /* per input tensor (in->raw): some unit reads it (bfs__sources_read) */
     bfs_srchash *sh;           /* the source hashes, from the bytes the kernels read (srchash.c) */
     json_t *aux;               /* extra files written: manifest files[] entries */
-    /* a part (ISSUE 13); mine == NULL for a whole run */
+    /* a part; mine == NULL for a whole run */
     bool *mine;                /* per output file: this part writes it */
     bool prefetch;             /* a part: input maps MADV_RANDOM, its ranges read ahead by hand */
     char part[128];            /* the canonical rank list */

@@ -128,7 +128,7 @@ static int bfs__check_sources(const bfs_run *r, const bfs_ltensor *t)
     return 0;
 }
 
-/* ---- ISSUE 7: the compressed copy beside a rank file (src/zst.c) ------------------------ */
+/* ---- the compressed copy beside a rank file (src/zst.c) ------------------------ */
 static int bfs__zcopy_open(bfs_run *r, const bfs_outfile *of, bfs_tmpfile *t, char *zname, size_t cap)
 {
     snprintf(zname, cap, "%s%s", of->name, r->o->compress_mode == BFS_ZST_BYTEGROUP ? ".bfz" : ".zst");

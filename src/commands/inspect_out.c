@@ -193,7 +193,7 @@ int bfs__inspect_outdir(const char *dir, int as_json, FILE *out)
     fprintf(out, "hashes: %zu file(s), %zu of %zu shard(s), xxh128sums.txt %s; manifest seal %s (`bfshard verify` re-hashes)\n",
             file_hashes, shard_hashes, nshards, bfs__exists(dir, BFS_SUMS_NAME) ? "present" : "MISSING",
             seal_ok ? "ok" : "BAD");
-    if (file_shas) /* convert --sha256 (ISSUE 24) */
+    if (file_shas) /* convert --sha256 */
         fprintf(out, "sha256: %zu file(s), sha256sums.txt %s\n", file_shas,
                 bfs__exists(dir, BFS_SHA256SUMS_NAME) ? "present" : "MISSING");
     fprintf(out, "compressed: %s", compressed);

@@ -1,5 +1,5 @@
 /*
- * bfs_merge: the coordinator step of a conversion in parts (ISSUE 13). It turns the parts'
+ * bfs_merge: the coordinator step of a conversion in parts. It turns the parts'
  * manifests in one OUTDIR (bfshard.part-R.json, src/output/parts.c names them) into the
  * manifest and xxh128sums.txt a single run writes, under OUTDIR's lock; manifest.c owns
  * the format and does the merging of the JSON.

@@ -1,5 +1,5 @@
 /*
- * bfs_pack (ISSUE 24): a bfshard OUTDIR as an OCI image layout holding a CNCF ModelPack
+ * bfs_pack: a bfshard OUTDIR as an OCI image layout holding a CNCF ModelPack
  * artifact (src/oci/ owns the format and the writing; docs/OCI.md describes it).
  *
  *   paths (OCIDIR not OUTDIR, nor either inside the other) -> OUTDIR locked -> its

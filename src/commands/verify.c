@@ -2,7 +2,7 @@
  * bfs_verify: re-hash every file of OUTDIR against bfshard.manifest.json (or its parts'
  * manifests). The check itself is src/output/check.c's, where resume uses it too; this is
  * the public entry point. A directory holding an `oci-layout` file is an OCI image layout
- * (bfshard pack, ISSUE 24): src/oci/oci_check.c checks it.
+ * (bfshard pack): src/oci/oci_check.c checks it.
  */
 #include "commands/commands.h"
 #include "oci/oci.h"

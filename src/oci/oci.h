@@ -1,6 +1,6 @@
 /*
  * src/oci/ -- a bfshard OUTDIR as an OCI image layout holding a CNCF ModelPack artifact
- * (ISSUE 24; docs/OCI.md is the format). What the artifact says (oci_model.c: the media
+ * (docs/OCI.md is the format). What the artifact says (oci_model.c: the media
  * type of each file, the ModelPack config from the OUTDIR manifest, the OCI manifest),
  * writing the layout crash-safely (oci_write.c: oci-layout, blobs hard-linked or copied,
  * index.json last), and checking one (oci_check.c: every blob's sha256, the config and

@@ -34,7 +34,7 @@ typedef struct {
     uint8_t *buf;
     size_t bs;
     XXH3_state_t *st;
-    bfs_sha256 *sha; /* the whole file's SHA-256, where the manifest records one (ISSUE 24) */
+    bfs_sha256 *sha; /* the whole file's SHA-256, where the manifest records one */
 } bfs_fd_hasher;
 
 static int bfs__hash_fd_range(void *user, uint64_t off, uint64_t nb, char hex[33])

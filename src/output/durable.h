@@ -42,7 +42,7 @@ int bfs__write_durable(int dirfd, const char *dirpath, const char *name, const v
 /* The same, for a file several processes may write at once with the same bytes (the parts
  * of one conversion in a shared OUTDIR): shared gives the temporary this process's own name. */
 int bfs__write_durable_shared(int dirfd, const char *dirpath, const char *name, const void *data, size_t len, bool shared);
-/* Hard-link srcname (in srcdirfd) as NAME in dirfd, durably (ISSUE 24, bfshard pack's
+/* Hard-link srcname (in srcdirfd) as NAME in dirfd, durably (bfshard pack's
  * blobs): linked as ".NAME.partial" (a stale one removed), checked to be the regular file
  * (dev, ino) the caller checked, renamed to NAME (replaced when it exists), the directory
  * fsync'ed. Returns 1, with nothing left behind, when the file system refuses the link

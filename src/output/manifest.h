@@ -37,7 +37,7 @@ typedef struct bfs_manifest_in {
     const char (*slices_sha)[65];  /* per output file: its SHA-256 (convert --sha256), or NULL */
     json_t *const *zst;            /* per output file: files[].zst entry or NULL (may be NULL) */
     const json_t *aux;             /* extra files written, bfs__manifest_aux_entry()s */
-    /* A part (ISSUE 13): NULL for a whole run. Hashes of output files not mine[] are null,
+    /* A part: NULL for a whole run. Hashes of output files not mine[] are null,
      * each source's content hash too, its terms' sum beside it (content_xxh3_128_part);
      * "part": {"ranks": part, "world_size": W}. */
     const bool *mine;              /* per output file */
@@ -48,7 +48,7 @@ typedef struct bfs_manifest_in {
 typedef struct bfs_manifest_file {
     const char *name;   /* a plain file name: no '/', no leading '.' */
     const char *hash;   /* 32 hex expected (not checked for form) */
-    const char *sha256; /* 64 lowercase hex (checked), or NULL when not recorded (ISSUE 24) */
+    const char *sha256; /* 64 lowercase hex (checked), or NULL when not recorded */
     const char *kind;   /* "weights", "config", ... or NULL */
     int rank;           /* a dcp rank file's rank, else -1 */
     uint64_t size;
@@ -117,7 +117,7 @@ bool bfs__manifest_file_get(const json_t *files, size_t i, bfs_manifest_file *ou
 
 /* What a finished conversion's manifest (not a part's: BFS_EINPUT) says about the model,
  * from one windowed read of `name` in dir (opened at dirfd when >= 0, never through a
- * symbolic link): for bfshard pack's ModelPack config and the OCI check (ISSUE 24). */
+ * symbolic link): for bfshard pack's ModelPack config and the OCI check. */
 typedef struct bfs_manifest_summary {
     uint32_t dtypes;        /* a bit (1 << bfs_dtype) per dtype of tensors[] */
     uint64_t params;        /* elements of every tensor (UINT64_MAX when that overflows) */

@@ -79,7 +79,7 @@ cleanup:
 int bfs__manifest_check_sums(const char *outdir, const json_t *files, FILE *report)
 {
     int bad = bfs__check_sums_file(outdir, files, report, BFS_SUMS_NAME, BFS_MF_HASH, 32);
-    if (bfs__manifest_has_sha256(files)) /* ISSUE 24; a manifest without sha256 has no such file to check */
+    if (bfs__manifest_has_sha256(files)) /* a manifest without sha256 has no such file to check */
         bad += bfs__check_sums_file(outdir, files, report, BFS_SHA256SUMS_NAME, BFS_MF_SHA256, 64);
     return bad;
 }

@@ -14,7 +14,7 @@
  * weights file's slice hashes in its slice index (slices.h). Readers take 1 and 2. */
 #define BFS_MF_VERSION 2
 #define BFS_MF_HASH "xxh3_128"
-#define BFS_MF_SHA256 "sha256" /* files[]: only when convert --sha256 (ISSUE 24); v1 readers ignore it */
+#define BFS_MF_SHA256 "sha256" /* files[]: only when convert --sha256; v1 readers ignore it */
 #define BFS_MF_SRC_HASH "content_xxh3_128" /* source.files[]: srchash.c */
 #define BFS_MF_SRC_PART "content_xxh3_128_part" /* a part's source.files[]: its terms' sum (srchash.c) */
 #define BFS_MF_PART_TENSORS "tensors_total" /* a part's "part": tensors[] holds its ranks' share of these */

@@ -226,7 +226,7 @@ int bfs__manifest_write_sums(int dirfd, const char *outdir, const json_t *files)
             BFS_TRY(bfs__sums_line(&sums, &k, &cap, zh, zn));
     }
     BFS_TRY(bfs__write_durable(dirfd, outdir, BFS_SUMS_NAME, sums ? sums : "", k));
-    if (sha) /* ISSUE 24: `sha256sum -c sha256sums.txt` */
+    if (sha) /* `sha256sum -c sha256sums.txt` */
         BFS_TRY(bfs__write_durable(dirfd, outdir, BFS_SHA256SUMS_NAME, shas ? shas : "", ks));
 cleanup:
     free(sums);
@@ -234,7 +234,7 @@ cleanup:
     return rc;
 }
 
-/* ---- parts (ISSUE 13): a part's manifest is the whole run's head with null hashes where
+/* ---- parts: a part's manifest is the whole run's head with null hashes where
  * another part knows them, plus "part": {"ranks", "world_size", "tensors_total"}. Merging takes every
  * rank's entries (files[], and in v1 tensors[].shards[]) from the one part that holds the
  * rank, each slice index's entry (v2) and every source hash from the part that hashed it:

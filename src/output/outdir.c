@@ -1,7 +1,7 @@
 /*
  * OUTDIR (see outdir.h): path checks, starting the journal of a run (reading and adding
  * to it: journal.c), resume / already done, emptying the directory for a new run, and the same for a part of a conversion
- * (ISSUE 13) in an OUTDIR other parts share. Which files are ours and the lock:
+ * in an OUTDIR other parts share. Which files are ours and the lock:
  * outdir_own.c.
  */
 #include "output/outdir.h"
@@ -257,7 +257,7 @@ int bfs__outdir_check_space(int dirfd, const char *outdir, const bfs_plan *plan,
     return 0;
 }
 
-/* ---- a part of a conversion (ISSUE 13) ------------------------------------------------------------ */
+/* ---- a part of a conversion ------------------------------------------------------------ */
 /* Parts of one conversion run in one OUTDIR at once, each holding the OUTDIR lock shared and
  * its own part lock (.bfshard.lock-LIST) exclusively. What another part writes is named by
  * its journal ("+ NAME") before it exists, so a name we do not know yet is looked up again. */

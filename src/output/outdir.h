@@ -28,7 +28,7 @@ bool bfs__outdir_already_done(const char *outdir, const char *fingerprint);
  * Held by another process: BFS_EEXIST naming its pid. Unlock removes the lock file (and,
  * when failed, the directory if this run created it and it is empty).
  * A whole run, merge and compress OUTDIR take it exclusively (bfs__outdir_lock); a part of
- * a conversion (ISSUE 13) takes it shared, so the parts of one conversion run side by side
+ * a conversion takes it shared, so the parts of one conversion run side by side
  * and none of those three runs meanwhile, and its own part lock .bfshard.lock-LIST
  * exclusively, so one process writes a part (bfs__outdir_lock_part). The last part out
  * removes the shared lock file. */
@@ -46,7 +46,7 @@ void bfs__outdir_unlock(bfs_outdir_lock *lk, const char *outdir, bool failed);
 
 /* The files of OUTDIR that bfshard wrote: the names its manifest records (and their
  * compressed copies, the manifest, the sums file), those its journals record, and the
- * same for every part's manifest and journal (ISSUE 13). */
+ * same for every part's manifest and journal. */
 typedef struct bfs_owned {
     char **names;
     size_t n, cap;
@@ -74,7 +74,7 @@ int bfs__journal_append(int dirfd, const char *outdir, const char *name, const c
  * Files that no manifest or journal of bfshard records are never removed. */
 int bfs__outdir_prepare(const char *outdir, const char *fingerprint, bool force, const bfs_plan *plan,
                         const char *const *outputs, size_t nout, int *dirfd, bool *reused, char (*file_hex)[33]);
-/* A part of a conversion (ISSUE 13): the same for the rank files mine[] only, in an OUTDIR
+/* A part of a conversion: the same for the rank files mine[] only, in an OUTDIR
  * other parts may share (at the same time). Every name in outputs must be absent or ours.
  * Refuses (BFS_EPARTS) another conversion's parts or manifest there (--force removes
  * those, unless that part is being written now: BFS_EEXIST), a part whose ranks overlap

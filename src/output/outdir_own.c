@@ -187,7 +187,7 @@ int bfs__owned_load(int dirfd, const char *outdir, bfs_owned *o)
     BFS_TRY(bfs__owned_manifest(o, outdir, BFS_MANIFEST_NAME));
     BFS_TRY(bfs__owned_journal_file(o, dirfd, BFS_JOURNAL_NAME));
     BFS_TRY(bfs__owned_journal_file(o, dirfd, BFS_ZJOURNAL_NAME));
-    /* the parts of a conversion (ISSUE 13): their manifests and journals */
+    /* the parts of a conversion: their manifests and journals */
     /* a descriptor of its own: a dup() would share (and move) dirfd's read position */
     const int dfd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0 || !(d = fdopendir(dfd))) {

@@ -1,4 +1,4 @@
-/* A conversion in parts (ISSUE 13; parts.c): which ranks a part converts (a --ranks list,
+/* A conversion in parts (parts.c): which ranks a part converts (a --ranks list,
  * or this process's block from the launcher's environment), the names of a part's own
  * files in OUTDIR (bfshard.part-RANKS.json, .bfshard-inprogress-RANKS). bfs_merge:
  * src/commands/merge.c. */

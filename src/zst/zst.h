@@ -18,7 +18,7 @@
 #include <time.h>
 #include <xxhash.h>
 
-/* ---- compressed artifacts: seekable zstd (src/zst/; ISSUE 7) ------------------------------ */
+/* ---- compressed artifacts: seekable zstd (src/zst/) ------------------------------ */
 #define BFS_ZST_DEFAULT_FRAME (4u << 20)
 typedef struct bfs_zst_writer bfs_zst_writer;
 typedef struct bfs_zst_reader bfs_zst_reader;

@@ -1,5 +1,5 @@
 /*
- * Compressed artifacts: the seekable zstd file format (ISSUE 7), shared by the
+ * Compressed artifacts: the seekable zstd file format, shared by the
  * writer (zst_write.c) and the reader (zst_read.c). This header owns the format:
  * its magic numbers, limits, packed layouts and the BF16 byte grouping.
  *

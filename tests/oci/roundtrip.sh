@@ -1,5 +1,5 @@
 #!/bin/sh
-# tests/oci/roundtrip.sh BUILD — `make test-oci` (ISSUE 24): a bfshard artifact through a
+# tests/oci/roundtrip.sh BUILD — `make test-oci`: a bfshard artifact through a
 # real OCI registry and back, with stock tools only.
 #
 #   convert two fixtures (one with --sha256, one without: pack hashes it) -> bfshard pack
