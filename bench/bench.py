@@ -58,6 +58,10 @@ TARGETS = {
     # a node's part of real shapes (DeepSeek-V3 FP8 experts), from a cold page cache:
     "part_device_vs_share": 1.5,   # the storage delivers <= 1.5x the part's share (W=64 --ranks 0)
     "part_w64_vs_w8": 0.25,        # W=64 --ranks 0 takes <= 0.25x W=8 --ranks 0 (ideal 0.125)
+    # loading one rank of the DeepSeek-V3-named output (bfshard.torch.load, bench/loader_bench.py):
+    "loader_w64_s": 5.0,           # <= 5 s at W=64
+    "loader_w64_rss_mb": 300.0,    # <= 300 MB of peak RSS above its own tensors
+    "loader_w256_vs_w64": 1.5,     # W=256 within 1.5x of W=64
 }
 # reported, not bars of issue 15: near-linear thread scaling would be >= 0.8; the project's
 # own aim for many tiny tensors (--tiny) is >= 50k tensors/s end to end at W = 1 and 8;
@@ -568,6 +572,46 @@ class Bench:
                             "stages": s})
         self.res["tiny"] = out
 
+    # ---- loading one rank: bfshard.torch against torch's reader ----
+    def loader(self):
+        """bench/loader_bench.py on the DeepSeek-V3-named input (dsv3-names, the scale case's)
+        converted at W = 8, 64, 256: one rank's bfshard.torch.load and rank_state_dict, time and
+        peak RSS above its own tensors, beside torch's HuggingFaceStorageReader.read_metadata()."""
+        a = self.a
+        d = os.path.join(self.data, f"dsv3-names-L{a.scale_layers or 61}")
+        if not os.path.isdir(d):
+            os.makedirs(self.data, exist_ok=True)
+            subprocess.run([self.py, os.path.join(HERE, "gen_synth.py"), "dsv3-names", d, "--layers",
+                            str(a.scale_layers or 61), "--files", "163"], check=True)
+        out, rows = os.path.join(self.disk, "loader-out"), []
+        for W in (8, 64, 256):
+            rmtree(out)
+            r = timed(self.convert_cmd(d, out, world=W))
+            if r["rc"] != 0:
+                self.note(f"loader: convert W={W} failed (rc {r['rc']})")
+                continue
+            jf = os.path.join(self.disk, "loader.json")
+            p = subprocess.run([self.py, os.path.join(HERE, "loader_bench.py"), out, "1", "--timeout",
+                                str(a.loader_timeout), "--json", jf, "--build", os.path.join(ROOT, a.build)],
+                               capture_output=True, text=True)
+            try:
+                with open(jf) as f:
+                    j = json.load(f)
+            except (OSError, ValueError):
+                self.note(f"loader: loader_bench W={W} failed (rc {p.returncode}): {p.stderr[-300:]}")
+                continue
+            ld, md = j.get("load", {}), j.get("read_metadata", {})
+            own = (ld.get("bytes") or 0) / 1e6
+            row = {"world": W, "load_s": ld.get("load_s"), "load_peak_mb": ld.get("load_peak_mb"), "own_mb": own,
+                   "rsd_s": (j.get("rank_state_dict") or {}).get("rsd_s"),
+                   "read_metadata_s": md.get("read_metadata_s"), "read_metadata_peak_mb": md.get("read_metadata_peak_mb"),
+                   "read_metadata_error": md.get("error")}
+            log(f"loader: W={W}: bfshard.torch.load {row['load_s']} s (+{row['load_peak_mb']} MB, own {own:.0f} MB); "
+                f"read_metadata {row['read_metadata_s'] or md.get('error')} s")
+            rows.append(row)
+        rmtree(out)
+        self.res["loader"] = rows
+
     # ---- a part's reads: real shapes, cold cache ----
     def cold(self, d):
         """d's files out of the page cache: drop_caches where allowed, else fadvise DONTNEED
@@ -1009,6 +1053,22 @@ class Bench:
                     P(f"    {wk['layers']} layers, W={x['world']:<4d}: convert {x['wall_s'] or 0:6.1f} s (rc {x['rc']}), "
                       f"peak RSS {(x['max_rss_kb'] or 0) / 1e3:.0f} MB, manifest {(x['manifest_bytes'] or 0) / 1e6:.1f} MB, "
                       f"verify {x['verify_s'] or 0:.1f} s")
+        ldr = R.get("loader")
+        if ldr:
+            P("")
+            P("loading one rank (rank 1) of the DeepSeek-V3-named output: bfshard.torch.load vs torch's read_metadata()")
+            by = {}
+            for x in ldr:
+                by[x["world"]] = x
+                md = (f"{x['read_metadata_s']:.1f} s, +{x['read_metadata_peak_mb']:.0f} MB" if x.get("read_metadata_s")
+                      else x.get("read_metadata_error") or "-")
+                P(f"    W={x['world']:<4d} load {x['load_s'] or 0:5.2f} s, peak RSS +{x['load_peak_mb'] or 0:5.0f} MB "
+                  f"(its own tensors {x['own_mb']:.0f} MB); torch read_metadata {md}")
+            if 64 in by and by[64].get("load_s"):
+                targ["loader_w64_s"] = [{"what": "W64", "ratio": by[64]["load_s"]}]
+                targ["loader_w64_rss_mb"] = [{"what": "W64", "ratio": (by[64]["load_peak_mb"] or 0) - by[64]["own_mb"]}]
+                if 256 in by and by[256].get("load_s"):
+                    targ["loader_w256_vs_w64"] = [{"what": "W256/W64", "ratio": by[256]["load_s"] / by[64]["load_s"]}]
         pio = R.get("partio")
         if pio and pio["rows"]:
             P("")
@@ -1030,7 +1090,8 @@ class Bench:
                 targ["part_w64_vs_w8"] = [{"what": "W64/W8", "ratio": med[64]["wall_s"] / med[8]["wall_s"]}]
         lower = ("rss_growth", "time_linear", "rss_predicted", "scale_w64_vs_w8", "parts_vs_whole",
                  "mem_1g_vs_64m", "manifest_w64_vs_w8", "verify_w64_vs_w8", "part_manifest_vs_whole",
-                 "merge_vs_whole", "scale_w64_vs_w8_aim", "part_device_vs_share", "part_w64_vs_w8")  # lower is better
+                 "merge_vs_whole", "scale_w64_vs_w8_aim", "part_device_vs_share", "part_w64_vs_w8",
+                 "loader_w64_s", "loader_w64_rss_mb", "loader_w256_vs_w64")  # lower is better
         for key, lim in list(TARGETS.items()) + list(INFO_ONLY.items()):
             items = targ.get(key)
             if not items:
@@ -1059,6 +1120,9 @@ class Bench:
                     "merge_vs_whole": "92k tensors: merge <= %.1fx whole",
                     "part_device_vs_share": "a part's storage reads <= %.1fx its share",
                     "part_w64_vs_w8": "a part: W=64 time <= %.2fx W=8",
+                    "loader_w64_s": "load one rank at W=64 <= %.0f s",
+                    "loader_w64_rss_mb": "load: peak RSS above its tensors <= %.0f MB",
+                    "loader_w256_vs_w64": "load: W=256 <= %.1fx W=64",
                     "tiny_tensors_per_s": "(info) tiny tensors, aim >= %.0f tensors/s"}[key] % lim
             detail = ", ".join(
                 f"{x.get('op') or x.get('model') or x.get('what') or ''} {x[field]:.2f}".strip() for x in items)
@@ -1097,6 +1161,8 @@ class Bench:
                 self.scale()
             if a.partio_layers:
                 self.partio()
+            if a.loader:
+                self.loader()
         finally:
             for d in self.shm_inputs:
                 rmtree(d)
@@ -1150,6 +1216,8 @@ def main():
     ap.add_argument("--partio-layers", type=int, default=2,
                     help="a part's reads: DeepSeek-V3 real-shape layers (0 skips; 4 with 256 experts = 34 GB)")
     ap.add_argument("--partio-experts", type=int, default=64, help="routed experts of those layers (256 = real)")
+    ap.add_argument("--loader", type=int, default=1, help="0 skips loading one rank (bfshard.torch vs torch's reader)")
+    ap.add_argument("--loader-timeout", type=int, default=900, help="seconds for torch's read_metadata at W=256")
     ap.add_argument("--kernels", type=int, default=1)
     ap.add_argument("--kreps", type=int, default=5, help="threads_bench repetitions")
     ap.add_argument("--kb-reps", type=int, default=25, help="kernels_bench repetitions (best of)")

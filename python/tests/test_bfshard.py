@@ -256,6 +256,49 @@ def test_hf_cache():
         shutil.rmtree(d)
 
 
+def test_torch_module():
+    """bfshard.torch (issue 35): `import bfshard` never imports torch; without torch, importing
+    bfshard.torch says it needs it; with torch, rank_state_dict gives each rank file's tensors
+    (mmapped) and refuses a wrong world size in one line. (The FSDP2 checks are `make interop`'s
+    tests/interop/loader.py.)"""
+    import importlib.util
+    import json as _json
+    import struct
+    if importlib.util.find_spec("torch") is None:
+        try:
+            importlib.import_module("bfshard.torch")
+        except ImportError as e:
+            assert "needs PyTorch" in str(e), e
+            return
+        raise AssertionError("bfshard.torch imported without torch")
+    bt = importlib.import_module("bfshard.torch")
+    d = tmpdir()
+    try:
+        out = os.path.join(d, "out")
+        bfshard.convert(TINY, out, world_size=2, device="cpu")
+        for r, name in enumerate(rank_files(out)):
+            assert bt.rank_file_name(r) == name
+            sd = bt.rank_state_dict(out, r, world_size=2, verify=False)
+            with open(os.path.join(out, name), "rb") as f:
+                n = struct.unpack("<Q", f.read(8))[0]
+                hdr = _json.loads(f.read(n))
+                data = f.read()
+            hdr.pop("__metadata__")
+            assert set(sd) == set(hdr), (sorted(sd), sorted(hdr))
+            for k, e in hdr.items():
+                b, t = e["data_offsets"], sd[k]
+                assert list(t.shape) == e["shape"], k
+                assert t.contiguous().view(-1).view(bt.torch.uint8).numpy().tobytes() == data[b[0]:b[1]], k
+        try:
+            bt.rank_state_dict(out, 0, world_size=3)
+            raise AssertionError("no error for world_size=3")
+        except bt.LoadError as e:
+            assert isinstance(e, bfshard.Error) and e.code == bfshard.EINPUT, e
+            assert "world_size=2" in e.message and "\n" not in e.message, e.message
+    finally:
+        shutil.rmtree(d)
+
+
 def main():
     tests = [(k, v) for k, v in sorted(globals().items()) if k.startswith("test_") and callable(v)]
     for name, fn in tests:

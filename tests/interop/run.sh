@@ -12,6 +12,9 @@
 # and nvidia-modelopt of fixtures/requirements-quant.txt). That is the
 # only step that needs the network; the checks run offline.
 #
+# Then tests/interop/loader.py: bfshard.torch.load against dcp.load (issue 35); its result is
+# folded into the exit status.
+#
 # Environment:
 #   PYTHON=python3          interpreter the venv is made from (3.10+)
 #   INTEROP_VENV=DIR        use/create the venv at DIR instead
@@ -78,6 +81,30 @@ RC=$?
 set -e
 T2=$(now)
 echo "interop: checks took $(elapsed "$T1" "$T2") s, venv $(elapsed "$T0" "$T1") s, total $(elapsed "$T0" "$T2") s"
+
+# ---- bfshard.torch (issue 35): the package's own loader against dcp.load, same venv -----
+# tests/interop/loader.py stages python/bfshard of this checkout with $BUILD/python's library
+# (make python-native). With INTEROP_ONLY it runs for the fixtures of that list it knows.
+LOADER_ONLY=""
+LOADER_RUN=1
+if [ -n "${INTEROP_ONLY:-}" ]; then
+    for f in $(echo "$INTEROP_ONLY" | tr ',' ' '); do
+        case "$f" in mxfp4-tiny|bnb-nf4|fp8-block) LOADER_ONLY="${LOADER_ONLY:+$LOADER_ONLY,}$f" ;; esac
+    done
+    [ -n "$LOADER_ONLY" ] || LOADER_RUN=0
+fi
+if [ $LOADER_RUN -eq 1 ]; then
+    set +e
+    "$VENV/bin/python" -X faulthandler "$HERE/loader.py" \
+        --bfshard "$BFSHARD" --fixtures "$ROOT/fixtures" --work "$WORK/loader" ${LOADER_ONLY:+--only "$LOADER_ONLY"}
+    LRC=$?
+    set -e
+    T3=$(now)
+    echo "interop: loader checks (bfshard.torch) took $(elapsed "$T2" "$T3") s, exit $LRC"
+    [ $RC -ne 0 ] || RC=$LRC
+else
+    echo "interop: loader checks (bfshard.torch) skipped: INTEROP_ONLY=$INTEROP_ONLY names none of its fixtures"
+fi
 if [ $RC -eq 0 ]; then
     [ -n "${INTEROP_KEEP:-}" ] || rm -rf "$WORK"
     echo "interop: PASS"

@@ -1,0 +1,731 @@
+"""Load bfshard's pre-sharded `--layout dcp` output into PyTorch: each rank reads its own file.
+
+    import bfshard.torch
+    bfshard.torch.load(model, "/ckpt/w8")          # model sharded with FSDP2 fully_shard
+    sd = bfshard.torch.rank_state_dict("/ckpt/w8", rank)   # {name: tensor}, mmapped, no copy
+
+bfshard wrote rank r's rows of every tensor into its own file
+(`shard-{r+1:05d}-model-00001-of-00001.safetensors`) with FSDP2's `Shard(0)` / `torch.chunk`
+rule (chunk = ceil(d0 / W); 0-d tensors, and the model's buffers under target names, whole on
+rank 0), so a rank needs nothing but that file (and rank 0's for those):
+no coordinator, no collective, no other rank file's header (torch's
+`HuggingFaceStorageReader.read_metadata()`, which `dcp.load` runs first, parses all W of them).
+Time and memory grow with the rank's own tensors, not with W.
+
+load() checks everything before it copies a byte and raises bfshard.torch.LoadError (a
+bfshard.Error, code EINPUT) with one line naming the tensor: the mesh's shard dimension against
+the manifest's `options.world_size`; the placement (`Shard(0)`, over a 1-D mesh or HSDP's 2-D
+mesh; `Replicate` only for a 0-d tensor); each local shard's shape against `torch.chunk` and
+against the file's entry, and its dtype (no casts but BF16 into a float32-kept module); names in the model and not in the checkpoint
+(always an error, as for `dcp.load`) and the reverse (an error when strict); a rank file shorter
+than its header says (truncated). verify=True also re-hashes this rank's file against the
+manifest (XXH3-128, narrowed to the tensor through its slice index) and raises
+bfshard.VerifyError. Non-persistent buffers (rotary `inv_freq`) are not in `state_dict()` and
+are left alone, as `dcp.load` leaves them.
+
+The tensor names are matched as they are: whatever names the output has (packed MoE experts
+included) must be the model's state_dict names. Outputs with a version 1 manifest, and a
+conversion in parts not merged yet (bfshard.part-*.json only), load the same way; with a merged
+version 2 manifest, load() also checks every name, global shape and dtype against its tensor
+list, so every rank reaches the same verdict. A rank file that is only present as its
+compressed copy (`bfshard compress --rm`: NAME.zst or NAME.bfz) is decompressed whole into a
+temporary file (TMPDIR: on tmpfs that is memory), mapped and unlinked. verify=True hashes with
+the `xxhash` package when importable, else the system's libxxhash through ctypes.
+
+Needs torch; `import bfshard` does not import this module (nor torch).
+"""
+import ctypes
+import ctypes.util
+import json
+import math
+import mmap
+import os
+import re
+import shutil
+import stat
+import struct
+import tempfile
+import time
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple, Union
+
+try:
+    import torch
+except ImportError as _e:  # pragma: no cover - the message is the point
+    raise ImportError("bfshard.torch needs PyTorch (pip install torch); `import bfshard` alone does not") from _e
+
+import bfshard as _bfs
+
+__all__ = ["load", "rank_state_dict", "rank_file_name", "LoadError", "LoadResult"]
+
+MANIFEST = "bfshard.manifest.json"
+PathLike = Union[str, "os.PathLike[str]"]
+
+# safetensors dtype -> torch dtype (those this torch has)
+_DTYPES: Dict[str, "torch.dtype"] = {}
+for _k, _v in (("BF16", "bfloat16"), ("F16", "float16"), ("F32", "float32"), ("F64", "float64"),
+               ("I8", "int8"), ("I16", "int16"), ("I32", "int32"), ("I64", "int64"), ("U8", "uint8"),
+               ("U16", "uint16"), ("U32", "uint32"), ("U64", "uint64"), ("BOOL", "bool"),
+               ("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2"), ("F8_E8M0", "float8_e8m0fnu"),
+               ("C64", "complex64")):
+    if hasattr(torch, _v):
+        _DTYPES[_k] = getattr(torch, _v)
+_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+
+
+class LoadError(_bfs.Error):
+    """The checkpoint does not fit the model (or is damaged). .message is one line naming the
+    tensor; .problems lists every problem found (the message names the first and counts the rest)."""
+
+    def __init__(self, message: str, problems: Optional[List[str]] = None):
+        super().__init__(_bfs.EINPUT, message)
+        self.problems = list(problems or [message])
+
+
+class LoadResult(NamedTuple):
+    rank: int                # the rank file read (the shard-dimension coordinate of the mesh)
+    world_size: int
+    tensors: int             # tensors copied into the model
+    bytes: int               # bytes copied
+    files: List[str]         # rank files opened: this rank's, and rank 0's for 0-d tensors
+    unexpected: List[str]    # checkpoint tensors not in the model (only with strict=False)
+    seconds: float
+
+
+def _fail(problems: List[str]) -> "LoadError":
+    msg = problems[0]
+    if len(problems) > 1:
+        msg += " (and %d more problem%s)" % (len(problems) - 1, "s" if len(problems) > 2 else "")
+    return LoadError(msg.replace("\n", " "), problems)
+
+
+def rank_file_name(rank: int) -> str:
+    """The dcp rank file of `rank` (0-based)."""
+    return "shard-%05d-model-00001-of-00001.safetensors" % (rank + 1)
+
+
+# ---- the manifest ------------------------------------------------------------------------------
+
+def _parse_ranks(s: str) -> List[int]:
+    out: List[int] = []
+    for part in str(s).split(","):
+        a, _, b = part.strip().partition("-")
+        out.extend(range(int(a), int(b or a) + 1))
+    return out
+
+
+def _read_head(path: str) -> Dict[str, Any]:
+    """The manifest's members before `tensors` (options, files, ...), without parsing the tensor
+    list (bfshard writes the head first: docs/MANIFEST.md); the whole file when that fails."""
+    marker = b'\n "tensors": ['
+    with open(path, "rb") as f:
+        buf = b""
+        while True:
+            chunk = f.read(1 << 20)
+            buf += chunk
+            i = buf.find(marker)
+            if i >= 0:
+                head = buf[:i].rstrip()
+                if head.endswith(b","):
+                    try:
+                        return json.loads(head[:-1] + b"\n}")
+                    except ValueError:
+                        pass
+                break
+            if not chunk:
+                break
+    with open(path, "rb") as f:
+        return json.load(f)
+
+
+def _part_tail(path: str) -> Dict[str, Any]:
+    with open(path, "rb") as f:
+        f.seek(max(0, os.fstat(f.fileno()).st_size - 65536))
+        tail = f.read()
+    m = re.search(rb'\n "part": (\{[^{}]*\})', tail)
+    try:
+        return json.loads(m.group(1)) if m else {}
+    except ValueError:
+        return {}
+
+
+class _Manifest:
+    def __init__(self, outdir: str, rank: Optional[int]):
+        self.outdir = outdir
+        path = os.path.join(outdir, MANIFEST)
+        self.part = False
+        if not os.path.isfile(path):
+            # a conversion in parts not merged yet: the part manifest holding this rank
+            parts = sorted(f for f in os.listdir(outdir) if f.startswith("bfshard.part-") and f.endswith(".json"))
+            if not parts:
+                raise LoadError("%s: no %s (not a bfshard output, or one still being written)" % (outdir, MANIFEST))
+            path = None
+            for p in parts:
+                h = _read_head(os.path.join(outdir, p))
+                if "part" not in h:  # version 1 parts write it after the tensor list: the file's tail
+                    h["part"] = _part_tail(os.path.join(outdir, p))
+                if rank is None or rank in _parse_ranks((h.get("part") or {}).get("ranks", "")):
+                    path = os.path.join(outdir, p)
+                    head = h
+                    break
+            if path is None:
+                raise LoadError("%s: no %s, and no part manifest holds rank %d (%s)"
+                                % (outdir, MANIFEST, rank, ", ".join(parts)))
+            self.part = True
+        else:
+            head = _read_head(path)
+        self.path = path
+        self.head = head
+        opts = head.get("options") or {}
+        ws = opts.get("world_size", (head.get("part") or {}).get("world_size"))
+        if not isinstance(ws, int) or ws < 1:
+            raise LoadError("%s: no options.world_size" % path)
+        self.world_size = ws
+        self.layout = opts.get("layout", "dcp")
+        if self.layout != "dcp":
+            raise LoadError("%s: layout %r: bfshard.torch loads --layout dcp outputs (an hf output loads with "
+                            "from_pretrained)" % (outdir, self.layout))
+        self.files = {f.get("name"): f for f in head.get("files") or [] if isinstance(f, dict)}
+
+    def weights_entry(self, rank: int) -> Optional[Dict[str, Any]]:
+        for f in self.files.values():
+            if f.get("kind") == "weights" and f.get("rank") == rank:
+                return f
+        return self.files.get(rank_file_name(rank))
+
+    def slices_entry(self, weights_name: str) -> Tuple[str, Optional[Dict[str, Any]]]:
+        for f in self.files.values():
+            if f.get("kind") == "slices" and f.get("of") == weights_name:
+                return f["name"], f
+        base = weights_name[:-len(".safetensors")] if weights_name.endswith(".safetensors") else weights_name
+        return base + ".slices", self.files.get(base + ".slices")
+
+    _LINE = re.compile(rb'^  \{"name": ("(?:[^"\\]|\\.)*"), "dtype": "([A-Za-z0-9_]+)", "shape": \[([0-9, ]*)\]',
+                       re.M)
+
+    def tensors(self) -> Optional[Dict[str, Tuple[str, Tuple[int, ...]]]]:
+        """{name: (dtype, global shape)} of every output tensor, from a merged manifest's one-line
+        tensor records (regex, not a JSON tree); None for a part's manifest (its share only)."""
+        if self.part or not isinstance(self.head.get("manifest_version"), int) or self.head["manifest_version"] < 2:
+            return None  # a version 1 manifest lists (tensor, rank) records, up to GBs: the rank files say enough
+        with open(self.path, "rb") as f:
+            text = f.read()
+        i = text.find(b'\n "tensors": [')
+        if i < 0:
+            return None
+        out: Dict[str, Tuple[str, Tuple[int, ...]]] = {}
+        for m in self._LINE.finditer(text, i):
+            raw = m.group(1)
+            name = json.loads(raw) if b"\\" in raw else raw[1:-1].decode()
+            shape = tuple(int(x) for x in m.group(3).split(b",") if x.strip())
+            out[name] = (m.group(2).decode(), shape)
+        # records this scan did not read (another layout): the JSON tree, once
+        if len(out) != text.count(b'\n  {"name": ', i) or not out and not re.match(rb'\n "tensors": \[\s*\]', text[i:]):
+            try:
+                full = json.loads(text)
+                out = {t["name"]: (t["dtype"], tuple(t["shape"])) for t in full.get("tensors", [])
+                       if isinstance(t, dict) and "name" in t and "shape" in t and "dtype" in t}
+            except (ValueError, KeyError, TypeError):
+                return None
+        return out
+
+
+# ---- XXH3-128 (verify=True) --------------------------------------------------------------------
+
+class _XXH128(ctypes.Structure):
+    _fields_ = [("low64", ctypes.c_uint64), ("high64", ctypes.c_uint64)]
+
+
+_HASHER = None
+
+
+def _hasher():
+    """hash(address, length) -> canonical hex: the `xxhash` package when importable, else the
+    system's libxxhash through ctypes (bfshard's own copy is linked in hidden)."""
+    global _HASHER
+    if _HASHER is not None:
+        return _HASHER
+    try:
+        import xxhash  # type: ignore
+
+        def h(addr, n):
+            return xxhash.xxh3_128_hexdigest((ctypes.c_char * n).from_address(addr) if n else b"")
+        _HASHER = h
+        return h
+    except ImportError:
+        pass
+    for name in (ctypes.util.find_library("xxhash"), "libxxhash.so.0", "libxxhash.so"):
+        if not name:
+            continue
+        try:
+            lib = ctypes.CDLL(name)
+            f = lib.XXH3_128bits
+        except (OSError, AttributeError):
+            continue
+        f.restype = _XXH128
+        f.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+
+        def h(addr, n, f=f):
+            r = f(addr, n)
+            return "%016x%016x" % (r.high64, r.low64)
+        _HASHER = h
+        return h
+    raise LoadError("verify=True needs XXH3-128: pip install xxhash (or install libxxhash); "
+                    "or run `bfshard verify OUTDIR` (every file)")
+
+
+def _hash_bytes(data: bytes) -> str:
+    buf = ctypes.create_string_buffer(data, len(data)) if data else None
+    return _hasher()(ctypes.addressof(buf) if buf is not None else 0, len(data))
+
+
+# ---- one rank file -----------------------------------------------------------------------------
+
+class _RankFile:
+    """A rank file mapped copy-on-write (MAP_PRIVATE: tensors are writable, the file is never
+    changed), its header parsed and checked against the file's size."""
+
+    def __init__(self, outdir: str, name: str, entry: Optional[Dict[str, Any]]):
+        self.name = name
+        self.path = os.path.join(outdir, name)
+        self.entry = entry
+        self.from_zst = None
+        path = self.path
+        if not os.path.exists(path):
+            z = (entry or {}).get("zst") or {}
+            cands = [z.get("name")] if z.get("name") else []
+            cands += [name + ".zst", name + ".bfz"]
+            zpath = next((os.path.join(outdir, c) for c in cands if os.path.isfile(os.path.join(outdir, c))), None)
+            if zpath is None:
+                raise LoadError("%s: no such file (nor a compressed copy)" % self.path)
+            path = self._decompress(zpath)
+            self.from_zst = zpath
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not hang us
+        except OSError as e:
+            raise LoadError("%s: %s" % (self.path, e.strerror)) from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise LoadError("%s: not a regular file" % self.path)
+            self.size = st.st_size
+            if self.from_zst:
+                os.unlink(path)  # the mapping keeps the bytes
+                os.rmdir(os.path.dirname(path))
+            if self.size < 8:
+                raise LoadError("%s: truncated: %d bytes, not even a safetensors header length" % (self.path, self.size))
+            self.mm = mmap.mmap(fd, self.size, access=mmap.ACCESS_COPY)
+        finally:
+            os.close(fd)
+        n = struct.unpack_from("<Q", self.mm, 0)[0]
+        if n > self.size - 8:
+            raise LoadError("%s: truncated: its header says %d bytes of JSON, the file has %d bytes"
+                            % (self.path, n, self.size))
+        self.data_start = 8 + n
+        try:
+            hdr = json.loads(self.mm[8:8 + n])
+        except ValueError as e:
+            raise LoadError("%s: bad safetensors header: %s" % (self.path, e)) from None
+        if not isinstance(hdr, dict):
+            raise LoadError("%s: bad safetensors header: not a JSON object" % self.path)
+        meta = hdr.pop("__metadata__", None) or {}
+        self.metadata = meta
+        self.entries: Dict[str, Tuple[str, Tuple[int, ...], int, int]] = {}
+        end_max, end_name = 0, None
+        for k, v in hdr.items():
+            try:
+                dt, shape, (b, e) = v["dtype"], tuple(v["shape"]), v["data_offsets"]
+            except (KeyError, TypeError, ValueError):
+                raise LoadError("%s: tensor %r: bad header entry %r" % (self.path, k, v)) from None
+            tdt = _DTYPES.get(dt)
+            if tdt is None:
+                raise LoadError("%s: tensor %r: dtype %s is not one this torch knows" % (self.path, k, dt))
+            numel = math.prod(shape)
+            if not (isinstance(b, int) and isinstance(e, int) and 0 <= b <= e) or \
+                    e - b != numel * tdt.itemsize or any(not isinstance(d, int) or d < 0 for d in shape):
+                raise LoadError("%s: tensor %r: data_offsets %r do not hold %s %s"
+                                % (self.path, k, [b, e], dt, list(shape)))
+            self.entries[k] = (dt, shape, b, e)
+            if e > end_max:
+                end_max, end_name = e, k
+        if self.data_start + end_max > self.size:
+            raise LoadError("%s: truncated: tensor %s ends at byte %d, the file has %d bytes"
+                            % (self.path, json.dumps(end_name), self.data_start + end_max, self.size))
+        want = (entry or {}).get("size")
+        # a part's manifest lists another part's files unhashed, their size unknown (0)
+        known = entry is not None and not (entry.get("xxh3_128") is None and "xxh3_128" in entry)
+        if known and isinstance(want, int) and want != self.size:
+            raise LoadError("%s: %d bytes, the manifest says %d (%s)" % (
+                self.path, self.size, want, "truncated" if self.size < want else "changed"))
+        self._offsets = None
+        self.buf = torch.frombuffer(self.mm, dtype=torch.uint8)
+
+    @staticmethod
+    def _decompress(zpath: str) -> str:
+        c = _bfs._c
+        fn = c.bfs_decompress_file
+        fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p]
+        d = tempfile.mkdtemp(prefix="bfshard-rank-")
+        out = os.path.join(d, "rank.safetensors")
+        rc = fn(os.fsencode(zpath), os.fsencode(out))
+        if rc < 0:
+            shutil.rmtree(d, ignore_errors=True)
+            raise LoadError("%s: cannot decompress: %s" % (zpath, (c.bfs_last_error() or b"").decode(errors="replace")))
+        return out
+
+    def offsets(self, name: str) -> Optional[List[int]]:
+        if self._offsets is None:
+            try:
+                info = json.loads(self.metadata.get("DCP_SHARDING_INFO") or "{}")
+            except ValueError:
+                raise LoadError("%s: DCP_SHARDING_INFO is not JSON" % self.path) from None
+            self._offsets = info if isinstance(info, dict) else {}
+        o = self._offsets.get(name)
+        return o.get("saved_offsets") if isinstance(o, dict) else None
+
+    def tensor(self, name: str) -> "torch.Tensor":
+        dt, shape, b, e = self.entries[name]
+        raw = self.buf[self.data_start + b:self.data_start + e]
+        tdt = _DTYPES[dt]
+        try:
+            return raw.view(tdt).view(shape)
+        except RuntimeError:  # data not aligned to its element size (not bfshard's output): copy
+            return raw.clone().view(tdt).view(shape)
+
+    # -- verify --
+    def _addr(self, a: int) -> int:
+        return self.buf.data_ptr() + a
+
+    def verify(self, names: Optional[List[str]] = None) -> None:
+        """The whole file against its manifest hash (names None), or only the header and the
+        slices of `names` against the slice index (rank 0's 0-d tensors read by another rank)."""
+        e = self.entry or {}
+        problems: List[str] = []
+        if names is None:
+            want = e.get("xxh3_128")
+            if not want:
+                raise _bfs.VerifyError(_bfs.EVERIFY, "%s: the manifest has no hash for it" % self.path,
+                                       ["%s: no hash in the manifest" % self.path])
+            got = _hasher()(self._addr(0), self.size)
+            if got == want:
+                return
+            problems = self._narrow(None) or ["%s: BAD (hash %s, manifest %s)" % (self.path, got, want)]
+        else:
+            problems = self._narrow(names, strict_index=True)
+            if not problems:
+                return
+        raise _bfs.VerifyError(_bfs.EVERIFY, problems[0] + (
+            " (and %d more)" % (len(problems) - 1) if len(problems) > 1 else ""), problems)
+
+    def _narrow(self, names: Optional[List[str]], strict_index: bool = False) -> List[str]:
+        outdir = os.path.dirname(self.path)
+        man = getattr(self, "manifest", None)
+        sname, sentry = man.slices_entry(self.name) if man else (self.name[:-12] + ".slices", None)
+        spath = os.path.join(outdir, sname)
+        why = None
+        try:
+            with open(spath, "rb") as f:
+                idx = f.read()
+        except OSError as ex:
+            idx, why = None, "slice index %s: %s" % (sname, ex.strerror)
+        if idx is not None:
+            if sentry and sentry.get("xxh3_128") and _hash_bytes(idx) != sentry["xxh3_128"]:
+                why = "slice index %s does not match the manifest" % sname
+            elif len(idx) < 48 or idx[:8] != b"BFSLICES" or struct.unpack_from("<I", idx, 8)[0] != 1 or \
+                    len(idx) != 48 + 16 * struct.unpack_from("<Q", idx, 40)[0]:
+                why = "slice index %s is not one (format 1)" % sname
+        if why:
+            return ["%s: BAD, not narrowed to tensors: %s" % (self.path, why)]
+        ds, = struct.unpack_from("<Q", idx, 16)
+        count, = struct.unpack_from("<Q", idx, 40)
+        h = _hasher()
+        if ds != self.data_start or h(self._addr(0), ds) != idx[24:40].hex():
+            return ["%s: BAD header or metadata bytes [0, %d)" % (self.path, self.data_start)]
+        if count != len(self.entries):  # the header matches the index: cannot happen unless the index lies
+            return ["%s: BAD, not narrowed to tensors: slice index %s lists %d slices, the header %d"
+                    % (self.path, sname, count, len(self.entries))]
+        order = sorted(self.entries.items(), key=lambda kv: (kv[1][2], kv[1][3]))
+        want = set(names) if names is not None else None
+        out = []
+        for i, (k, (_, _, b, e)) in enumerate(order):
+            if want is not None and k not in want:
+                continue
+            got = h(self._addr(self.data_start + b), e - b)
+            ref = idx[48 + 16 * i:64 + 16 * i].hex()
+            if got != ref:
+                out.append("%s: BAD tensor %s bytes [%d, %d) (hash %s, manifest %s)" % (
+                    self.path, json.dumps(k), self.data_start + b, self.data_start + e, got, ref))
+        if not out and names is None:
+            out.append("%s: BAD: every tensor and the header match its slice index; the bytes between "
+                       "them (padding) differ" % self.path)
+        return out
+
+
+def _open_rank(man: _Manifest, rank: int) -> _RankFile:
+    entry = man.weights_entry(rank)
+    name = entry["name"] if entry and entry.get("name") else rank_file_name(rank)
+    rf = _RankFile(man.outdir, name, entry)
+    rf.manifest = man
+    return rf
+
+
+def _manifest_for(outdir: PathLike, rank: int, world_size: Optional[int]) -> _Manifest:
+    outdir = os.fspath(outdir)
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise LoadError("rank must be an int >= 0, got %r" % (rank,))
+    man = _Manifest(outdir, rank)
+    if world_size is not None and world_size != man.world_size:
+        raise LoadError("world_size: %d asked for, %s was converted for world_size=%d (%s)"
+                        % (world_size, outdir, man.world_size, os.path.basename(man.path)))
+    if rank >= man.world_size:
+        raise LoadError("rank %d: %s was converted for world_size=%d (ranks 0..%d)"
+                        % (rank, outdir, man.world_size, man.world_size - 1))
+    return man
+
+
+def rank_state_dict(outdir: PathLike, rank: int, *, world_size: Optional[int] = None,
+                    verify: bool = False) -> Dict[str, "torch.Tensor"]:
+    """{name: tensor} of rank `rank`'s rows, from its own rank file only: CPU tensors over a
+    copy-on-write mapping of the file (nothing is read until used; writing to one never changes
+    the file). 0-d tensors are in rank 0's file, so in rank 0's dict only. world_size, when
+    given, must match the manifest's; verify=True re-hashes the file against the manifest first
+    (bfshard.VerifyError when it differs, naming the tensor)."""
+    man = _manifest_for(outdir, rank, world_size)
+    rf = _open_rank(man, rank)
+    if verify:
+        rf.verify()
+    return {k: rf.tensor(k) for k in rf.entries}
+
+
+# ---- load into a model -------------------------------------------------------------------------
+
+def _placement(v, name: str, cache: Dict[Any, Any], problems: List[str]) -> Optional[Tuple[int, int]]:
+    """(shard-dimension coordinate, its size) of a DTensor, or None when it is not Shard(0) on one
+    mesh dimension (with Replicate on the others); a 0-d tensor may be replicated: (-1, 0).
+    Cached per (mesh, placements): a model has one or two of those and tens of thousands of tensors."""
+    mesh, pls = v.device_mesh, tuple(v.placements)
+    key = (id(mesh), pls, v.dim() == 0)
+    hit = cache.get(key)
+    if hit is not None and hit[0] is mesh:
+        return hit[1]
+    res = _placement1(v, name, problems)
+    if res is not None:
+        cache[key] = (mesh, res)
+    return res
+
+
+def _placement1(v, name: str, problems: List[str]) -> Optional[Tuple[int, int]]:
+    from torch.distributed.tensor import Replicate, Shard
+    pls = tuple(v.placements)
+    shard = [i for i, p in enumerate(pls) if isinstance(p, Shard)]
+    other = [p for p in pls if not isinstance(p, (Shard, Replicate))]
+    if v.dim() == 0 and not shard and not other:
+        return (-1, 0)
+    if len(shard) != 1 or other or pls[shard[0]].dim != 0 or type(pls[shard[0]]).__name__ != "Shard":
+        problems.append("%s: placement %s on a %d-D mesh: bfshard's files hold each rank's rows of dim 0 "
+                        "(FSDP2 fully_shard: Shard(0), or HSDP (Replicate(), Shard(0)))%s" % (
+                            name, list(pls), v.device_mesh.ndim,
+                            "; a replicated tensor is read whole by dcp.load" if not shard else ""))
+        return None
+    i = shard[0]
+    mesh = v.device_mesh
+    return mesh.get_local_rank(i), mesh.size(i)
+
+
+def _upcast(file_dtype: str, dtype: "torch.dtype") -> bool:
+    """BF16 in the file into a float32 tensor: exact (a module the model keeps in float32, e.g.
+    a router's correction bias, from a checkpoint cast to BF16), as dcp.load's copy does it."""
+    return file_dtype == "BF16" and dtype == torch.float32
+
+
+def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = True) -> LoadResult:
+    """Copy this rank's rows from bfshard's dcp output into a model sharded with FSDP2
+    `fully_shard` (parameters: DTensor Shard(0) over a 1-D mesh of size W, or HSDP's 2-D mesh
+    whose shard dimension has size W), in place (`p.to_local().copy_(...)`), no collectives.
+    `model` is an nn.Module (its state_dict(): persistent buffers included, non-persistent ones
+    left alone) or a state dict of such tensors. Each rank opens its own rank file, and rank 0's
+    for 0-d tensors. Everything is checked before the first copy; a problem raises LoadError
+    with one line naming the tensor (see the module's doc). strict=False lets checkpoint tensors
+    the model lacks pass (LoadResult.unexpected); a model tensor the checkpoint lacks is always
+    an error. verify=True re-hashes this rank's file against the manifest first."""
+    t0 = time.time()
+    outdir = os.fspath(outdir)
+    from torch.distributed.tensor import DTensor
+
+    sd = model if isinstance(model, Mapping) else model.state_dict()
+    problems: List[str] = []
+
+    # the mesh: every sharded tensor's shard dimension must have the manifest's W ranks
+    man: Optional[_Manifest] = None
+    coords = set()
+    pl_cache: Dict[Any, Any] = {}
+    pl_of: Dict[str, Tuple[int, int]] = {}
+    for k, v in sd.items():
+        if isinstance(v, DTensor) and v.dim() > 0:
+            pl = _placement(v, k, pl_cache, problems)
+            if pl is not None:
+                coords.add(pl)
+                pl_of[k] = pl
+    if problems:
+        raise _fail(problems)
+    own = None
+    if coords:
+        sizes = {w for _, w in coords}
+        if len(sizes) > 1:
+            raise LoadError("world_size: the model's tensors are sharded over meshes of %s ranks; bfshard's "
+                            "output is for one world size" % sorted(sizes))
+        W = sizes.pop()
+        ranks = {r for r, _ in coords}
+        if len(ranks) > 1:
+            raise LoadError("the model's meshes put this process at shard ranks %s; expected one" % sorted(ranks))
+        own = ranks.pop()
+        man = _Manifest(outdir, own)
+        if W != man.world_size:
+            name = next(k for k, v in sd.items() if isinstance(v, DTensor) and v.dim() > 0)
+            raise LoadError("world_size: the model is sharded over %d ranks (mesh of %s), %s was converted for "
+                            "world_size=%d (%s): convert with --world-size %d, or run %d ranks"
+                            % (W, name, outdir, man.world_size, os.path.basename(man.path), W, man.world_size))
+    else:
+        man = _Manifest(outdir, 0)
+        W = man.world_size
+        own = 0
+    files: Dict[int, _RankFile] = {}
+
+    def rank_file(r: int) -> _RankFile:
+        if r not in files:
+            files[r] = _open_rank(man, r)
+        return files[r]
+
+    mine = rank_file(own)
+    if verify:
+        mine.verify()
+    glob = man.tensors()  # every tensor's dtype and global shape (None: a part's manifest)
+
+    plan: List[Tuple[str, "torch.Tensor", "torch.Tensor"]] = []
+    used = set()
+    missing: List[Tuple[str, Optional[int], "torch.Tensor"]] = []
+    zero_d_rank0: List[str] = []
+    for k, v in sd.items():
+        if isinstance(v, DTensor):
+            # to_local() is an autograd function (~15 us); under no_grad it returns this same tensor
+            local = v._local_tensor if type(getattr(v, "_local_tensor", None)) is torch.Tensor else v.to_local()
+            gshape = tuple(v.shape)
+            if v.dim() == 0:
+                r, rows, start = 0, None, 0
+            else:
+                r = pl_of[k][0]  # checked above
+                d0 = gshape[0]
+                c = -(-d0 // W)
+                start = min(r * c, d0)
+                rows = max(0, min(c, d0 - r * c))
+                want_local = (rows,) + gshape[1:]
+                if local.shape != want_local:
+                    problems.append("%s: local shard %s on rank %d, torch.chunk of %s over %d ranks gives %s "
+                                    "(bfshard's rule; FSDP2's Shard(0))" % (k, list(local.shape), r, list(gshape),
+                                                                           W, list(want_local)))
+                    continue
+        elif isinstance(v, torch.Tensor):
+            local, gshape = v, tuple(v.shape)
+            if v.dim() == 0:
+                r, rows, start = 0, None, 0
+            elif W == 1:
+                r, rows, start = 0, gshape[0], 0
+            else:
+                # a model buffer, which fully_shard leaves whole: under target names bfshard writes
+                # it whole to rank 0's file (docs/NAMES.md), read from there as 0-d tensors are
+                try:
+                    ent0 = rank_file(0).entries.get(k)
+                except LoadError as e:
+                    problems.append("%s: %s" % (k, e.message))
+                    continue
+                if ent0 is None or tuple(ent0[1]) != gshape:
+                    problems.append("%s: a plain %s tensor (not sharded by fully_shard), but the checkpoint splits it "
+                                    "over %d rank files: shard it (Shard(0)), convert with --names transformers "
+                                    "(the model's buffers whole on rank 0), or load it with dcp.load"
+                                    % (k, list(gshape), W))
+                    continue
+                r, rows, start = 0, gshape[0], 0
+        else:
+            continue
+        if glob is not None:
+            g = glob.get(k)
+            if g is None:
+                missing.append((k, None, local))
+                continue
+            gdt, gs = g
+            if gs != gshape:
+                problems.append("%s: shape %s in the model, %s in the checkpoint" % (k, list(gshape), list(gs)))
+                continue
+            if _DTYPES.get(gdt) != local.dtype and not _upcast(gdt, local.dtype):
+                problems.append("%s: dtype %s in the model, %s in the checkpoint (no casts: build the model in "
+                                "the checkpoint's dtype)" % (k, local.dtype, gdt))
+                continue
+        if rows == 0:  # this rank holds no rows of it: bfshard writes no entry (torch's writer: 0 rows)
+            ent = mine.entries.get(k) if r == own else None
+            if ent is not None:
+                used.add(k)
+                if ent[1] != tuple(local.shape):
+                    problems.append("%s: rank %d holds no rows of it (torch.chunk), its file has %s"
+                                    % (k, r, list(ent[1])))
+            continue
+        try:
+            f = rank_file(r)
+        except LoadError as e:
+            problems.append("%s: %s" % (k, e.message))
+            continue
+        ent = f.entries.get(k)
+        if ent is None:
+            missing.append((k, r, local))
+            continue
+        if f is mine:
+            used.add(k)
+        dt, shape, _, _ = ent
+        if local.shape != shape:
+            problems.append("%s: local shard %s on rank %d, the rank file holds %s" % (
+                k, list(local.shape), r, list(shape)))
+            continue
+        if _DTYPES[dt] != local.dtype and not _upcast(dt, local.dtype):
+            problems.append("%s: dtype %s in the model, %s in the rank file (no casts: build the model in "
+                            "the checkpoint's dtype)" % (k, local.dtype, dt))
+            continue
+        if rows is not None:
+            off = f.offsets(k)
+            want_off = [start] + [0] * (len(gshape) - 1)
+            if off is None and start != 0 or off is not None and list(off) != want_off:
+                problems.append("%s: rank %d's rows start at %s in the file, torch.chunk puts them at %s" % (
+                    k, r, off, want_off))
+                continue
+        if rows is None or (r == 0 and f is not mine):
+            zero_d_rank0.append(k)  # read from rank 0's file: verify=True hashes its slices there
+        plan.append((k, local, f.tensor(k)))
+
+    if missing:  # a name tied to a tensor loaded under another name (tied embeddings) is loaded
+        loaded = {(t.data_ptr(), tuple(t.shape), t.dtype) for _, t, _ in plan if t.numel()}
+        missing = [m for m in missing if (m[2].data_ptr(), tuple(m[2].shape), m[2].dtype) not in loaded]
+    for k, r, _ in missing:
+        if r is None:
+            problems.append("%s: in the model, not in the checkpoint (%s lists no such tensor)"
+                            % (k, os.path.basename(man.path)))
+        elif glob is not None:
+            problems.append("%s: in the checkpoint's manifest, but rank %d's file %s has no entry for it "
+                            "(a damaged or foreign rank file: bfshard verify)" % (k, r, files[r].name))
+        else:
+            problems.append("%s: in the model, not in the checkpoint (rank %d's file %s has no entry for it)"
+                            % (k, r, files[r].name))
+    unexpected = sorted(set(mine.entries) - used - set(sd))
+    if glob is not None:
+        unexpected = sorted(set(unexpected) | (set(glob) - set(sd)))
+    if unexpected and strict:
+        problems.append("%s: in the checkpoint, not in the model (strict=False to skip it)%s" % (
+            unexpected[0], "; %d such tensors" % len(unexpected) if len(unexpected) > 1 else ""))
+    if problems:
+        raise _fail(problems)
+    if verify and zero_d_rank0 and 0 in files and files[0] is not mine:
+        files[0].verify(zero_d_rank0)
+
+    nbytes = 0
+    with torch.no_grad():
+        for k, local, src in plan:
+            local.copy_(src)
+            nbytes += src.numel() * src.element_size()
+    return LoadResult(own, W, len(plan), nbytes, [f.path for f in files.values()],
+                      unexpected if not strict else [], time.time() - t0)
