@@ -210,8 +210,20 @@ void fz_exercise(bfs_input *in, const fz_opts *fo)
             void *out = malloc(pc->nbytes ? (size_t)pc->nbytes : 1);
             if (!out)
                 abort();
-            const bfs_unit u = {.t = &p->t[pc->tensor], .row0 = pc->row0, .row1 = pc->row1, .out = out};
-            bfs__unit_cpu(k, &u);
+            /* the piece's units as convert cuts them: a packed tensor's, one member at a time */
+            bfs_ucur cur = bfs__ucur(&p->t[pc->tensor], pc->row0, pc->row1);
+            bfs_unit u;
+            uint64_t ua, ub, at = 0;
+            while (bfs__ucur_next(&cur, UINT64_MAX, &u, &ua, &ub)) {
+                const uint64_t nb = (u.row1 - u.row0) * bfs__sub_row_bytes(u.t);
+                if (at + nb > pc->nbytes)
+                    abort(); /* the members' rows must add up to the piece */
+                u.out = (uint8_t *)out + at;
+                bfs__unit_cpu(k, &u);
+                at += nb;
+            }
+            if (at != pc->nbytes)
+                abort();
             free(out);
         }
     bfs__plan_free(p);
