@@ -92,13 +92,22 @@ static void part_reads_its_share(void **s)
         const char *ranks;
     } runs[] = {{64, "0"}, {64, "63"}, {16, "5"}, {8, "0"}};
     for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
-        cold(in);
-        assert_int_equal(tu_sh("rm -rf %s/out && BFSHARD_STAGES=1 %s convert %s %s/out -w %d --ranks %s --device cpu -q 2> %s",
-                               dir, tu_bfshard(), in, dir, runs[i].W, runs[i].ranks, st),
-                         0);
-        const long long logical = stage(st, "input_bytes_read"), dev = stage(st, "device_bytes_read");
-        printf("  W=%d --ranks %s: share %lld bytes, the storage delivered %lld (%.2fx)\n", runs[i].W, runs[i].ranks,
-               logical, dev, logical > 0 ? (double)dev / (double)logical : 0.0);
+        long long logical = 0, dev = 0;
+        /* up to 3 tries: another process evicting the page cache mid-run (a drop_caches) makes
+         * the storage deliver a prefetched page twice; a part that reads past its share does
+         * so every time */
+        for (int attempt = 0; attempt < 3; attempt++) {
+            cold(in);
+            assert_int_equal(tu_sh("rm -rf %s/out && BFSHARD_STAGES=1 %s convert %s %s/out -w %d --ranks %s --device cpu -q 2> %s",
+                                   dir, tu_bfshard(), in, dir, runs[i].W, runs[i].ranks, st),
+                             0);
+            logical = stage(st, "input_bytes_read");
+            dev = stage(st, "device_bytes_read");
+            printf("  W=%d --ranks %s: share %lld bytes, the storage delivered %lld (%.2fx)\n", runs[i].W, runs[i].ranks,
+                   logical, dev, logical > 0 ? (double)dev / (double)logical : 0.0);
+            if (dev > 0 && logical > 0 && (double)dev <= 1.5 * (double)logical)
+                break;
+        }
         if (dev <= 0)
             fail_msg("no block reads counted (device_bytes_read %lld): this kernel or file system does not count "
                      "them, so a part's reads cannot be measured here", dev);
