@@ -29,7 +29,7 @@ endif
 LIB_SRC := $(filter-out src/cli/%,$(wildcard src/*/*.c))
 # the CUDA backend (backend_cuda.c, _q.c, _dev.c); backend_cuda_stub.c replaces it without nvcc
 CUDA_C_SRC := $(filter-out src/backend/backend_cuda_stub.c,$(wildcard src/backend/backend_cuda*.c))
-KCPU_SRC := kernels/cpu_scalar.c kernels/cpu_dispatch.c
+KCPU_SRC := kernels/cpu_scalar.c kernels/cpu_dispatch.c kernels/cpu_woq.c
 KAVX2_SRC := kernels/cpu_avx2.c kernels/cpu_avx2_mxfp4.c kernels/cpu_avx2_ctmx.c
 KAVX512_SRC := kernels/cpu_avx512.c
 
@@ -132,10 +132,11 @@ $(BUILD)/tests/test_reliability $(BUILD)/tests/test_fuzz_readers $(BUILD)/tests/
 # test_st_scan counts the header parser's allocations and fails each in turn
 $(BUILD)/tests/test_st_scan: LDFLAGS += -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=free
 
-# The README's test command: the test suite, then the layering check.
+# The README's test command: the test suite, then the layering and documentation checks.
 test: all $(TEST_BIN)
 	@scripts/run-tests.sh $(BUILD) $(TEST_BIN); rc=$$?; \
 	 $(MAKE) --no-print-directory check-layers || rc=1; \
+	 $(MAKE) --no-print-directory check-docs || rc=1; \
 	 $(MAKE) --no-print-directory check-cuda-exact || rc=1; exit $$rc
 
 # the one-way layers of src/ and kernels/ (dev/layers/order), no cycle between
@@ -146,6 +147,15 @@ check-layers: all
 	@python3 dev/layers/check.py --selftest >$(BUILD)/layers-selftest.log 2>&1 || \
 	    { cat $(BUILD)/layers-selftest.log; echo "FAILED: the layering check's self-test"; exit 1; }
 	@python3 dev/layers/check.py --build $(BUILD)
+
+# README.md and docs/: no dead relative link or #anchor, no docs page that no link reaches
+# from README.md, every option of every command's --help in docs/USAGE.md, the exit codes
+# of README.md = `bfshard --help` = the man page (dev/doclinks.py; first its self-test).
+.PHONY: check-docs
+check-docs: all
+	@python3 dev/doclinks.py --selftest >$(BUILD)/doclinks-selftest.log 2>&1 || \
+	    { cat $(BUILD)/doclinks-selftest.log; echo "FAILED: the documentation check's self-test"; exit 1; }
+	@python3 dev/doclinks.py --bfshard $(BUILD)/bfshard
 
 # a packed artifact through a real OCI registry on loopback (Debian's docker-registry)
 # and back with skopeo, rebuilt and verified (tests/oci/roundtrip.sh; installs them when missing).
@@ -249,7 +259,8 @@ valgrind: all $(BUILD)/tests/test_safetensors
 	    $(VALGRIND) $(BUILD)/bfshard verify $(BUILD)/valgrind-out --quiet; \
 	done; rm -rf $(BUILD)/valgrind-out
 
-# ---- benchmark: `make bench` (README "Benchmark"; bench/bench.py says what each figure is).
+# ---- benchmark: `make bench` (docs/BENCHMARKS.md; bench/bench.py says what each figure is). It
+# writes its figures to bench/out/, docs/bench-results.md and README.md's results table.
 # Knobs: LAYERS (gpt-oss MXFP4 layers, 24 = gpt-oss-20b), BNB_LAYERS (Llama-3-8B-shaped NF4
 # layers, 32 = the real model), VOCAB (embedding rows, 0 = the real models'), WORLD (ranks),
 # REPEAT (rounds of every timed run), PY=0 (skip the upstream Python path), PY_LAYERS (layers
@@ -283,7 +294,8 @@ bench: all
 	$(BENCH_VENV)/bin/python bench/bench.py --build $(BUILD) --python $(BENCH_VENV)/bin/python \
 	    --layers $(LAYERS) --bnb-layers $(BNB_LAYERS) --vocab $(VOCAB) --world $(WORLD) --repeat $(REPEAT) \
 	    --py $(PY) --py-layers $(PY_LAYERS) --check $(CHECK) --rss-layers "$(RSS_LAYERS)" --mem-layers "$(MEM_LAYERS)" --keep-data $(KEEP_DATA) --tiny $(TINY) \
-	    --scale-layers $(SCALE_LAYERS) --scale-worlds "$(SCALE_WORLDS)"
+	    --scale-layers $(SCALE_LAYERS) --scale-worlds "$(SCALE_WORLDS)" \
+	    --docs docs/bench-results.md --readme README.md
 
 # ---- interop: `make interop` proves the output loads in the real consumers
 # (safetensors, FSDP2 + torch.distributed.checkpoint, transformers, torch's own

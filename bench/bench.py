@@ -4,7 +4,9 @@
 Everything runs on the same synthetic checkpoints (bench/gen_synth.py: gpt-oss-20b
 MXFP4 shapes, and a Llama-3-8B-shaped bitsandbytes NF4 model with double quant),
 cached under build/bench-data. One table on stdout; the same figures as JSON in
-bench/out/bench-<time>.json and bench/out/latest.json (text: latest.txt).
+bench/out/bench-<time>.json and bench/out/latest.json (text: latest.txt). With --docs and
+--readme (`make bench` passes both) it also writes docs/bench-results.md and the results table
+between README.md's bench markers (bench/results_md.py: the one place the figures are typed).
 
   (a) in-memory dequant rate per kernel level, one thread (bench/kernels_bench.c),
       vs memcpy of the same output bytes; thread scaling 1..nproc of the kernels
@@ -40,7 +42,7 @@ TARGETS = {
     "kernel_vs_memcpy": 1.0,   # best level, one thread, >= 1x memcpy of the output bytes
     "disk_vs_dd": 0.9,         # end to end to disk >= 0.9x the faster dd (O_DIRECT or buffered + fdatasync) of
                                # the same bytes in the same round: the median over >= 3 interleaved rounds
-    # issue 25: a bigger --mem is never slower: the median time at 1G (and 256M) <= the median at 64M
+    # a bigger --mem is never slower: the median time at 1G (and 256M) <= the median at 64M
     # x (1 + MEM_NOISE) (same rounds, interleaved; MEM_NOISE is this shared VM's round-to-round noise)
     "mem_1g_vs_64m": 1.0,
     "vs_python_speed": 10.0,   # >= 10x faster than the upstream Python path end to end
@@ -48,7 +50,7 @@ TARGETS = {
     "rss_growth": 1.05,        # peak RSS of the 4x larger checkpoint <= 1.05x the smaller one's
     "time_linear": 4.2,        # wall time of the 4x larger checkpoint <= 4.2x the smaller one's
     "rss_predicted": 0.10,     # measured peak RSS within 10% of `inspect`'s prediction
-    # issue 22's "done when", DeepSeek-V3's real tensor count (92k tensors, 163 files, small matrices):
+    # bookkeeping at DeepSeek-V3's real tensor count (92k tensors, 163 files, small matrices):
     "scale_w64_vs_w8": 2.0,    # convert at W=64 <= 2x convert at W=8 (same input bytes; the aim, 1.5x, below)
     "manifest_w64_vs_w8": 2.0, # the manifest at W=64 <= 2x the one at W=8
     "verify_w64_vs_w8": 2.0,   # verify at W=64 <= 2x verify at W=8
@@ -63,11 +65,50 @@ TARGETS = {
     "loader_w64_rss_mb": 300.0,    # <= 300 MB of peak RSS above its own tensors
     "loader_w256_vs_w64": 1.5,     # W=256 within 1.5x of W=64
 }
-# reported, not bars of issue 15: near-linear thread scaling would be >= 0.8; the project's
+# reported, not bars: near-linear thread scaling would be >= 0.8; the project's
 # own aim for many tiny tensors (--tiny) is >= 50k tensors/s end to end at W = 1 and 8;
-# issue 22's aim for W=64 against W=8
+# the aim for W=64 against W=8
 INFO_ONLY = {"thread_efficiency": 0.8, "tiny_tensors_per_s": 50000, "scale_w64_vs_w8_aim": 1.5}
 MEM_NOISE = 0.10
+# the targets where lower is better
+LOWER_IS_BETTER = ("rss_growth", "time_linear", "rss_predicted", "scale_w64_vs_w8", "parts_vs_whole",
+                   "mem_1g_vs_64m", "manifest_w64_vs_w8", "verify_w64_vs_w8", "part_manifest_vs_whole",
+                   "merge_vs_whole", "scale_w64_vs_w8_aim", "part_device_vs_share", "part_w64_vs_w8",
+                   "loader_w64_s", "loader_w64_rss_mb", "loader_w256_vs_w64")
+# what each target holds to, "%" taking its limit
+TARGET_DESC = {"kernel_vs_memcpy": ">= %.1fx memcpy (best level, 1 thread)",
+               "disk_vs_dd": ">= %.1fx the faster dd (median of rounds)",
+               "mem_1g_vs_64m": "--mem 1G time <= %.1fx 64M's (+10%% noise)",
+               "vs_python_speed": ">= %.0fx faster than Python",
+               "vs_python_rss": ">= %.0fx lower peak RSS",
+               "thread_efficiency": "(info) >= %.1f of linear at nproc",
+               "rss_growth": "4x model: peak RSS <= %.2fx",
+               "time_linear": "4x model: time <= %.1fx (per byte x4, /dd)",
+               "rss_predicted": "peak RSS within %.2f of inspect",
+               "scale_w64_vs_w8": "92k tensors: W=64 time <= %.1fx W=8",
+               "scale_w64_vs_w8_aim": "(info) 92k tensors: aim W=64 <= %.1fx W=8",
+               "manifest_w64_vs_w8": "92k tensors: W=64 manifest <= %.1fx W=8",
+               "verify_w64_vs_w8": "92k tensors: W=64 verify <= %.1fx W=8",
+               "parts_vs_whole": "92k tensors: 4 parts <= %.1fx whole",
+               "part_manifest_vs_whole": "92k tensors: part manifest <= %.1fx whole",
+               "merge_vs_whole": "92k tensors: merge <= %.1fx whole",
+               "part_device_vs_share": "a part's storage reads <= %.1fx its share",
+               "part_w64_vs_w8": "a part: W=64 time <= %.2fx W=8",
+               "loader_w64_s": "load one rank at W=64 <= %.0f s",
+               "loader_w64_rss_mb": "load: peak RSS above its tensors <= %.0f MB",
+               "loader_w256_vs_w64": "load: W=256 <= %.1fx W=64",
+               "tiny_tensors_per_s": "(info) tiny tensors, aim >= %.0f tensors/s"}
+
+
+def verdict(key, items):
+    """(worst item, ok, field) of one target's measured items: the item furthest from the bar."""
+    lim = TARGETS.get(key, INFO_ONLY.get(key))
+    field = "efficiency" if key == "thread_efficiency" else "ratio"
+    if key in LOWER_IS_BETTER:
+        worst = max(items, key=lambda x: x[field])
+        return worst, worst[field] <= lim, field
+    worst = min(items, key=lambda x: x[field])
+    return worst, worst[field] >= lim, field
 MEM_ROWS = ("64M", "256M", "1G")  # bfshard_disk is the default, 256M; the others interleaved with it
 
 
@@ -255,7 +296,7 @@ class Bench:
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "host": platform.node(), "cpu": cpu, "isa": isa, "nproc": self.nproc, "mem_bytes": mem,
             "git": rev + ("-dirty" if dirty else ""), "bfshard": ver, "kernel": platform.release(),
-            "args": vars(self.a), "loadavg_start": loadavg(),
+            "args": vars(self.a), "argv": sys.argv[1:], "loadavg_start": loadavg(),
             "disk_dir": self.disk, "shm_dir": self.shm,
         }
 
@@ -457,7 +498,7 @@ class Bench:
                 nb = r.get("out_bytes_on_disk") or out_bytes or 0
                 add("dd_disk", self.run_dd(self.disk, nb))
                 add("dd_disk_direct", self.run_dd(self.disk, nb, direct=True))
-                for mem in MEM_ROWS:  # issue 25: --mem rows, interleaved with the rest of the round
+                for mem in MEM_ROWS:  # --mem rows, interleaved with the rest of the round
                     if mem != "256M":
                         warm_cache([inp])
                         add(f"bfshard_disk_mem{mem}", self.run_bfshard(inp, disk_out, mem=mem))
@@ -667,7 +708,7 @@ class Bench:
                 rows.append(row)
         self.res["partio"] = {"layers": a.partio_layers, "experts": a.partio_experts, "rows": rows}
 
-    # ---- issue 22: bookkeeping at DeepSeek-V3's real tensor count and 64+ ranks ----
+    # ---- bookkeeping at DeepSeek-V3's real tensor count and 64+ ranks ----
     def scale(self):
         a = self.a
         d = os.path.join(self.data, f"dsv3-names-L{a.scale_layers}")
@@ -915,7 +956,7 @@ class Bench:
                                                           "rounds": len(rr)})
                 P(f"    bfshard / the faster dd, same round: median {med:.2f}x (best {max(rr):.2f}x, worst {min(rr):.2f}x) "
                   f"over {len(rr)} round(s)" + ("" if len(rr) >= 3 else "  -- fewer than 3 rounds: REPEAT=3 for the bar"))
-            # issue 25: --mem rows (median wall time over the rounds)
+            # --mem rows (median wall time over the rounds)
             mt = {}
             for mem in MEM_ROWS:
                 rs_ = runs.get("bfshard_disk" if mem == "256M" else f"bfshard_disk_mem{mem}", [])
@@ -1088,42 +1129,15 @@ class Bench:
                 targ["part_device_vs_share"] = [{"what": "W64", "ratio": med[64]["device_bytes"] / max(1, med[64]["share_bytes"])}]
             if 8 in med and 64 in med:
                 targ["part_w64_vs_w8"] = [{"what": "W64/W8", "ratio": med[64]["wall_s"] / med[8]["wall_s"]}]
-        lower = ("rss_growth", "time_linear", "rss_predicted", "scale_w64_vs_w8", "parts_vs_whole",
-                 "mem_1g_vs_64m", "manifest_w64_vs_w8", "verify_w64_vs_w8", "part_manifest_vs_whole",
-                 "merge_vs_whole", "scale_w64_vs_w8_aim", "part_device_vs_share", "part_w64_vs_w8",
-                 "loader_w64_s", "loader_w64_rss_mb", "loader_w256_vs_w64")  # lower is better
         for key, lim in list(TARGETS.items()) + list(INFO_ONLY.items()):
             items = targ.get(key)
             if not items:
                 P(f"    {key:22s} (not measured)")
                 continue
-            field = "efficiency" if key == "thread_efficiency" else "ratio"
-            worst = max(items, key=lambda x: x[field]) if key in lower else min(items, key=lambda x: x[field])
-            ok = worst[field] <= lim if key in lower else worst[field] >= lim
+            worst, ok, field = verdict(key, items)
             if key in TARGETS:
                 verdicts[key] = ok
-            desc = {"kernel_vs_memcpy": ">= %.1fx memcpy (best level, 1 thread)",
-                    "disk_vs_dd": ">= %.1fx the faster dd (median of rounds)",
-                    "mem_1g_vs_64m": "--mem 1G time <= %.1fx 64M's (+10%% noise)",
-                    "vs_python_speed": ">= %.0fx faster than Python",
-                    "vs_python_rss": ">= %.0fx lower peak RSS",
-                    "thread_efficiency": "(info) >= %.1f of linear at nproc",
-                    "rss_growth": "4x model: peak RSS <= %.2fx",
-                    "time_linear": "4x model: time <= %.1fx (per byte x4, /dd)",
-                    "rss_predicted": "peak RSS within %.2f of inspect",
-                    "scale_w64_vs_w8": "92k tensors: W=64 time <= %.1fx W=8",
-                    "scale_w64_vs_w8_aim": "(info) 92k tensors: aim W=64 <= %.1fx W=8",
-                    "manifest_w64_vs_w8": "92k tensors: W=64 manifest <= %.1fx W=8",
-                    "verify_w64_vs_w8": "92k tensors: W=64 verify <= %.1fx W=8",
-                    "parts_vs_whole": "92k tensors: 4 parts <= %.1fx whole",
-                    "part_manifest_vs_whole": "92k tensors: part manifest <= %.1fx whole",
-                    "merge_vs_whole": "92k tensors: merge <= %.1fx whole",
-                    "part_device_vs_share": "a part's storage reads <= %.1fx its share",
-                    "part_w64_vs_w8": "a part: W=64 time <= %.2fx W=8",
-                    "loader_w64_s": "load one rank at W=64 <= %.0f s",
-                    "loader_w64_rss_mb": "load: peak RSS above its tensors <= %.0f MB",
-                    "loader_w256_vs_w64": "load: W=256 <= %.1fx W=64",
-                    "tiny_tensors_per_s": "(info) tiny tensors, aim >= %.0f tensors/s"}[key] % lim
+            desc = TARGET_DESC[key] % lim
             detail = ", ".join(
                 f"{x.get('op') or x.get('model') or x.get('what') or ''} {x[field]:.2f}".strip() for x in items)
             tag = ("PASS" if ok else "FAIL") if key in TARGETS else "info"
@@ -1187,6 +1201,10 @@ class Bench:
         with open(os.path.join(a.out, "latest.txt"), "w") as f:
             f.write(text + "\n")
         log(f"wrote {os.path.join(a.out, f'bench-{stamp}.json')} (and latest.json, latest.txt)")
+        if a.docs or a.readme:
+            import results_md
+            for path in results_md.write(self.res, text, docs=a.docs, readme=a.readme):
+                log(f"wrote {path}")
         return 0
 
 
@@ -1209,10 +1227,10 @@ def main():
     ap.add_argument("--mem-layers", default="1,4", help="gpt-oss sizes for the predicted-RSS check ('' skips)")
     ap.add_argument("--tiny", type=int, default=200000, help="tensors of the many-tiny-tensors case (0 skips)")
     ap.add_argument("--scale-layers", type=int, default=61,
-                    help="issue 22: DeepSeek-V3-named layers of the scale case (61 = all, 92k tensors; 0 skips)")
-    ap.add_argument("--scale-worlds", default="8,64,256", help="issue 22: world sizes of the scale case")
+                    help="DeepSeek-V3-named layers of the scale case (61 = all, 92k tensors; 0 skips)")
+    ap.add_argument("--scale-worlds", default="8,64,256", help="world sizes of the scale case")
     ap.add_argument("--scale-w1024-layers", type=int, default=5,
-                    help="issue 22: layers of the W=1024 row (and its W=64 baseline); 0 skips")
+                    help="layers of the W=1024 row (and its W=64 baseline); 0 skips")
     ap.add_argument("--partio-layers", type=int, default=2,
                     help="a part's reads: DeepSeek-V3 real-shape layers (0 skips; 4 with 256 experts = 34 GB)")
     ap.add_argument("--partio-experts", type=int, default=64, help="routed experts of those layers (256 = real)")
@@ -1230,6 +1248,8 @@ def main():
     ap.add_argument("--shm", default=f"/dev/shm/bfshard-bench-{os.getpid()}")
     ap.add_argument("--keep-data", type=int, default=1)
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "out"))
+    ap.add_argument("--docs", default="", help="also write the results page here (make bench: docs/bench-results.md)")
+    ap.add_argument("--readme", default="", help="also rewrite the table between this file's bench markers (README.md)")
     a = ap.parse_args()
     a.rss_layers = [int(x) for x in a.rss_layers.replace(" ", ",").split(",") if x.strip()]
     a.mem_layers = [int(x) for x in a.mem_layers.replace(" ", ",").split(",") if x.strip()]

@@ -438,7 +438,7 @@ def gen_dsv3_names(out, layers, files, dim, experts):
     experts + the shared one; MLA attention; the MTP layer 61; ~92k tensors), every FP8
     weight [dim, dim] (or [dim/2, dim]) with its F32 weight_scale_inv, spread over `files`
     files in name order as the real 163-file split does. For the per-tensor and per-rank
-    costs (issue 22): the data are small, the counts are real."""
+    costs at scale: the data are small, the counts are real."""
     rng = np.random.default_rng(22)
     pool = (rng.integers(0, 256, size=1 << 20, dtype=np.uint8) & np.uint8(0xF7)).tobytes()
     spool = (rng.uniform(0.5, 2.0, size=1 << 16) * 2.0 ** -13).astype(np.float32).tobytes()

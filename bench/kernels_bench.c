@@ -22,7 +22,7 @@
  *   gcc $F -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mf16c -mbmi2 \
  *       -c kernels/cpu_avx512.c -o build/bench/cpu_avx512.o
  *   gcc $F -o build/bench/kernels_bench bench/kernels_bench.c kernels/cpu_scalar.c \
- *       kernels/cpu_dispatch.c build/bench/cpu_avx2.o build/bench/cpu_avx2_mxfp4.o build/bench/cpu_avx2_ctmx.o \
+ *       kernels/cpu_dispatch.c kernels/cpu_woq.c build/bench/cpu_avx2.o build/bench/cpu_avx2_mxfp4.o build/bench/cpu_avx2_ctmx.o \
  *       build/bench/cpu_avx512.o
  *   build/bench/kernels_bench [repetitions, default 5]
  * or `make -f Makefile -f bench/Makefile.inc kernels-bench` (bench/Makefile.inc).

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Loading one rank of a bfshard dcp output (issue 35): bfshard.torch against torch's reader.
+"""Loading one rank of a bfshard dcp output: bfshard.torch against torch's reader.
 
     python bench/loader_bench.py OUTDIR RANK [--cold] [--timeout 900] [--json FILE] [--build build]
 

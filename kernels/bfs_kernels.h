@@ -123,6 +123,38 @@ typedef struct bfs_ctmx_desc {
 } bfs_ctmx_desc;
 typedef void (*bfs_ctmx_fn)(const bfs_ctmx_desc *d, size_t i0, size_t i1, uint16_t *out);
 
+/* ---- issue-38 formats (docs/FORMATS.md section 9): GPTQ, AWQ, bitsandbytes 8-bit -------------
+ * Weight-only integer quantization of an nn.Linear weight, written [rows = out][cols = in]
+ * (element i is row i / cols, column i % cols), whatever the storage order: GPTQ and AWQ
+ * GEMM store it transposed ([in, out]), so output row r is column r of their arrays. Values
+ * (ref_woq.h bfs_woq_elem): code q, zero z, scale s of the element's group,
+ *   scale F16:  bf16(f32(f16(s * (q - z))))  (GPTQModel's dequant, in the checkpoint's fp16)
+ *   scale BF16 / F32: bf16(f32(s * (q - z)))
+ *   BNB8: bf16(f32(f32(q * SCB[r]) * f32(7.874015718698502e-3)))  (int8_vectorwise_dequant)
+ * Every array is read unaligned, little-endian. */
+enum { BFS_WOQ_GPTQ = 0, BFS_WOQ_AWQ = 1, BFS_WOQ_BNB8 = 2 };
+enum { BFS_WOQ_F16 = 0, BFS_WOQ_BF16 = 1, BFS_WOQ_F32 = 2 };
+typedef struct bfs_woq_desc {
+    /* GPTQ: I32 [ceil(cols * bits / 32)][rows], each column a little-endian bit stream of
+     *       codes along dim 0 (code c at bit c * bits; 3-bit codes may straddle two words);
+     * AWQ:  I32 [cols][ceil(rows / 8)] 4-bit, code r of a row in field AWQ_ORDER^-1[r % 8]
+     *       = {0, 4, 1, 5, 2, 6, 3, 7}[r % 8] of word r / 8;
+     * BNB8: I8 [rows][cols]. */
+    const uint8_t *qweight;
+    /* GPTQ: I32 [ngroups][zw], zero r of group g = code r of row g's bit stream (v1: each
+     *       2/4/8-bit word + 0x..0101 (one per field, carries kept), 3-bit: field + 1 mod 8);
+     * AWQ:  I32 [ngroups][zw], packed as qweight's rows; BNB8: NULL. */
+    const uint8_t *qzeros;
+    const uint8_t *scale; /* GPTQ/AWQ [ngroups][rows] (scale_type); BNB8: SCB F32 [rows] */
+    const uint8_t *g_idx; /* GPTQ: I32 [cols], every entry in [0, ngroups); NULL: c / group_size */
+    int layout;           /* BFS_WOQ_GPTQ, _AWQ, _BNB8 */
+    int bits;             /* GPTQ 2, 3, 4, 8; AWQ 4; BNB8 8 */
+    int v1;               /* GPTQ: the v1 zero-point convention (stored zero + 1) */
+    int scale_type;       /* BFS_WOQ_F16, _BF16, _F32 */
+    size_t rows, cols, group_size, ngroups, zw;
+} bfs_woq_desc;
+typedef void (*bfs_woq_fn)(const bfs_woq_desc *d, size_t i0, size_t i1, uint16_t *out);
+
 /* Casts to bf16 (round to nearest even, NaN -> 0x7FC0). F64 goes through float32
  * first, as torch's .to(torch.bfloat16) does. Inputs may be unaligned. */
 typedef void (*bfs_cast_fn)(const void *in, size_t n, uint16_t *out);
@@ -144,6 +176,7 @@ typedef struct bfs_kernel_ops {
     bfs_int4_fn int4;
     bfs_nvfp4_fn nvfp4;
     bfs_ctmx_fn ctmx;
+    bfs_woq_fn woq; /* issue 38: GPTQ, AWQ, bitsandbytes 8-bit */
 } bfs_kernel_ops;
 
 /* The scalar reference (cpu_scalar.c): plain loops over ref.h, present in every build.
@@ -154,6 +187,9 @@ void bfs__fp8_scalar(const bfs_fp8_desc *d, size_t i0, size_t i1, uint16_t *out)
 void bfs__int4_scalar(const bfs_int4_desc *d, size_t i0, size_t i1, uint16_t *out);
 void bfs__nvfp4_scalar(const bfs_nvfp4_desc *d, size_t i0, size_t i1, uint16_t *out);
 void bfs__ctmx_scalar(const bfs_ctmx_desc *d, size_t i0, size_t i1, uint16_t *out);
+void bfs__woq_scalar(const bfs_woq_desc *d, size_t i0, size_t i1, uint16_t *out);
+/* The CPU kernel of the AVX2 / AVX-512 levels (cpu_woq.c): row blocks, the same bytes. */
+void bfs__woq_rows(const bfs_woq_desc *d, size_t i0, size_t i1, uint16_t *out);
 
 /* The cast of k from source type s. */
 static inline bfs_cast_fn bfs_kernels_cast(const bfs_kernel_ops *k, bfs_cast_src s)

@@ -146,6 +146,24 @@ typedef struct bfs_cu_ctmx_args {
 } bfs_cu_ctmx_args;
 int bfs__cu_ctmx(const bfs_cu_ctmx_args *a, cudaStream_t stream);
 
+/* Issue-38 GPTQ / AWQ GEMM / bitsandbytes 8-bit (docs/FORMATS.md section 9): output rows
+ * [r0, r0 + nrows) of a [rows][cols] weight, out [nrows][cols]. Every input array holds only
+ * what the chunk's rows need (gathered by the host): */
+typedef struct bfs_cu_woq_args {
+    const uint8_t *qweight; /* GPTQ: [kw][nrows] words (columns r0..); AWQ: [cols][zc] words
+                             * (words w0..); BNB8: [nrows][cols] int8 */
+    const uint8_t *qzeros;  /* GPTQ / AWQ: [ngroups][zc] words from word w0; BNB8: NULL */
+    const uint8_t *scale;   /* GPTQ / AWQ: [ngroups][nrows] F16 / BF16 / F32; BNB8: [nrows] F32 */
+    const uint8_t *g_idx;   /* GPTQ: the whole I32 [cols], or NULL (c / group_size) */
+    int layout, bits, v1, scale_type; /* bfs_woq_desc's */
+    uint64_t r0;            /* the chunk's first output row */
+    uint64_t zr0;           /* the zero-point code of word w0's first field (w0 / wpb * per) */
+    size_t nrows, cols, zc, group_size;
+    size_t n;               /* nrows * cols: the elements */
+    uint16_t *out;
+} bfs_cu_woq_args;
+int bfs__cu_woq(const bfs_cu_woq_args *a, cudaStream_t stream);
+
 /* n elements of F32, F16 or F64 -> BF16. */
 int bfs__cu_cast(const void *in, bfs_cast_src src, size_t n, uint16_t *out, cudaStream_t stream);
 

@@ -16,12 +16,12 @@
  *    once by the reference and checked against it for every code; the bytes where the lookup
  *    is not the reference (subnormal results, overflow, the +inf of 255) multiply, element by
  *    element. Measured (one thread, AMD EPYC, medians of 3 processes): MXFP8 with an integer
- *    exponent add per element was 1.05x memcpy; by table it is the figure in README.md.
+ *    exponent add per element was 1.05x memcpy; by table it is the figure in docs/bench-results.md.
  *  - MXFP6: a value depends only on (scale byte, 6-bit code): a 257 x 64 table by the
  *    reference; the codes of a group's eight 24-bit words shifted out, packed to bytes and
  *    looked up with vpshufb in the row's magnitudes, the sign or-ed in (ct6_bytes; rows where
  *    that is not the table, byte 255, gather from it: ct6_groups). By gathers alone MXFP6 was
- *    0.31x memcpy (one thread, AMD EPYC); by bytes it is the figure in README.md.
+ *    0.31x memcpy (one thread, AMD EPYC); by bytes it is the figure in docs/bench-results.md.
  * The MXFP8 tables also serve the FP8 kernel's E8M0 block scales (DeepSeek-V4, cpu_avx2.c
  * fp8_e8m0, through bfs__ct8_tables). DeepSeek-V4's FP4 experts take the MXFP4 path; with nan255 (F8_E8M0 scales) byte 255 is
  * NaN, a 257th table row. Groups never straddle rows (cols % 32 == 0): element i is byte i (i / 2 for MXFP4) and

@@ -8,6 +8,7 @@
 #include "bfs_kernels.h"
 #include "ref.h"
 #include "ref_formats.h"
+#include "ref_woq.h"
 
 #include <assert.h>
 #include <string.h>
@@ -121,6 +122,14 @@ void bfs__ctmx_scalar(const bfs_ctmx_desc *d, size_t i0, size_t i1, uint16_t *ou
         out[i - i0] = bfs_ctmx_elem(d, i);
 }
 
+/* ---- issue-38 formats: GPTQ, AWQ, bitsandbytes 8-bit (ref_woq.h) ---- */
+void bfs__woq_scalar(const bfs_woq_desc *d, size_t i0, size_t i1, uint16_t *out)
+{
+    assert(i0 <= i1 && d->cols > 0 && d->rows > 0);
+    for (size_t i = i0; i < i1; i++)
+        out[i - i0] = bfs_woq_elem(d, i / d->cols, i % d->cols);
+}
+
 const bfs_kernel_ops bfs__cpu_scalar_ops = {
     .name = "scalar",
     .level = BFS_CPU_SCALAR,
@@ -133,4 +142,5 @@ const bfs_kernel_ops bfs__cpu_scalar_ops = {
     .int4 = bfs__int4_scalar,
     .nvfp4 = bfs__nvfp4_scalar,
     .ctmx = bfs__ctmx_scalar,
+    .woq = bfs__woq_scalar,
 };

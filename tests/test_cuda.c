@@ -16,6 +16,7 @@
 
 #include "bfs_internal.h"
 #include "../kernels/ref.h"
+#include "../kernels/ref_woq.h"
 
 #include <inttypes.h>
 #include <pthread.h>
@@ -597,6 +598,80 @@ static void test_int4(void **state)
     int4_case(45, 100, 100, 0, 1);  /* per channel (one group), a half word per row */
     int4_case(9, 20, 20, 1, 0);     /* per channel asymmetric */
     int4_case(11, 5000, 40, 1, 1);  /* rows wider than a chunk: chunks start mid-row, mid-word, mid-group */
+}
+
+/* ---- issue 38: GPTQ (2/3/4/8 bits, v1 / v2, act-order), AWQ GEMM, bitsandbytes 8-bit --------- */
+/* F16 scales: random, and the edges (0, -0, inf, NaN, subnormal, the largest, products that
+ * overflow fp16). */
+static uint8_t *mk_f16_scales(size_t n)
+{
+    uint8_t *p = xmalloc(2 * n + 1);
+    for (size_t i = 0; i < n; i++) {
+        const uint16_t h = (uint16_t)((rnd() >> 40) & 0xFFFFu);
+        memcpy(p + 2 * i, &h, 2);
+    }
+    const uint16_t special[] = {0, 0x8000, 0x7C00, 0x7E00, 0x0001, 0x7BFF, 0x7000, 0x3C00};
+    for (size_t i = 0; i < sizeof special / sizeof *special && 2 * i < n; i++)
+        memcpy(p + 4 * i, &special[i], 2);
+    return p;
+}
+
+/* layout BFS_WOQ_*; act: a permuted g_idx (GPTQ) */
+static void woq_case(int layout, int bits, int v1, int act, size_t rows, size_t cols, size_t G)
+{
+    const size_t ng = layout == BFS_WOQ_BNB8 ? 1 : (cols + G - 1) / G;
+    const size_t zw = layout == BFS_WOQ_AWQ ? (rows + 7) / 8 : bits == 3 ? (rows + 31) / 32 * 3 : (rows * (size_t)bits + 31) / 32;
+    bfs_woq_desc d = {.layout = layout, .bits = bits, .v1 = v1, .scale_type = BFS_WOQ_F16, .rows = rows, .cols = cols,
+                      .group_size = layout == BFS_WOQ_BNB8 ? cols : G, .ngroups = ng, .zw = layout == BFS_WOQ_BNB8 ? 0 : zw};
+    const size_t qwb = layout == BFS_WOQ_GPTQ ? bfs_gptq_kw(&d) * rows * 4 : layout == BFS_WOQ_AWQ ? cols * zw * 4 : rows * cols;
+    uint8_t *qw = xmalloc(qwb), *qz = xmalloc(ng * zw * 4 + 4), *sc, *gi = xmalloc(cols * 4);
+    fill_random(qw, qwb);
+    fill_random(qz, ng * zw * 4 + 4);
+    if (layout == BFS_WOQ_BNB8) {
+        sc = xmalloc(rows * 4);
+        for (size_t r = 0; r < rows; r++) {
+            const uint32_t f = (uint32_t)(rnd() >> 32);
+            memcpy(sc + 4 * r, &f, 4);
+        }
+    } else {
+        sc = mk_f16_scales(ng * rows);
+    }
+    for (size_t c = 0; c < cols; c++) {
+        const int32_t g = (int32_t)(act ? rnd() % ng : G ? c / G : 0);
+        memcpy(gi + 4 * c, &g, 4);
+    }
+    d.qweight = qw;
+    d.qzeros = layout == BFS_WOQ_BNB8 ? NULL : qz;
+    d.scale = sc;
+    d.g_idx = layout == BFS_WOQ_GPTQ && act ? gi : NULL;
+    char name[96];
+    snprintf(name, sizeof name, "woq.l%d.b%d.v%d.a%d.%zux%zu.g%zu.weight", layout, bits, v1, act, rows, cols, G);
+    bfs_ltensor t = mk_2d(name, BFS_K_WOQ, rows, cols);
+    t.woq = d;
+    const uint64_t budgets[] = {0, 16 * 1024, 40 * 1024 + 512};
+    check_all_units(&t, rows, budgets, 3);
+    free(qw);
+    free(qz);
+    free(sc);
+    free(gi);
+}
+
+static void test_woq(void **state)
+{
+    (void)state;
+    if (g_ndev == 0)
+        skip();
+    woq_case(BFS_WOQ_GPTQ, 4, 1, 1, 300, 256, 128); /* act-order, v1 */
+    woq_case(BFS_WOQ_GPTQ, 4, 0, 0, 37, 96, 64);    /* v2, a partial group, rows not of 8 */
+    woq_case(BFS_WOQ_GPTQ, 8, 1, 1, 45, 100, 32);   /* 8-bit, 100 columns: a half word */
+    woq_case(BFS_WOQ_GPTQ, 3, 1, 1, 96, 64, 32);    /* 3-bit: codes straddling words */
+    woq_case(BFS_WOQ_GPTQ, 3, 0, 0, 64, 320, 96);
+    woq_case(BFS_WOQ_GPTQ, 2, 1, 0, 33, 48, 16);    /* 2-bit v1 */
+    woq_case(BFS_WOQ_GPTQ, 4, 1, 0, 9, 1500, 40);   /* a row near the 16 KiB budget: one row per chunk */
+    woq_case(BFS_WOQ_AWQ, 4, 0, 0, 300, 256, 128);
+    woq_case(BFS_WOQ_AWQ, 4, 0, 0, 37, 96, 32);     /* 37 rows: a partial word per row */
+    woq_case(BFS_WOQ_BNB8, 8, 0, 0, 300, 333, 0);
+    woq_case(BFS_WOQ_BNB8, 8, 0, 0, 3, 1200, 0);
 }
 
 static void nvfp4_case(size_t rows, size_t cols, uint32_t global_bits, int modelopt)
@@ -1632,6 +1707,7 @@ int main(void)
         cmocka_unit_test(test_casts),
         cmocka_unit_test(test_fp8),
         cmocka_unit_test(test_int4),
+        cmocka_unit_test(test_woq),
         cmocka_unit_test(test_nvfp4),
         cmocka_unit_test(test_nvfp4_conventions_differ),
         cmocka_unit_test(test_ctmx),

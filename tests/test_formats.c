@@ -11,7 +11,7 @@ static void table_invariants(void **s)
 {
     (void)s;
     const bfs_kind kinds[] = {BFS_K_PASS, BFS_K_CAST, BFS_K_MXFP4, BFS_K_BNB4,
-                              BFS_K_FP8,  BFS_K_INT4, BFS_K_NVFP4, BFS_K_CTMX};
+                              BFS_K_FP8,  BFS_K_INT4, BFS_K_NVFP4, BFS_K_CTMX, BFS_K_WOQ};
     size_t n = 0;
     while (bfs__formats[n])
         n++;
@@ -46,8 +46,10 @@ static void table_invariants(void **s)
                 for (const char *const *o = bfs__formats[j]->methods; o && *o; o++)
                     if (o != m && strcasecmp(*o, *m) == 0) {
                         assert_true(j != i);
-                        assert_false(bfs__formats[i]->claim_optional);
-                        assert_false(bfs__formats[j]->claim_optional);
+                        /* at most one of them identifies its tensors alone: "bitsandbytes" is
+                         * bnb4's self-describing quant_state blobs and bnb8's int8 + SCB, which
+                         * need the claim (load_in_8bit) */
+                        assert_false(bfs__formats[i]->claim_optional && bfs__formats[j]->claim_optional);
                     }
         }
     }

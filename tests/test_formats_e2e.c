@@ -29,6 +29,8 @@ static const char *const fixtures[] = {
     "quark-mxfp4", "quark-fp8", /* AMD Quark 0.13 exports (fixtures/gen_quark_fixtures.py) */
     "fp8-fused", /* transformers' fused FP8 experts [E, out, in] (fixtures/gen_fused_fixtures.py) */
     "fp8-fused-tensor", /* the same, weight_block_size null: [E, 1, 1], gate_up [E, 2, 1], up_proj */
+    /* issue 38 (fixtures/gen_gptq_fixtures.py): GPTQ, AWQ GEMM, bitsandbytes 8-bit */
+    "gptq-int4-actorder", "gptq-int4-asym", "gptq-int8", "gptq-int3", "gptq-int2-v2", "awq-gemm", "bnb-int8",
 };
 #define NFIX (sizeof fixtures / sizeof *fixtures)
 
@@ -357,6 +359,52 @@ static void accept(const char *fx, const st_edit *edits, const char *const *qset
 #define V "model.layers.0.self_attn.v_proj."
 #define E(...) ((const st_edit[]){__VA_ARGS__, {0}})
 #define S(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/* Issue 38: the checkpoints of the must-refuse corpus packed by AutoGPTQ 0.7.1, AutoAWQ 0.2.9
+ * and transformers + bitsandbytes (fixtures/refuse/gen_refuse.py) now convert, to the bytes of
+ * the upstream dequant (expected/refuse-<case>, fixtures/gen_gptq_fixtures.py); inspect names
+ * each kind; the claims the formats refuse name what they refuse. */
+static void woq_other_writers(void **s)
+{
+    (void)s;
+    static const char *const cases[] = {"gptq", "awq", "bnb-int8"};
+    char *tmp = tu_tmpdir("woq");
+    char in[512], ex[512], out[4096];
+    for (size_t i = 0; i < 3; i++) {
+        snprintf(in, sizeof in, "fixtures/refuse/%s", cases[i]);
+        snprintf(ex, sizeof ex, "fixtures/expected/refuse-%s.safetensors", cases[i]);
+        snprintf(out, sizeof out, "%s/%s", tmp, cases[i]);
+        for (int W = 1; W <= 3; W++) {
+            convert_ok(in, out, W, BFS_LAYOUT_DCP, -1);
+            check_out(out, ex, W, false);
+        }
+    }
+    assert_int_equal(tu_sh("%s inspect --names checkpoint fixtures/gptq-int3 | grep -q 'q_proj.weight .*gptq-int3 .*dequantized'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("%s inspect --names checkpoint fixtures/gptq-int2-v2 | grep -q 'down_proj.weight .*gptq-int2-v2 .*dequantized'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("%s inspect --names checkpoint fixtures/awq-gemm | grep -q 'up_proj.weight .*awq-gemm .*dequantized'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("%s inspect --names checkpoint fixtures/bnb-int8 | grep -q 'o_proj.weight .*bnb-int8 .*dequantized'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("%s inspect --names checkpoint fixtures/gptq-int8 | grep -q 'q_proj.bias .*cast'", tu_bfshard()), 0);
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
+/* Issue 38 refusals: each one line naming the tensor or the field. */
+static void refuse_woq(void **s)
+{
+    (void)s;
+#define GQ "model.layers.0.self_attn.q_proj."
+    refuse("gptq-int4-asym", E({GQ "qzeros", "zz.qz", NULL, 0, {0}}), NULL, S(GQ "qweight", "qzeros"));
+    refuse("gptq-int4-asym", E({GQ "scales", NULL, "BF16", 0, {0}}), NULL, S(GQ "scales", "F16"));
+    refuse("gptq-int4-asym", E({GQ "scales", NULL, NULL, 2, {2, 32}}), NULL, S(GQ "scales", "[2, 32]"));
+    refuse("gptq-int4-actorder", E({GQ "g_idx", NULL, "F32", 0, {0}}), NULL, S(GQ "g_idx", "I32"));
+    refuse("gptq-int4-actorder", NULL, S("bits=8"), S("qweight\" (offset", "GPTQ 8-bit qweight", "expected [24, out]"));
+    refuse("awq-gemm", E({GQ "qzeros", "zz.qz", NULL, 0, {0}}), NULL, S(GQ "qweight", "zero_point"));
+    refuse("awq-gemm", NULL, S("group_size=64"), S("down_proj.qweight\"", "do not fit group_size 64"));
+    refuse("awq-gemm", NULL, S("version=\"gemv\""), S("gemv", "CUDA kernel"));
+    refuse("bnb-int8", E({GQ "SCB", NULL, "I32", 0, {0}}), NULL, S(GQ "SCB", "expected F32"));
+    refuse("bnb-int8", NULL, S("load_in_4bit=true"), S("load_in_4bit", "load_in_8bit"));
+#undef GQ
+}
 
 /* transformers' fused FP8 experts (FP8Experts: X [E, out, in] + X_scale_inv [E, out/bh, in/bw]) */
 #define GU "model.layers.0.mlp.experts.gate_up_proj"
@@ -877,6 +925,8 @@ int main(void)
         cmocka_unit_test(dsv4_rules),
         cmocka_unit_test(dsv41_float_rules),
         cmocka_unit_test(quark_rules),
+        cmocka_unit_test(woq_other_writers),
+        cmocka_unit_test(refuse_woq),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -21,6 +21,7 @@
 #include "bfs_internal.h"
 #include "../kernels/ref.h"
 #include "../kernels/ref_formats.h"
+#include "../kernels/ref_woq.h"
 
 #include <float.h>
 #include <math.h>
@@ -1400,6 +1401,96 @@ static void test_ref_mxfp6(void **state)
         }
 }
 
+/* ---- issue 38: GPTQ (2/3/4/8 bits, v1 / v2, act-order), AWQ GEMM, bitsandbytes 8-bit ------- */
+/* The level's woq op against the scalar reference, on whole tensors and on ranges that start
+ * and end mid-row, mid-word and mid-group (the CPU backend's thread slices). */
+static void test_woq_ops(void **state)
+{
+    const bfs_kernel_ops *k = level_ops(state);
+    static const struct { int layout, bits, v1, act; size_t rows, cols, G; } cs[] = {
+        {BFS_WOQ_GPTQ, 4, 1, 1, 40, 256, 32}, {BFS_WOQ_GPTQ, 4, 0, 0, 37, 96, 64}, {BFS_WOQ_GPTQ, 8, 1, 1, 45, 100, 32},
+        {BFS_WOQ_GPTQ, 3, 1, 1, 64, 96, 32},  {BFS_WOQ_GPTQ, 3, 0, 0, 32, 320, 96}, {BFS_WOQ_GPTQ, 2, 1, 0, 33, 48, 16},
+        {BFS_WOQ_GPTQ, 2, 0, 1, 16, 64, 8},   {BFS_WOQ_AWQ, 4, 0, 0, 37, 96, 32},  {BFS_WOQ_AWQ, 4, 0, 0, 64, 256, 128},
+        {BFS_WOQ_BNB8, 8, 0, 0, 30, 333, 333},
+    };
+    for (size_t ci = 0; ci < sizeof cs / sizeof *cs; ci++) {
+        const size_t rows = cs[ci].rows, cols = cs[ci].cols, G = cs[ci].G, bits = (size_t)cs[ci].bits;
+        const int L = cs[ci].layout;
+        const size_t ng = (cols + G - 1) / G, zw = L == BFS_WOQ_AWQ ? (rows + 7) / 8 : bits == 3 ? (rows + 31) / 32 * 3 : (rows * bits + 31) / 32;
+        bfs_woq_desc d = {.layout = L, .bits = (int)bits, .v1 = cs[ci].v1, .scale_type = BFS_WOQ_F16, .rows = rows,
+                          .cols = cols, .group_size = G, .ngroups = L == BFS_WOQ_BNB8 ? 1 : ng, .zw = L == BFS_WOQ_BNB8 ? 0 : zw};
+        const size_t qwb = L == BFS_WOQ_GPTQ ? bfs_gptq_kw(&d) * rows * 4 : L == BFS_WOQ_AWQ ? cols * zw * 4 : rows * cols;
+        uint8_t *qw = xmalloc(qwb), *qz = xmalloc(ng * zw * 4 + 4), *sc = xmalloc(ng * rows * 4 + 4), *gi = xmalloc(cols * 4);
+        rnd_fill(qw, qwb);
+        rnd_fill(qz, ng * zw * 4 + 4);
+        rnd_fill(sc, ng * rows * 4 + 4);
+        for (size_t c = 0; c < cols; c++) {
+            const int32_t g = (int32_t)(cs[ci].act ? rnd_below(ng) : c / G);
+            memcpy(gi + 4 * c, &g, 4);
+        }
+        if (L == BFS_WOQ_BNB8)
+            d.scale_type = BFS_WOQ_F32;
+        d.qweight = qw;
+        d.qzeros = L == BFS_WOQ_BNB8 ? NULL : qz;
+        d.scale = sc;
+        d.g_idx = cs[ci].act ? gi : NULL;
+        for (int st = 0; st < 3; st++) { /* every scale type through the same walk */
+            if (L != BFS_WOQ_BNB8)
+                d.scale_type = st;
+            else if (st)
+                break;
+            const size_t n = rows * cols;
+            uint16_t *want = xmalloc(n * 2), *got = xmalloc(n * 2 + 2);
+            bfs__woq_scalar(&d, 0, n, want);
+            for (int t = 0; t < 40; t++) {
+                const size_t i0 = t == 0 ? 0 : rnd_below(n), i1 = t == 0 ? n : i0 + rnd_below(n - i0 + 1);
+                memset(got, 0x5A, (i1 - i0) * 2 + 2);
+                k->woq(&d, i0, i1, got);
+                if (memcmp(got, want + i0, (i1 - i0) * 2) != 0 || got[i1 - i0] != 0x5A5A)
+                    fail_msg("woq case %zu scale type %d, elements [%zu, %zu): %s differs from the scalar reference", ci, st, i0, i1, k->name);
+            }
+            /* the scalar op is bfs_woq_elem element by element */
+            for (size_t i = 0; i < n; i += 7)
+                assert_int_equal(want[i], bfs_woq_elem(&d, i / cols, i % cols));
+            free(want);
+            free(got);
+        }
+        free(qw);
+        free(qz);
+        free(sc);
+        free(gi);
+    }
+}
+
+/* The v1 zero-point rule on known words: a zero point of 0 stored as -1 borrows from the next
+ * field; the whole-word add restores both (GPTQModel utils/model.py:824). 3-bit: per field. */
+static void test_ref_gptq_v1(void **state)
+{
+    (void)state;
+    /* v2 zeros 0, 5, 0, 15, 8, 0, 1, 2 (fields 0..7) -> v1 word = v2 word - 0x11111111 */
+    uint32_t v2w = 0;
+    const unsigned z[8] = {0, 5, 0, 15, 8, 0, 1, 2};
+    for (int i = 0; i < 8; i++)
+        v2w |= (uint32_t)z[i] << (4 * i);
+    const uint32_t v1w = v2w - 0x11111111u;
+    for (unsigned i = 0; i < 8; i++) {
+        assert_int_equal(bfs_gptq_zero_at((const uint8_t *)&v1w, i, 4, 1), (int)z[i]);
+        assert_int_equal(bfs_gptq_zero_at((const uint8_t *)&v2w, i, 4, 0), (int)z[i]);
+    }
+    /* 3-bit: stored 7 is zero point 0 */
+    const uint32_t w3[3] = {7u, 0, 0};
+    assert_int_equal(bfs_gptq_zero_at((const uint8_t *)w3, 0, 3, 1), 0);
+    assert_int_equal(bfs_gptq_zero_at((const uint8_t *)w3, 1, 3, 1), 1);
+    /* fp16 rounding: 60000 * 2 overflows to inf; 2^-24 * 1 stays the smallest subnormal */
+    const uint16_t big = 0x7B53, tiny = 0x0001; /* 60000, 2^-24 */
+    assert_int_equal(bfs_woq_value((const uint8_t *)&big, 0, BFS_WOQ_F16, 2), 0x7F80);
+    assert_int_equal(bfs_woq_value((const uint8_t *)&tiny, 0, BFS_WOQ_F16, 1), 0x3380);
+    assert_int_equal(bfs_f16_from_f32(65519.0f), 0x7BFF);
+    assert_int_equal(bfs_f16_from_f32(65520.0f), 0x7C00);
+    assert_int_equal(bfs_f16_from_f32(0x1p-25f), 0x0000);
+    assert_int_equal(bfs_f16_from_f32(0x1.8p-25f), 0x0001);
+}
+
 #define LEVEL_TESTS(tag, lv)                                                      \
     {"mxfp4_exhaustive/" tag, test_mxfp4_exhaustive, NULL, NULL, &(lv)},          \
         {"mxfp4_shapes/" tag, test_mxfp4_shapes, NULL, NULL, &(lv)},              \
@@ -1411,13 +1502,15 @@ static void test_ref_mxfp6(void **state)
         {"q12_ops/" tag, test_q12_ops, NULL, NULL, &(lv)},                        \
         {"q12_edges/" tag, test_q12_edges, NULL, NULL, &(lv)},                    \
         {"q12_fp8_table/" tag, test_q12_fp8_table, NULL, NULL, &(lv)},            \
-        {"ctmx_ops/" tag, test_ctmx_ops, NULL, NULL, &(lv)}
+        {"ctmx_ops/" tag, test_ctmx_ops, NULL, NULL, &(lv)},                      \
+        {"woq_ops/" tag, test_woq_ops, NULL, NULL, &(lv)}
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ref_bf16_rounding),
         cmocka_unit_test(test_ref_mxfp6),
+        cmocka_unit_test(test_ref_gptq_v1),
         cmocka_unit_test(test_ref_e8m0_e2m1),
         cmocka_unit_test(test_ref_dsv4_e8m0),
         cmocka_unit_test(test_ref_bnb_tables),

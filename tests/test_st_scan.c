@@ -344,7 +344,7 @@ static void index_allocation_failures(void **s)
 }
 
 /* 100k tensors: the heap's peak during the parse, against the table and names it returns
- * (a jansson tree of this header took ~120 MB; README "Robustness") */
+ * (a jansson tree of this header took ~120 MB; docs/ROBUSTNESS.md) */
 static void memory_follows_the_table(void **s)
 {
     (void)s;

@@ -1,5 +1,5 @@
 /*
- * Issue 16, using bfshard as its users do: a model named as in the Hugging Face cache
+ * Using bfshard as its users do: a model named as in the Hugging Face cache
  * (a cache laid out exactly as huggingface_hub lays it out: blobs/, snapshots/COMMIT/
  * symlinks into ../../blobs, refs/main), the CLI's conventions (-V, -T, -o, -q, -v,
  * --progress[=json], the bar fitting the terminal and ending at 100%, the closing

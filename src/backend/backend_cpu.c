@@ -60,6 +60,9 @@ static void bfs__unit_part(const bfs_kernel_ops *k, const bfs_unit *u, uint64_t 
     case BFS_K_CTMX:
         k->ctmx(&t->ctmx, (size_t)(e0 + lo), (size_t)(e0 + hi), out16 + lo);
         break;
+    case BFS_K_WOQ:
+        k->woq(&t->woq, (size_t)(e0 + lo), (size_t)(e0 + hi), out16 + lo);
+        break;
     case BFS_K_MXFP4:
         if (!t->mx_items) {
             const uint64_t C = t->mx.G * 32;

@@ -79,14 +79,15 @@ typedef struct cu_backend {
 } cu_backend;
 
 /* ---- the work of one unit ------------------------------------------------------------ */
-enum { J_MX_FLAT, J_MX_ITEMS, J_MX_GROUPS, J_BNB, J_CAST, J_FP8, J_INT4, J_NVFP4, J_CTMX };
+enum { J_MX_FLAT, J_MX_ITEMS, J_MX_GROUPS, J_BNB, J_CAST, J_FP8, J_INT4, J_NVFP4, J_CTMX, J_WOQ };
 
 typedef struct cu_job {
     int mode;
     bool in_place;      /* out is pinned: D2H straight into it */
     const bfs_ltensor *t;
     uint8_t *out;
-    /* position in granules: flat rows (item*R + r), items, item-groups ((item-row0)*G + g), elements */
+    /* position in granules: flat rows (item*R + r), items, item-groups ((item-row0)*G + g), elements,
+     * output rows (J_WOQ) */
     uint64_t pos, end, first;
     uint64_t R, G;      /* MXFP4 */
     uint64_t bs, nbs;   /* bnb */
@@ -108,7 +109,7 @@ typedef struct cu_chunk {
     int job;            /* which of the pipeline's jobs */
     bool first;         /* the job's first chunk (its constant tables go up before it) */
     int ngather;
-    cu_gather g[3];
+    cu_gather g[4];     /* GPTQ: qweight, scales, qzeros, g_idx */
     uint64_t in_bytes;  /* H2D [0, in_bytes) of the slot */
     uint64_t out_off, out_bytes;
     uint8_t *dst;       /* where the output goes in unit->out */

@@ -2,9 +2,11 @@
  * CUDA backend, the work of one unit per format (MXFP4, bnb 4-bit, casts, FP8, INT4,
  * NVFP4, compressed-tensors MX): checking a unit's descriptor into a cu_job (cu_job_init), laying out the
  * input arrays and output of one chunk in a slot (cu_layout), choosing chunk sizes,
- * and the kernel launch of a chunk (cu_launch). The pipeline is backend_cuda.c's.
+ * and the kernel launch of a chunk (cu_launch); GPTQ / AWQ / bitsandbytes 8-bit (J_WOQ) by output
+ * rows, gathering the columns of their transposed arrays. The pipeline is backend_cuda.c's.
  */
 #include "backend/backend_cuda.h"
+#include "../../kernels/ref_woq.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -16,6 +18,42 @@ static void cu_add(cu_chunk *ch, const uint8_t *src, uint64_t row_bytes, uint64_
     const uint64_t off = ch->ngather ? cu_al(ch->in_bytes) : 0;
     ch->g[ch->ngather++] = (cu_gather){src, row_bytes, nrows, stride, off};
     ch->in_bytes = off + row_bytes * nrows;
+}
+
+/* The packed words of output rows [r0, r0 + n) of a GPTQ / AWQ weight: [*w0, *w1) of each
+ * row of qzeros (and of AWQ's qweight), whose first field is zero-point code *zr0. */
+static void cu_woq_words(const bfs_woq_desc *d, uint64_t r0, uint64_t n, uint64_t *w0, uint64_t *w1, uint64_t *zr0)
+{
+    const uint64_t per = d->layout == BFS_WOQ_AWQ ? 8 : d->bits == 3 ? 32 : 32 / (uint64_t)d->bits;
+    const uint64_t wpb = d->layout == BFS_WOQ_GPTQ && d->bits == 3 ? 3 : 1;
+    *w0 = r0 / per * wpb;
+    *w1 = ((r0 + n - 1) / per + 1) * wpb;
+    *zr0 = r0 / per * per;
+}
+
+/* J_WOQ: output rows [pos, pos + n). */
+static void bfs__cu_woq_layout(const cu_job *j, uint64_t pos, uint64_t n, cu_chunk *ch)
+{
+    const bfs_woq_desc *d = &j->t->woq;
+    const uint64_t K = d->cols;
+    if (d->layout == BFS_WOQ_BNB8) {
+        cu_add(ch, d->qweight + pos * K, n * K, 1, 0);
+        cu_add(ch, d->scale + pos * 4, n * 4, 1, 0);
+    } else {
+        const uint64_t ss = d->scale_type == BFS_WOQ_F32 ? 4 : 2;
+        uint64_t w0, w1, zr0;
+        cu_woq_words(d, pos, n, &w0, &w1, &zr0);
+        if (d->layout == BFS_WOQ_GPTQ)
+            cu_add(ch, d->qweight + pos * 4, n * 4, bfs_gptq_kw(d), d->rows * 4);
+        else
+            cu_add(ch, d->qweight + w0 * 4, (w1 - w0) * 4, K, d->zw * 4);
+        cu_add(ch, d->scale + pos * ss, n * ss, d->ngroups, d->rows * ss);
+        cu_add(ch, d->qzeros + w0 * 4, (w1 - w0) * 4, d->ngroups, d->zw * 4);
+        if (d->g_idx)
+            cu_add(ch, d->g_idx, K * 4, 1, 0);
+    }
+    ch->out_bytes = n * K * 2;
+    ch->dst = j->out + (pos - j->first) * K * 2;
 }
 
 /* Lay out chunk [pos, pos + n) of j; returns the slot bytes it needs. Shapes
@@ -114,6 +152,9 @@ uint64_t bfs__cu_layout(const cu_job *j, uint64_t pos, uint64_t n, cu_chunk *ch)
         ch->dst = j->out + (pos - j->first) * 2;
         break;
     }
+    case J_WOQ:
+        bfs__cu_woq_layout(j, pos, n, ch);
+        break;
     }
     ch->out_off = cu_al(ch->in_bytes);
     return ch->out_off + cu_al(ch->out_bytes);
@@ -147,6 +188,7 @@ const char *bfs__cu_what(const cu_job *j)
     case J_INT4: return "INT4 element";
     case J_NVFP4: return "NVFP4 element";
     case J_CTMX: return "MX element";
+    case J_WOQ: return "GPTQ / AWQ / 8-bit output row";
     default: return "element";
     }
 }
@@ -295,6 +337,17 @@ int bfs__cu_job_init(const cu_backend *b, const bfs_unit *u, cu_job *j)
             return bfs__err(BFS_EINTERNAL, "tensor %s: bad MX descriptor", t->name);
         break;
     }
+    case BFS_K_WOQ: {
+        const bfs_woq_desc *d = &t->woq;
+        j->mode = J_WOQ;
+        if (!d->qweight || !d->scale || d->cols == 0 || d->rows == 0 || t->row_elems != d->cols || t->d0 != d->rows ||
+            (d->layout != BFS_WOQ_BNB8 && (!d->qzeros || d->zw == 0 || d->ngroups == 0 || d->group_size == 0)))
+            return bfs__err(BFS_EINTERNAL, "tensor %s: bad GPTQ / AWQ / 8-bit descriptor", t->name);
+        j->pos = j->first = u->row0; /* granules: output rows */
+        j->end = u->row1;
+        j->prefer = 1;
+        return 0;
+    }
     default:
         return bfs__err(BFS_EINTERNAL, "tensor %s: kind %d on the CUDA backend", t->name, (int)t->kind);
     }
@@ -408,6 +461,32 @@ int bfs__cu_launch(const cu_job *j, const cu_chunk *ch, const cu_dev *d, uint8_t
         a.cols = q->cols;
         a.out = out;
         return bfs__cu_ctmx(&a, d->s_comp);
+    }
+    case J_WOQ: {
+        const bfs_woq_desc *q = &t->woq;
+        bfs_cu_woq_args a;
+        memset(&a, 0, sizeof a);
+        a.qweight = ds + ch->g[0].off;
+        a.scale = ds + ch->g[1].off;
+        a.layout = q->layout;
+        a.bits = q->bits;
+        a.v1 = q->v1;
+        a.scale_type = q->scale_type;
+        a.r0 = ch->pos;
+        a.nrows = ch->n;
+        a.cols = q->cols;
+        a.n = ch->n * q->cols;
+        a.group_size = q->group_size;
+        a.out = out;
+        if (q->layout != BFS_WOQ_BNB8) {
+            uint64_t w0, w1, zr0;
+            cu_woq_words(q, ch->pos, ch->n, &w0, &w1, &zr0);
+            a.qzeros = ds + ch->g[2].off;
+            a.g_idx = q->g_idx ? ds + ch->g[3].off : NULL;
+            a.zc = (size_t)(w1 - w0);
+            a.zr0 = zr0;
+        }
+        return bfs__cu_woq(&a, d->s_comp);
     }
     default:
         return bfs__cu_cast(ds + ch->g[0].off, j->cast, ch->n, out, d->s_comp);

@@ -149,6 +149,8 @@ cleanup:
     return rc;
 }
 
+extern const bfs_format bfs__format_bnb4;
+
 static int bfs__bnb_claim(const bfs_fctx *c, bfs_raw *state, bfs_ltensor *t)
 {
     const bfs_input *in = c->in;
@@ -163,6 +165,10 @@ static int bfs__bnb_claim(const bfs_fctx *c, bfs_raw *state, bfs_ltensor *t)
     char *prefix = NULL;
     json_t *root = NULL;
 
+    if (c->claim == &bfs__format_bnb4 && (json_is_true(json_object_get(c->qconfig, "load_in_8bit")) ||
+                                          json_is_true(json_object_get(c->qconfig, "_load_in_8bit"))))
+        return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): a bitsandbytes 4-bit quant_state, but %s says load_in_8bit: true; refusing a checkpoint that contradicts its config",
+                        bfs__raw_path(in, state), sname, (unsigned long long)state->file_offset, c->qsource);
     const char *qt = marker + strlen(BFS_BNB_MARKER);
     if (strcmp(qt, "nf4") != 0 && strcmp(qt, "fp4") != 0)
         BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): unknown bitsandbytes quant type \"%s\" (nf4 and fp4 are supported)",
@@ -287,8 +293,11 @@ static int bfs__bnb_detect(const bfs_fctx *c)
         return 0;
     const json_t *q = c->qconfig, *qt = json_object_get(q, "bnb_4bit_quant_type");
     const char *bad = NULL;
-    if (json_is_true(json_object_get(q, "load_in_8bit")) || json_is_true(json_object_get(q, "_load_in_8bit")))
-        bad = "load_in_8bit: true (8-bit LLM.int8() weights: int8 + SCB)";
+    const bool b8 = json_is_true(json_object_get(q, "load_in_8bit")) || json_is_true(json_object_get(q, "_load_in_8bit"));
+    if (b8 && (json_is_true(json_object_get(q, "load_in_4bit")) || json_is_true(json_object_get(q, "_load_in_4bit"))))
+        bad = "both load_in_8bit and load_in_4bit true (which one the weights are is unknown)";
+    else if (b8)
+        return 0; /* LLM.int8(): bnb8.c's */
     else if (!json_is_true(json_object_get(q, "load_in_4bit")))
         bad = "load_in_4bit not true (not 4-bit weights)";
     else if (qt && !json_is_null(qt) &&

@@ -40,13 +40,13 @@ static bool bfs__dt_f8(bfs_dtype d) { return d == BFS_DT_F8_E4M3 || d == BFS_DT_
 /* R2: names only quantizers write, and whose. */
 static const struct {
     const char *leaf, *what;
-    bool convertible; /* a piece of a format of the table (issue 12): stray here, not unknown */
+    bool convertible; /* a piece of a format of the table (issues 12, 38): stray here, not unknown */
 } bfs__quant_leaves[] = {
-    {"qweight", "GPTQ/AWQ packed weights", false},
-    {"qzeros", "GPTQ/AWQ packed zero points", false},
-    {"g_idx", "GPTQ group index", false},
-    {"SCB", "bitsandbytes LLM.int8() scales", false},
-    {"weight_format", "bitsandbytes LLM.int8() layout tag", false},
+    {"qweight", "GPTQ/AWQ packed weights", true},
+    {"qzeros", "GPTQ/AWQ packed zero points", true},
+    {"g_idx", "GPTQ group index", true},
+    {"SCB", "bitsandbytes LLM.int8() scales", true},
+    {"weight_format", "bitsandbytes LLM.int8() layout tag", true},
     {"W_q", "HQQ packed weights", false},
     {"weight_packed", "compressed-tensors packed weights", true},
     {"weight_zero_point", "compressed-tensors zero points", true},

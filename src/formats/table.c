@@ -16,6 +16,9 @@ extern const bfs_format bfs__format_dsv4;
 extern const bfs_format bfs__format_fp8;
 extern const bfs_format bfs__format_int4;
 extern const bfs_format bfs__format_nvfp4;
+extern const bfs_format bfs__format_gptq;
+extern const bfs_format bfs__format_awq;
+extern const bfs_format bfs__format_bnb8;
 extern const bfs_format bfs__format_qextra;
 extern const bfs_format bfs__format_refuse;
 extern const bfs_format bfs__format_passthrough;
@@ -29,6 +32,9 @@ const bfs_format *const bfs__formats[] = {
     &bfs__format_dsv4,        /* after fp8: P.weight + P.scale, which fp8.c leaves to it (dsv4.c) */
     &bfs__format_int4,
     &bfs__format_nvfp4,
+    &bfs__format_gptq,        /* owns BFS_K_WOQ (sources: woq.c); awq and bnb8 borrow it */
+    &bfs__format_awq,
+    &bfs__format_bnb8,        /* after bnb4: quant_method bitsandbytes with load_in_8bit (bnb4.c leaves it) */
     &bfs__format_qextra,      /* after the quantized formats: drops activation scales */
     &bfs__format_refuse,      /* second to last: leftovers that look quantized (refuse.c) */
     &bfs__format_passthrough, /* last */

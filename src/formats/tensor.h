@@ -15,6 +15,7 @@ typedef enum bfs_kind {
     BFS_K_INT4,  /* compressed-tensors pack-quantized INT4 (src/formats/int4.c) */
     BFS_K_NVFP4, /* NVFP4, compressed-tensors or ModelOpt (src/formats/nvfp4.c) */
     BFS_K_CTMX,  /* compressed-tensors MXFP8 / MXFP4, E8M0 scales (src/formats/ctmx.c) */
+    BFS_K_WOQ,   /* GPTQ, AWQ, bitsandbytes 8-bit (src/formats/gptq.c, awq.c, bnb8.c) */
 } bfs_kind;
 
 typedef struct bfs_ltensor {
@@ -29,7 +30,7 @@ typedef struct bfs_ltensor {
     const bfs_raw *src[6]; /* source tensors; see nsrc */
     const char *transform; /* "mxfp4->bf16 transpose(1,2)", "nf4->bf16", "cast f32->bf16", "copy" */
     bfs_dtype src_dtype;  /* PASS/CAST: input dtype; BNB4: the blob's dtype */
-    const char *qname;    /* FP8/INT4/NVFP4/CTMX: the name inspect and the manifest give it (static) */
+    const char *qname;    /* FP8/INT4/NVFP4/CTMX/WOQ: the name inspect and the manifest give it (static) */
     const struct bfs_format *by; /* the format whose claim made it (pass 1; NULL for leftovers) */
     bool keep_fp32;       /* a float32 tensor upstream keeps in float32 (DeepSeek-V4: dsv4.c) */
     /* A packed tensor (transformers 5's fused experts, src/plan/names.c): dim 0 is E experts,
@@ -58,6 +59,7 @@ typedef struct bfs_ltensor {
         bfs_int4_desc int4;   /* INT4 */
         bfs_nvfp4_desc nv;    /* NVFP4 */
         bfs_ctmx_desc ctmx;   /* CTMX */
+        bfs_woq_desc woq;     /* WOQ */
     };
 } bfs_ltensor;
 
