@@ -375,6 +375,14 @@ def upstream_reference(fixture_dir, layout="hf"):
             codes = torch.stack([b >> 4, b & 15], 1).reshape(-1)[: math.prod(shape)]  # high nibble first
             code8 = (codes == 8).reshape(shape)
         ref[P + "weight"] = (x, "bnb-" + qt, code8)
+    # bitsandbytes 8-bit (LLM.int8()): weight I8 + SCB F32, dequantized as transformers'
+    # dequantize_bnb_weight does it (bitsandbytes int8_vectorwise_dequant, float32), then BF16
+    for k in [k for k in sd if k.endswith(".SCB")]:
+        P = k[: -len("SCB")]
+        if sd.get(P + "weight") is not None and sd[P + "weight"].dtype == torch.int8:
+            x = bnbF.int8_vectorwise_dequant(sd[P + "weight"], sd[k]).to(torch.bfloat16).contiguous()
+            ref[P + "weight"] = (x, "bnb-int8", None)
+            consumed |= {k, P + "weight", P + "weight_format"}
     for k, v in sd.items():
         if k in consumed:
             continue
