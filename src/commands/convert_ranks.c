@@ -267,24 +267,41 @@ cleanup:
  * blocks (srchash.c) -- the bytes the kernels read, since nothing wrote the file after the
  * check before it -- then their input pages released. */
 #define BFS_SPAN_BATCH 64 /* units through the backend at a time (run_batch) */
+/* A new stamp for a set of identity checks: each input file checked once under it. */
+static unsigned bfs__stamp_next(bfs_run *r)
+{
+    const unsigned stamp = ++r->stamp ? r->stamp : ++r->stamp; /* 0 is "never" */
+    if (stamp == 1)
+        memset(r->fstamp, 0, (size_t)r->in->nfiles * sizeof *r->fstamp);
+    return stamp;
+}
+
+/* t's input files checked (bfs__input_check), those not checked under stamp yet */
+static int bfs__check_once(bfs_run *r, const bfs_ltensor *t, unsigned stamp)
+{
+    for (int i = 0; i < t->nsrc; i++) {
+        const int f = t->src[i]->file;
+        if (r->fstamp[f] == stamp)
+            continue;
+        r->fstamp[f] = stamp;
+        const int rc = bfs__input_check(r->in, f);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
 /* The identity checks of units u[0..n)'s input files, each file once (as bfs__check_batch). */
 static int bfs__check_units(bfs_run *r, const bfs_unit *u, int n)
 {
     if (n == 1)
         return bfs__check_sources(r, u[0].t);
-    const unsigned stamp = ++r->stamp ? r->stamp : ++r->stamp; /* 0 is "never" */
-    if (stamp == 1)
-        memset(r->fstamp, 0, (size_t)r->in->nfiles * sizeof *r->fstamp);
-    for (int k = 0; k < n; k++)
-        for (int i = 0; i < u[k].t->nsrc; i++) {
-            const int f = u[k].t->src[i]->file;
-            if (r->fstamp[f] == stamp)
-                continue;
-            r->fstamp[f] = stamp;
-            const int rc = bfs__input_check(r->in, f);
-            if (rc < 0)
-                return rc;
-        }
+    const unsigned stamp = bfs__stamp_next(r);
+    for (int k = 0; k < n; k++) {
+        const int rc = bfs__check_once(r, u[k].t, stamp);
+        if (rc < 0)
+            return rc;
+    }
     return 0;
 }
 static int bfs__run_units(bfs_run *r, const bfs_unit *u, const uint64_t *ua, const uint64_t *ub, int n);
@@ -489,24 +506,15 @@ cleanup:
 /* A batch's identity checks: every input file its tensors come from, once. */
 static int bfs__check_batch(bfs_run *r, const bfs_outfile *of, size_t p0, size_t p1)
 {
-    const unsigned stamp = ++r->stamp ? r->stamp : ++r->stamp; /* 0 is "never" */
-    if (stamp == 1)
-        memset(r->fstamp, 0, (size_t)r->in->nfiles * sizeof *r->fstamp);
+    const unsigned stamp = bfs__stamp_next(r);
     for (size_t k = p0; k < p1; k++) {
         const bfs_piece *pc = &of->pieces[k];
         const bfs_ltensor *pt = &r->plan->t[pc->tensor];
         const size_t np = pt->members ? (size_t)(pc->row1 - pc->row0) * pt->npack : 1;
         for (size_t m = 0; m < np; m++) { /* a packed tensor: the members in the piece */
-            const bfs_ltensor *t = bfs__part(pt, pt->members ? (size_t)pc->row0 * pt->npack + m : 0);
-            for (int i = 0; i < t->nsrc; i++) {
-                const int f = t->src[i]->file;
-                if (r->fstamp[f] == stamp)
-                    continue;
-                r->fstamp[f] = stamp;
-                const int rc = bfs__input_check(r->in, f);
-                if (rc < 0)
-                    return rc;
-            }
+            const int rc = bfs__check_once(r, bfs__part(pt, pt->members ? (size_t)pc->row0 * pt->npack + m : 0), stamp);
+            if (rc < 0)
+                return rc;
         }
     }
     return 0;
@@ -611,13 +619,6 @@ cleanup:
     return rc;
 }
 
-/* A part reads ahead by hand: the pieces of k's file within BFS_PREFETCH_AHEAD (units.h) */
-static void bfs__prefetch(bfs_run *r, bfs_rank *k, const bfs_outfile *of, size_t pi)
-{
-    if (r->prefetch)
-        k->pf = bfs__prefetch_ahead(r->in, r->plan, of, k->pf, pi);
-}
-
 int bfs__write_file(bfs_run *r, int fidx)
 {
     int rc = 0;
@@ -627,7 +628,7 @@ int bfs__write_file(bfs_run *r, int fidx)
     bfs__rank_reset(k, fidx);
     for (size_t pi = 0, pe; pi < of->npieces; pi = pe) {
         pe = bfs__batch_end(r->plan, of, pi, r->unit_bytes);
-        bfs__prefetch(r, k, of, pi);
+        k->pf = r->prefetch ? bfs__prefetch_ahead(r->in, r->plan, of, k->pf, pi) : k->pf; /* a part: by hand */
         if (pe > pi + 1)
             BFS_TRY(bfs__write_batch(r, k, of, pi, pe, false));
         else
@@ -683,7 +684,7 @@ int bfs__write_group(bfs_run *r, const int *fidx, int n)
         }
         bfs_rank *const k = &r->grp[s.g];
         const bfs_outfile *of = &r->plan->files[k->fidx];
-        bfs__prefetch(r, k, of, s.p0);
+        k->pf = r->prefetch ? bfs__prefetch_ahead(r->in, r->plan, of, k->pf, s.p0) : k->pf; /* a part: by hand */
         if (!s.batch) {
             BFS_TRY(bfs__write_piece(r, k, of, s.p0));
             continue;
