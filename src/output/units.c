@@ -171,33 +171,41 @@ size_t bfs__prefetch_ahead(const bfs_input *in, const bfs_plan *p, const bfs_out
     return e > pf ? e : pf;
 }
 
+/* The pages of rows [row0, row1) of t (a packed tensor: each member's units), outward or
+ * inward, appended to out[*n]; *sorted cleared when one lands before the one before it. */
+static void bfs__rows_pages(const bfs_ltensor *t, uint64_t row0, uint64_t row1, uint64_t pg, bool inward,
+                            bfs_prange *out, size_t *n, bool *sorted)
+{
+    bfs_ucur cur = bfs__ucur(t, row0, row1);
+    bfs_unit u;
+    uint64_t ua, ub;
+    while (bfs__ucur_next(&cur, UINT64_MAX, &u, &ua, &ub)) {
+        bfs_srange s[BFS_UNIT_MAX_SRC];
+        const int ns = bfs__unit_sources(&u, s);
+        for (int i = 0; i < ns; i++) {
+            if (s[i].len == 0)
+                continue;
+            const uint64_t a = s[i].r->file_offset + s[i].off, b = a + s[i].len;
+            bfs_prange *const o = &out[*n];
+            *o = inward ? (bfs_prange){.file = s[i].r->file, .a = (a + pg - 1) / pg * pg, .b = b / pg * pg}
+                        : (bfs_prange){.file = s[i].r->file, .a = a / pg * pg, .b = (b + pg - 1) / pg * pg};
+            if (o->a >= o->b)
+                continue;
+            if (*n > 0 && bfs__cmp_prange(&out[*n - 1], o) > 0)
+                *sorted = false;
+            (*n)++;
+        }
+    }
+}
+
 size_t bfs__batch_pages(const bfs_plan *p, const bfs_outfile *of, size_t p0, size_t p1, uint64_t pg, bool inward,
                         bfs_prange *out)
 {
     size_t n = 0;
     bool sorted = true;
-    for (size_t k = p0; k < p1; k++) {
-        const bfs_piece *pc = &of->pieces[k];
-        bfs_ucur cur = bfs__ucur(&p->t[pc->tensor], pc->row0, pc->row1);
-        bfs_unit u;
-        uint64_t ua, ub;
-        while (bfs__ucur_next(&cur, UINT64_MAX, &u, &ua, &ub)) { /* the piece (a packed one: each member) */
-            bfs_srange s[BFS_UNIT_MAX_SRC];
-            const int ns = bfs__unit_sources(&u, s);
-            for (int i = 0; i < ns; i++) {
-                if (s[i].len == 0)
-                    continue;
-                const uint64_t a = s[i].r->file_offset + s[i].off, b = a + s[i].len;
-                out[n] = inward ? (bfs_prange){.file = s[i].r->file, .a = (a + pg - 1) / pg * pg, .b = b / pg * pg}
-                                : (bfs_prange){.file = s[i].r->file, .a = a / pg * pg, .b = (b + pg - 1) / pg * pg};
-                if (out[n].a >= out[n].b)
-                    continue;
-                if (n > 0 && bfs__cmp_prange(&out[n - 1], &out[n]) > 0)
-                    sorted = false;
-                n++;
-            }
-        }
-    }
+    for (size_t k = p0; k < p1; k++)
+        bfs__rows_pages(&p->t[of->pieces[k].tensor], of->pieces[k].row0, of->pieces[k].row1, pg, inward, out, &n,
+                        &sorted);
     return bfs__prange_merge(out, n, sorted);
 }
 
@@ -334,28 +342,9 @@ size_t bfs__window_pages(const bfs_gwalk *gw, const bfs_gstep *steps, size_t n, 
         return (size_t)-1;
     for (size_t i = 0; i < ws->nlist; i++) {
         const int t = ws->list[i];
-        bfs_ucur cur = bfs__ucur(&p->t[t], ws->lo[t], ws->hi[t]);
+        bfs__rows_pages(&p->t[t], ws->lo[t], ws->hi[t], pg, inward, ws->pr, &m, &sorted);
         ws->lo[t] = 1; /* none, for the next window */
         ws->hi[t] = 0;
-        bfs_unit u;
-        uint64_t ua, ub;
-        while (bfs__ucur_next(&cur, UINT64_MAX, &u, &ua, &ub)) {
-        bfs_srange s[BFS_UNIT_MAX_SRC];
-        const int ns = bfs__unit_sources(&u, s);
-        for (int k = 0; k < ns; k++) {
-            if (s[k].len == 0)
-                continue;
-            const uint64_t a = s[k].r->file_offset + s[k].off, b = a + s[k].len;
-            bfs_prange *const o = &ws->pr[m];
-            *o = inward ? (bfs_prange){.file = s[k].r->file, .a = (a + pg - 1) / pg * pg, .b = b / pg * pg}
-                        : (bfs_prange){.file = s[k].r->file, .a = a / pg * pg, .b = (b + pg - 1) / pg * pg};
-            if (o->a >= o->b)
-                continue;
-            if (m > 0 && bfs__cmp_prange(&ws->pr[m - 1], o) > 0)
-                sorted = false;
-            m++;
-        }
-        }
     }
     return bfs__prange_merge(ws->pr, m, sorted);
 }
