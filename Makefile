@@ -29,8 +29,8 @@ endif
 LIB_SRC := $(filter-out src/cli/%,$(wildcard src/*/*.c))
 # the CUDA backend (backend_cuda.c, _q.c, _dev.c); backend_cuda_stub.c replaces it without nvcc
 CUDA_C_SRC := $(filter-out src/backend/backend_cuda_stub.c,$(wildcard src/backend/backend_cuda*.c))
-KCPU_SRC := kernels/cpu_scalar.c kernels/cpu_dispatch.c kernels/cpu_woq.c
-KAVX2_SRC := kernels/cpu_avx2.c kernels/cpu_avx2_mxfp4.c kernels/cpu_avx2_ctmx.c
+KCPU_SRC := kernels/cpu_scalar.c kernels/cpu_dispatch.c
+KAVX2_SRC := kernels/cpu_avx2.c kernels/cpu_avx2_mxfp4.c kernels/cpu_avx2_ctmx.c kernels/cpu_avx2_woq.c
 KAVX512_SRC := kernels/cpu_avx512.c
 
 ifeq ($(HAVE_CUDA),1)

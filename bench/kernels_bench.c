@@ -19,10 +19,11 @@
  *   gcc $F -mavx2 -mf16c -mbmi2 -c kernels/cpu_avx2.c -o build/bench/cpu_avx2.o
  *   gcc $F -mavx2 -mf16c -mbmi2 -c kernels/cpu_avx2_mxfp4.c -o build/bench/cpu_avx2_mxfp4.o
  *   gcc $F -mavx2 -mf16c -mbmi2 -c kernels/cpu_avx2_ctmx.c -o build/bench/cpu_avx2_ctmx.o
+ *   gcc $F -mavx2 -mf16c -mbmi2 -c kernels/cpu_avx2_woq.c -o build/bench/cpu_avx2_woq.o
  *   gcc $F -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mf16c -mbmi2 \
  *       -c kernels/cpu_avx512.c -o build/bench/cpu_avx512.o
  *   gcc $F -o build/bench/kernels_bench bench/kernels_bench.c kernels/cpu_scalar.c \
- *       kernels/cpu_dispatch.c kernels/cpu_woq.c build/bench/cpu_avx2.o build/bench/cpu_avx2_mxfp4.o build/bench/cpu_avx2_ctmx.o \
+ *       kernels/cpu_dispatch.c build/bench/cpu_avx2_woq.o build/bench/cpu_avx2.o build/bench/cpu_avx2_mxfp4.o build/bench/cpu_avx2_ctmx.o \
  *       build/bench/cpu_avx512.o
  *   build/bench/kernels_bench [repetitions, default 5]
  * or `make -f Makefile -f bench/Makefile.inc kernels-bench` (bench/Makefile.inc).
@@ -121,7 +122,7 @@ static void run_cast(const bfs_kernel_ops *k, const void *ctx, uint16_t *out)
 }
 
 typedef struct q12_ctx {
-    int op; /* 0 fp8, 1 int4, 2 nvfp4, 3 compressed-tensors MX (issue 23) */
+    int op; /* 0 fp8, 1 int4, 2 nvfp4, 3 compressed-tensors MX, 4 GPTQ / AWQ / bnb 8-bit */
     const void *d;
     size_t n;
 } q12_ctx;
@@ -135,8 +136,10 @@ static void run_q12(const bfs_kernel_ops *k, const void *ctx, uint16_t *out)
         k->int4(c->d, 0, c->n, out);
     else if (c->op == 2)
         k->nvfp4(c->d, 0, c->n, out);
-    else
+    else if (c->op == 3)
         k->ctmx(c->d, 0, c->n, out);
+    else
+        k->woq(c->d, 0, c->n, out);
 }
 
 /* A positive scale in [lo, hi) (log-uniform), as float32 bytes or bf16 bytes. */
@@ -162,6 +165,20 @@ static uint8_t *scales_fill(size_t n, int bf16, float lo, float hi)
         } else {
             memcpy(p + 4 * i, &u, 4);
         }
+    }
+    return p;
+}
+
+/* n float16 scales in [lo, hi) (normal halves: the float's bits, rebiased, truncated). */
+static uint8_t *scales_fill_f16(size_t n, float lo, float hi)
+{
+    uint8_t *p = xmalloc(n * 2);
+    for (size_t i = 0; i < n; i++) {
+        const float f = rnd_scale(lo, hi);
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        const uint16_t h = (uint16_t)((((u >> 23) & 0xFF) - 112) << 10 | ((u >> 13) & 0x3FF));
+        memcpy(p + 2 * i, &h, 2);
     }
     return p;
 }
@@ -321,6 +338,39 @@ int main(int argc, char **argv)
     const bfs_ctmx_desc md4n = {nv, mx_sc, BFS_CTMX_E2M1, IC, 1}, md6 = {mx6, mx_sc, BFS_CTMX_E2M3, IC, 0};
     const q12_ctx q_m4n = {3, &md4n, in_}, q_m6 = {3, &md6, in_};
 
+    /* GPTQ / AWQ / bitsandbytes 8-bit, an nn.Linear 14336 -> 4096 (Llama-3-8B down_proj-like):
+     * rows = 4096 out, cols = 14336 in, group 128, F16 scales. GPTQ qweight [in * bits / 32][out];
+     * act-order: g_idx a random permutation of c / 128 (as desc_act's sorted columns); AWQ
+     * qweight [in][out / 8]; bnb 8-bit I8 [out][in] with F32 SCB. */
+    const size_t WR = 4096, WC = 14336, wn = WR * WC, wg = WC / 128;
+    uint8_t *wq = xmalloc(wn), *wz = xmalloc(wg * WR), *wgi = xmalloc(WC * 4);
+    rnd_fill(wq, wn);
+    rnd_fill(wz, wg * WR);
+    uint8_t *wsc = scales_fill_f16(wg * WR, 1e-3f, 3e-2f), *wscb = scales_fill(WR, 0, 1e-2f, 1.0f);
+    for (size_t c = 0; c < WC; c++) {
+        const uint32_t g = (uint32_t)(c / 128);
+        memcpy(wgi + 4 * c, &g, 4);
+    }
+    for (size_t c = WC - 1; c > 0; c--) { /* Fisher-Yates */
+        const size_t j = rnd32() % (c + 1);
+        uint32_t a, b;
+        memcpy(&a, wgi + 4 * c, 4), memcpy(&b, wgi + 4 * j, 4);
+        memcpy(wgi + 4 * c, &b, 4), memcpy(wgi + 4 * j, &a, 4);
+    }
+    const bfs_woq_desc wd_g4a = {.qweight = wq, .qzeros = wz, .scale = wsc, .g_idx = wgi, .layout = BFS_WOQ_GPTQ, .bits = 4,
+                                 .v1 = 1, .scale_type = BFS_WOQ_F16, .rows = WR, .cols = WC, .group_size = 128,
+                                 .ngroups = wg, .zw = WR * 4 / 32};
+    bfs_woq_desc wd_g4 = wd_g4a, wd_g8 = wd_g4a, wd_g3 = wd_g4a, wd_g2 = wd_g4a, wd_awq = wd_g4a, wd_b8 = wd_g4a;
+    wd_g4.g_idx = NULL, wd_g4.v1 = 0;
+    wd_g8.bits = 8, wd_g8.zw = WR * 8 / 32;
+    wd_g3.bits = 3, wd_g3.zw = WR / 32 * 3;
+    wd_g2.bits = 2, wd_g2.zw = WR * 2 / 32;
+    wd_awq.layout = BFS_WOQ_AWQ, wd_awq.g_idx = NULL, wd_awq.v1 = 0, wd_awq.zw = WR / 8;
+    wd_b8 = (bfs_woq_desc){.qweight = wq, .scale = wscb, .layout = BFS_WOQ_BNB8, .bits = 8, .scale_type = BFS_WOQ_F32,
+                           .rows = WR, .cols = WC, .group_size = WC, .ngroups = 1};
+    const q12_ctx q_g4a = {4, &wd_g4a, wn}, q_g4 = {4, &wd_g4, wn}, q_g8 = {4, &wd_g8, wn}, q_g3 = {4, &wd_g3, wn};
+    const q12_ctx q_g2 = {4, &wd_g2, wn}, q_awq = {4, &wd_awq, wn}, q_b8 = {4, &wd_b8, wn};
+
     const bench_op ops[] = {
         {"mxfp4 5760x2880 (gpt-oss layout)", R * G * 32, run_mx, &mx0, 0},
         {"mxfp4 5760x2880 transposed (HF)", R * G * 32, run_mx, &mx1, 0},
@@ -342,6 +392,13 @@ int main(int argc, char **argv)
         {"fp8 7168x2048 tensor bf16 scale", fn, run_q12, &q_ftb, 0},
         {"dsv4 fp4 4096x14336 i8 f8_e8m0/32", in_, run_q12, &q_m4n, 0},
         {"ct-mxfp6 4096x14336 e2m3 e8m0/32", in_, run_q12, &q_m6, 0},
+        {"gptq int4 4096x14336 g128 act-order", wn, run_q12, &q_g4a, 0},
+        {"gptq int4 4096x14336 g128", wn, run_q12, &q_g4, 0},
+        {"gptq int8 4096x14336 g128", wn, run_q12, &q_g8, 0},
+        {"gptq int3 4096x14336 g128", wn, run_q12, &q_g3, 0},
+        {"gptq int2 4096x14336 g128", wn, run_q12, &q_g2, 0},
+        {"awq gemm 4096x14336 g128", wn, run_q12, &q_awq, 0},
+        {"bnb int8 4096x14336", wn, run_q12, &q_b8, 0},
         {"cast f32->bf16 32Mi", nc, run_cast, &c32, 0},
         {"cast f16->bf16 32Mi", nc, run_cast, &c16, 0},
         {"cast f64->bf16 32Mi", nc, run_cast, &c64, 0},
@@ -406,5 +463,6 @@ int main(int argc, char **argv)
     free(f8), free(f8_blk), free(f8_ch), free(f8_t), free(i4), free(i4_zp), free(i4_sc);
     free(nv), free(nv_sc), free(mx8), free(mx_sc);
     free(e8_blk), free(e8_32), free(f8_32), free(f8_tb), free(mx6);
+    free(wq), free(wz), free(wgi), free(wsc), free(wscb);
     return bad ? 1 : 0;
 }

@@ -188,8 +188,6 @@ void bfs__int4_scalar(const bfs_int4_desc *d, size_t i0, size_t i1, uint16_t *ou
 void bfs__nvfp4_scalar(const bfs_nvfp4_desc *d, size_t i0, size_t i1, uint16_t *out);
 void bfs__ctmx_scalar(const bfs_ctmx_desc *d, size_t i0, size_t i1, uint16_t *out);
 void bfs__woq_scalar(const bfs_woq_desc *d, size_t i0, size_t i1, uint16_t *out);
-/* The CPU kernel of the AVX2 / AVX-512 levels (cpu_woq.c): row blocks, the same bytes. */
-void bfs__woq_rows(const bfs_woq_desc *d, size_t i0, size_t i1, uint16_t *out);
 
 /* The cast of k from source type s. */
 static inline bfs_cast_fn bfs_kernels_cast(const bfs_kernel_ops *k, bfs_cast_src s)

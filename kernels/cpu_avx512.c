@@ -243,5 +243,5 @@ const bfs_kernel_ops BFS_AVX512_OPS = {
     .int4 = bfs__int4_avx2,
     .nvfp4 = bfs__nvfp4_avx2,
     .ctmx = bfs__ctmx_avx2, /* cpu_avx2_ctmx.c: memory-bound as well */
-    .woq = bfs__woq_rows, /* cpu_woq.c: a group's table per row, no SIMD */
+    .woq = bfs__woq_avx2, /* cpu_avx2_woq.c */
 };

@@ -2,8 +2,8 @@
  * Scalar reference routines for the issue-38 formats (docs/FORMATS.md section 9): GPTQ
  * (GPTQModel / AutoGPTQ, v1 and v2 zero points, 2/3/4/8 bits, act-order g_idx), AWQ GEMM
  * (4-bit, AWQ's field order) and bitsandbytes LLM.int8() (int8 + SCB). Plain portable C11,
- * header only; the CPU kernels (cpu_scalar.c, cpu_woq.c) and woq.cu compute every element
- * through bfs_woq_elem, so every backend gives these bytes.
+ * header only; cpu_scalar.c computes every element through bfs_woq_elem, cpu_avx2_woq.c and
+ * woq.cu through its primitives, and every backend is checked against it.
  *
  * Rules (each checked bit for bit against the upstream function, fixtures/FINDINGS-gptq.txt):
  *  - codes: a little-endian bit stream of 32-bit words, code j at bit j * bits (GPTQModel

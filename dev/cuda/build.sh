@@ -51,15 +51,15 @@ emu)
     gcc $CFLAGS -c src/backend/backend_cpu.c -o $O/backend_cpu.o
     gcc $CFLAGS -c kernels/cpu_scalar.c -o $O/cpu_scalar.o
     gcc $CFLAGS -c kernels/cpu_dispatch.c -o $O/cpu_dispatch.o
-    gcc $CFLAGS -c kernels/cpu_woq.c -o $O/cpu_woq.o
     gcc $CFLAGS -mavx2 -mf16c -mbmi2 -c kernels/cpu_avx2.c -o $O/cpu_avx2.o
     gcc $CFLAGS -mavx2 -mf16c -mbmi2 -c kernels/cpu_avx2_mxfp4.c -o $O/cpu_avx2_mxfp4.o
     gcc $CFLAGS -mavx2 -mf16c -mbmi2 -c kernels/cpu_avx2_ctmx.c -o $O/cpu_avx2_ctmx.o
+    gcc $CFLAGS -mavx2 -mf16c -mbmi2 -c kernels/cpu_avx2_woq.c -o $O/cpu_avx2_woq.o
     gcc $CFLAGS -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mf16c -mbmi2 -c kernels/cpu_avx512.c -o $O/cpu_avx512.o
     gcc $CFLAGS $E -Isrc -I"$CUDA_HOME/include" -c tests/test_cuda.c -o $O/test_cuda.emu.o
     gcc -pthread -o $O/test_cuda_emu $O/test_cuda.emu.o $O/testutil.o $(objs "$BACKEND" .emu.o) \
         $(objs "$KERNELS" .emu.o) $O/fake_cudart.o $SUPPORT \
-        $O/backend_cpu.o $O/cpu_scalar.o $O/cpu_dispatch.o $O/cpu_woq.o $O/cpu_avx2.o $O/cpu_avx2_mxfp4.o \
+        $O/backend_cpu.o $O/cpu_scalar.o $O/cpu_dispatch.o $O/cpu_avx2_woq.o $O/cpu_avx2.o $O/cpu_avx2_mxfp4.o \
         $O/cpu_avx2_ctmx.o $O/cpu_avx512.o -lcmocka -lstdc++
     BFS_TEST_GPTOSS_ITEMS=${BFS_TEST_GPTOSS_ITEMS:-2} $O/test_cuda_emu
     ;;

@@ -67,7 +67,7 @@ typedef struct {
 } bfs_gptq_shape;
 
 static int bfs__gptq_shapes(const bfs_fctx *c, const bfs_raw *qw, const bfs_raw *s, const bfs_raw *qz,
-                            const bfs_raw *gi, bfs_gptq_shape *g)
+                            const bfs_raw *gi, bfs_gptq_shape *g, int *plain)
 {
     int64_t bits, gs;
     int rc = bfs__woq_cfg_int(c, "bits", 4, &bits);
@@ -102,7 +102,8 @@ static int bfs__gptq_shapes(const bfs_fctx *c, const bfs_raw *qw, const bfs_raw 
     if (gi && (gi->st->dtype != BFS_DT_I32 || gi->st->ndim != 1))
         return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): GPTQ g_idx must be I32 [in], not %s with %d dims", AT(gi),
                         bfs__dtype_name(gi->st->dtype), gi->st->ndim);
-    return gi ? bfs__woq_check_gidx(c, gi, g->ng) : 0;
+    *plain = 1;
+    return gi ? bfs__woq_check_gidx(c, gi, g->ng, g->G, plain) : 0;
 }
 
 /* The name inspect and the manifest give it: "gptq-int4", "gptq-int4-v2", ... */
@@ -138,7 +139,8 @@ static int bfs__gptq_claim(const bfs_fctx *c, bfs_raw *qw, bfs_ltensor *t)
     const int stype = bfs__woq_scale_type(c, s, st->name);
     BFS_TRY(stype);
     bfs_gptq_shape g;
-    BFS_TRY(bfs__gptq_shapes(c, qw, s, qz, gi, &g));
+    int plain;
+    BFS_TRY(bfs__gptq_shapes(c, qw, s, qz, gi, &g, &plain));
     const bool v1 = strcasecmp(bfs__gptq_fmt(c), "gptq") == 0;
     qw->used = s->used = qz->used = 1;
     t->src[0] = qw;
@@ -156,7 +158,7 @@ static int bfs__gptq_claim(const bfs_fctx *c, bfs_raw *qw, bfs_ltensor *t)
     t->ndim = 2;
     t->shape[0] = g.N;
     t->shape[1] = g.K;
-    t->woq = (bfs_woq_desc){.qweight = qw->data, .qzeros = qz->data, .scale = s->data, .g_idx = gi ? gi->data : NULL,
+    t->woq = (bfs_woq_desc){.qweight = qw->data, .qzeros = qz->data, .scale = s->data, .g_idx = gi && !plain ? gi->data : NULL,
                             .layout = BFS_WOQ_GPTQ, .bits = (int)g.bits, .v1 = v1, .scale_type = stype,
                             .rows = (size_t)g.N, .cols = (size_t)g.K, .group_size = (size_t)g.G,
                             .ngroups = (size_t)g.ng, .zw = (size_t)g.zw};

@@ -44,7 +44,7 @@ int bfs__woq_sources(const bfs_unit *u, bfs_srange out[BFS_UNIT_MAX_SRC])
         out[k++] = bfs__woq_cols(t->src[0], d->cols, d->zw, 4, w0, w1);
     out[k++] = bfs__woq_cols(t->src[1], d->ngroups, d->rows, ss, r0, r1);
     out[k++] = bfs__woq_cols(t->src[2], d->ngroups, d->zw, 4, w0, w1);
-    if (d->g_idx)
+    if (t->nsrc > 3) /* g_idx, read whole (also where it is plain and the kernels skip it) */
         out[k++] = (bfs_srange){t->src[3], 0, n ? d->cols * 4 : 0};
     return k;
 }
@@ -61,15 +61,17 @@ int bfs__woq_scale_type(const bfs_fctx *c, const bfs_raw *s, const char *weight)
                     AT(s), bfs__dtype_name(s->st->dtype), weight);
 }
 
-int bfs__woq_check_gidx(const bfs_fctx *c, const bfs_raw *gi, uint64_t ngroups)
+int bfs__woq_check_gidx(const bfs_fctx *c, const bfs_raw *gi, uint64_t ngroups, uint64_t group_size, int *plain)
 {
     const uint64_t n = gi->st->shape[0];
+    *plain = 1;
     for (uint64_t i = 0; i < n; i++) {
         int32_t g;
         memcpy(&g, gi->data + 4 * i, 4);
         if (g < 0 || (uint64_t)g >= ngroups)
             return bfs__err(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): g_idx[%llu] = %d, not a group of the %llu the scales hold",
                             AT(gi), (unsigned long long)i, (int)g, (unsigned long long)ngroups);
+        *plain &= (uint64_t)g == i / group_size;
     }
     return 0;
 }
