@@ -1,19 +1,24 @@
 /*
  * GPTQ, AWQ GEMM and bitsandbytes 8-bit -> BF16 for the AVX2 and AVX-512 levels: the bytes of
- * the scalar reference (bfs__woq_scalar, ref_woq.h), computed eight output rows at a time.
+ * the scalar reference (bfs__woq_scalar, ref_woq.h), 16 output rows at a time.
  *
- * GPTQ and AWQ store the weight transposed ([in, out]), so the eight words a 32-byte load
- * gives (GPTQ), or the one word a column holds (AWQ), are eight output rows' codes: a vector
- * lane is an output row, and a group (g_idx may change it at every column) is one zero point
- * and one scale per lane, read from a per-tile table. Each lane computes the reference's
- * value, s * (q - z) exact in float32, rounded to fp16 by vcvtps2ph (nearest even, subnormals
- * kept; the F16-scale rule) and to bf16; eight columns' vectors are then transposed into
- * eight rows of 16 bytes. Reading down the transposed arrays is strided: the next words are
- * prefetched. bitsandbytes 8-bit is row-major: sixteen columns per step, two float32
- * multiplies each.
- * Tiles start at rows that are multiples of 8 (an AWQ word's rows); a tile that is cut (the
- * range's first and last rows, the weight's last rows) or a last column chunk under 8 goes
- * through a small buffer and is copied clipped. Built with -mavx2 -mf16c -mbmi2, no FTZ/DAZ.
+ * GPTQ and AWQ store the weight transposed ([in, out]): a 32-byte load of a GPTQ qweight row
+ * (or one AWQ word) holds 8 output rows' codes. Two ways to the values, both through the
+ * reference's arithmetic (s * (q - z) exact in float32, vcvtps2ph to fp16 for F16 scales
+ * (nearest even, subnormals kept), then bf16):
+ *  - plain groups (no act-order g_idx; GPTQ 4-bit and AWQ): per row and group, the 16 values
+ *    a code can take, looked up with two vpshufb (low and high bytes) for 16 columns of a row
+ *    at once. GPTQ's words unpack into a row's 16 codes per 128-bit lane; AWQ's words are
+ *    transposed into that order first (8 x 8 nibbles).
+ *  - otherwise (act-order, 2/3/8 bits, cut tiles): a vector lane per output row, each lane
+ *    computing its value with the group's zero point and scale from a per-tile table; 8
+ *    columns' vectors are transposed into rows.
+ * A row's 32 columns are stored together (64 bytes), non-temporally where the rows are 32-byte
+ * aligned and the range is over BFS_WOQ_NT_BYTES. AWQ goes in bands of 8 tiles: a column's
+ * words for 128 rows are one line. bitsandbytes 8-bit is row-major: 16 columns a step, two
+ * float32 multiplies each. Tiles start at multiples of 16 rows; a cut tile (the range's first
+ * and last rows, the weight's last rows) or a last chunk of under 8 columns goes through a
+ * small buffer, copied clipped. Built with -mavx2 -mf16c -mbmi2; no FTZ/DAZ.
  */
 #include "cpu_avx2.h"
 #include "ref.h"
@@ -23,6 +28,7 @@
 #include <stdlib.h>
 
 /* The per-column loops are unrolled (shift counts become constants, values stay in registers). */
+/* outputs from this size on are stored non-temporally (where aligned): past a core's L2 */
 #define BFS_WOQ_NT_BYTES ((size_t)4 << 20)
 #if defined(__GNUC__)
 #define BFS_WOQ_INLINE inline __attribute__((always_inline))
@@ -309,7 +315,7 @@ static BFS_WOQ_INLINE __m256i lut_row(const woq_tile *t, size_t o, int f16)
         a = _mm256_cvtph_ps(_mm256_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
         b = _mm256_cvtph_ps(_mm256_cvtps_ph(b, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     }
-    const __m256i w = _mm256_permute4x64_epi64(_mm256_packus_epi32(woq_bf16(a, 1), woq_bf16(b, 1)), 0xD8);
+    const __m256i w = _mm256_permute4x64_epi64(_mm256_packus_epi32(woq_bf16(a, t->nan), woq_bf16(b, t->nan)), 0xD8);
     const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14,
                                            1, 3, 5, 7, 9, 11, 13, 15);
     return _mm256_permute4x64_epi64(_mm256_shuffle_epi8(w, split), 0xD8);
@@ -341,24 +347,32 @@ static BFS_WOQ_INLINE void lut_rows16(__m256i w0, __m256i w1, const __m256i *tl,
     }
 }
 
+/* Group g's tables for a tile, each half's pairs of lanes (p, p + 4): tl low bytes, th high
+ * bytes; lane p takes row rowof[p] of the half. */
+static void lut_group(const woq_tile *t, size_t g, const size_t rowof[8], __m256i tl[2][4], __m256i th[2][4])
+{
+    for (size_t h = 0; h < 2; h++) {
+        __m256i rb[8];
+        for (size_t p = 0; p < 8; p++)
+            rb[p] = lut_row(t, 16 * g + 8 * h + rowof[p], t->f16);
+        for (size_t p = 0; p < 4; p++) {
+            tl[h][p] = _mm256_permute2x128_si256(rb[p], rb[p + 4], 0x20);
+            th[h][p] = _mm256_permute2x128_si256(rb[p], rb[p + 4], 0x31);
+        }
+    }
+}
+
 /* A whole 16-row tile of a 4-bit GPTQ weight whose groups are runs of 32 columns: each row's 32
  * columns a step, stored together (a row's 64 bytes at once: model widths make the rows 4 KiB
  * multiples apart, the same L1 set, so lines written in pieces would be evicted between them). */
 static void gptq4_lut_tile(const woq_tile *t)
 {
     const bfs_woq_desc *d = t->d;
+    static const size_t rows[8] = {0, 1, 2, 3, 4, 5, 6, 7};
     const size_t C = d->cols, R = d->rows, G = d->group_size;
     for (size_t g = 0; g < d->ngroups; g++) {
         __m256i tl[2][4], th[2][4];
-        for (size_t h = 0; h < 2; h++) {
-            __m256i rb[8];
-            for (size_t l = 0; l < 8; l++)
-                rb[l] = lut_row(t, 16 * g + 8 * h + l, t->f16);
-            for (size_t p = 0; p < 4; p++) {
-                tl[h][p] = _mm256_permute2x128_si256(rb[p], rb[p + 4], 0x20);
-                th[h][p] = _mm256_permute2x128_si256(rb[p], rb[p + 4], 0x31);
-            }
-        }
+        lut_group(t, g, rows, tl, th);
         const size_t c1 = (g + 1) * G < C ? (g + 1) * G : C;
         for (size_t c = g * G; c < c1; c += 32) {
             const uint8_t *q = d->qweight + 4 * ((c / 8) * R + t->r0);
@@ -376,6 +390,83 @@ static void gptq4_lut_tile(const woq_tile *t)
                            tl[h], th[h], b);
                 const woq_tile th8 = {.d = d, .r0 = t->r0 + 8 * h, .nt = t->nt, .i0 = t->i0, .out = t->out};
                 woq_rows64(&th8, c, a, b, 8);
+            }
+        }
+    }
+}
+
+/* ---- AWQ with the same tables: its words transposed into GPTQ's order ------------------------
+ * An AWQ word holds one column's codes of 8 rows (field p: row {0, 2, 4, 6, 1, 3, 5, 7}[p]); 8
+ * columns' words are an 8 x 8 nibble matrix whose transpose is 8 words of 8 columns each, the
+ * order lut_rows16 takes, lane p for the rows of field p. */
+
+/* The 8 x 8 transpose of nibbles (lane j, nibble p) -> (lane p, nibble j): swap the off-diagonal
+ * 4 x 4 blocks, then the 2 x 2 blocks within them, then single nibbles. */
+static BFS_WOQ_INLINE __m256i nib_transpose8(__m256i v)
+{
+    __m256i s = _mm256_permute2x128_si256(v, v, 0x01); /* lane j ^ 4 */
+    const __m256i m16 = _mm256_set1_epi32(0x0000FFFF);
+    v = _mm256_blend_epi32(_mm256_or_si256(_mm256_and_si256(v, m16), _mm256_slli_epi32(s, 16)),
+                           _mm256_or_si256(_mm256_andnot_si256(m16, v), _mm256_srli_epi32(s, 16)), 0xF0);
+    s = _mm256_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 3, 2)); /* lane j ^ 2 */
+    const __m256i m8 = _mm256_set1_epi32(0x00FF00FF);
+    v = _mm256_blend_epi32(_mm256_or_si256(_mm256_and_si256(v, m8), _mm256_andnot_si256(m8, _mm256_slli_epi32(s, 8))),
+                           _mm256_or_si256(_mm256_andnot_si256(m8, v), _mm256_and_si256(m8, _mm256_srli_epi32(s, 8))), 0xCC);
+    s = _mm256_shuffle_epi32(v, _MM_SHUFFLE(2, 3, 0, 1)); /* lane j ^ 1 */
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    return _mm256_blend_epi32(_mm256_or_si256(_mm256_and_si256(v, m4), _mm256_andnot_si256(m4, _mm256_slli_epi32(s, 4))),
+                              _mm256_or_si256(_mm256_andnot_si256(m4, v), _mm256_and_si256(m4, _mm256_srli_epi32(s, 4))), 0xAA);
+}
+
+/* Columns [c, c + 8) of AWQ words w and w + 1 (rows 8w.. and 8w + 8..), transposed: *h0, *h1 =
+ * their 8 lanes (field p) of 8 columns' codes each. */
+static BFS_WOQ_INLINE void awq_words8(const bfs_woq_desc *d, size_t c, size_t w, __m256i *h0, __m256i *h1)
+{
+    const uint8_t *p = d->qweight + 4 * (c * d->zw + w);
+    const size_t st = 4 * d->zw;
+    uint64_t x[8];
+    for (size_t j = 0; j < 8; j++)
+        memcpy(&x[j], p + j * st, 8);
+    /* each 64 bits: a column's (word w, word w + 1) -> [w of columns 0..3 | w of 4..7], then w + 1 */
+    const __m256i a = _mm256_shuffle_epi32(_mm256_setr_epi64x((long long)x[0], (long long)x[1], (long long)x[2], (long long)x[3]),
+                                           _MM_SHUFFLE(3, 1, 2, 0));
+    const __m256i b = _mm256_shuffle_epi32(_mm256_setr_epi64x((long long)x[4], (long long)x[5], (long long)x[6], (long long)x[7]),
+                                           _MM_SHUFFLE(3, 1, 2, 0));
+    const __m256i a4 = _mm256_permute4x64_epi64(a, _MM_SHUFFLE(3, 1, 2, 0)), b4 = _mm256_permute4x64_epi64(b, _MM_SHUFFLE(3, 1, 2, 0));
+    *h0 = nib_transpose8(_mm256_permute2x128_si256(a4, b4, 0x20));
+    *h1 = nib_transpose8(_mm256_permute2x128_si256(a4, b4, 0x31));
+}
+
+/* A band of whole 16-row tiles (t[0].r0 a multiple of 16, consecutive) of an AWQ weight whose
+ * groups are runs of 32 columns, 32 columns a step for all of them: a column's words for the
+ * band's 128 rows are one line, read once (and the next step's prefetched). */
+static void awq_lut_band(const woq_tile *t, size_t nt)
+{
+    static const size_t rowof[8] = {0, 2, 4, 6, 1, 3, 5, 7}; /* field p's row */
+    const bfs_woq_desc *d = t->d;
+    const size_t C = d->cols, G = d->group_size, st = 4 * d->zw;
+    for (size_t g = 0; g < d->ngroups; g++) {
+        __m256i tl[8][2][4], th[8][2][4];
+        for (size_t i = 0; i < nt; i++)
+            lut_group(&t[i], g, rowof, tl[i], th[i]);
+        const size_t c1 = (g + 1) * G < C ? (g + 1) * G : C;
+        for (size_t c = g * G; c < c1; c += 32) {
+            const char *pf = (const char *)(d->qweight + (c + 96) * st + 4 * (t[0].r0 / 8));
+            for (size_t j = 0; j < 32; j++)
+                _mm_prefetch(pf + j * st, _MM_HINT_T0);
+            for (size_t i = 0; i < nt; i++) {
+                __m256i wv[4][2], a[2][8], b[2][8], ra[16], rbv[16];
+                for (size_t k = 0; k < 4; k++)
+                    awq_words8(d, c + 8 * k, t[i].r0 / 8, &wv[k][0], &wv[k][1]);
+                for (size_t h = 0; h < 2; h++) {
+                    lut_rows16(wv[0][h], wv[1][h], tl[i][h], th[i][h], a[h]);
+                    lut_rows16(wv[2][h], wv[3][h], tl[i][h], th[i][h], b[h]);
+                    for (size_t p = 0; p < 8; p++) {
+                        ra[8 * h + rowof[p]] = a[h][p];
+                        rbv[8 * h + rowof[p]] = b[h][p];
+                    }
+                }
+                woq_rows64(&t[i], c, ra, rbv, 16);
             }
         }
     }
@@ -499,7 +590,7 @@ void bfs__woq_avx2(const bfs_woq_desc *d, size_t i0, size_t i1, uint16_t *out)
      * column's words for 128 rows are one line, read once while in cache. GPTQ: one tile at a
      * time; its words of a qweight row are a line already. */
     enum { WOQ_BAND = 8 };
-    const size_t band = getenv("WB") ? (size_t)atoi(getenv("WB")) : d->layout == BFS_WOQ_AWQ ? WOQ_BAND : 1;
+    const size_t band = d->layout == BFS_WOQ_AWQ ? WOQ_BAND : 1;
     const size_t C = d->cols, rfirst = i0 / C, rlast = (i1 - 1) / C; /* rows the range touches */
     const size_t tab = d->ngroups * 16;                                /* a tile's table entries */
     int32_t *zt = aligned_alloc(32, WOQ_BAND * tab * 4);
@@ -515,22 +606,27 @@ void bfs__woq_avx2(const bfs_woq_desc *d, size_t i0, size_t i1, uint16_t *out)
     /* non-temporal stores where the rows are 32-byte aligned and the range is larger than a
      * core's caches (as memcpy does): the output is not read back soon */
     const int stream = (uintptr_t)(out + (C - i0 % C) % C) % 32 == 0 && C % 16 == 0 && (i1 - i0) * 2 >= BFS_WOQ_NT_BYTES;
-    const int lut = kind == 2 && !d->g_idx && d->group_size % 32 == 0 && C % 32 == 0;
+    const int lut = (kind == 2 || kind == 4) && !d->g_idx && d->group_size % 32 == 0 && C % 32 == 0;
     for (size_t b0 = rfirst / 16 * 16; b0 <= rlast; b0 += 16 * band) {
         woq_tile t[WOQ_BAND];
         woq_block_fn fn[WOQ_BAND];
-        size_t nt = 0;
+        size_t nt = 0, nlut = 0;
         for (size_t r0 = b0; r0 <= rlast && r0 < b0 + 16 * band; r0 += 16) {
             woq_tile *const x = &t[nt];
             *x = (woq_tile){.d = d, .r0 = r0, .nr = d->rows - r0 < 16 ? d->rows - r0 : 16, .i0 = i0, .i1 = i1, .out = out};
             x->whole = x->nr == 16 && r0 * C >= i0 && (r0 + 16) * C <= i1;
             x->nt = stream && x->whole;
             woq_tables(x, zt + nt * tab, st + nt * tab);
-            if (lut && x->whole) { /* done here; the block loop below takes the others */
-                gptq4_lut_tile(x);
-                continue;
-            }
             fn[nt++] = woq_fns[kind][x->f16][x->nan];
+            nlut += lut && x->whole && r0 % 16 == 0;
+        }
+        if (nlut == nt) { /* every tile by its tables */
+            if (d->layout == BFS_WOQ_AWQ)
+                awq_lut_band(t, nt);
+            else
+                for (size_t i = 0; i < nt; i++)
+                    gptq4_lut_tile(&t[i]);
+            continue;
         }
         woq_groups gw = {0, 0};
         size_t g16[32];
