@@ -6,7 +6,7 @@
  * Shapes: one gpt-oss-20b gate_up expert (R=5760, G=90 -> 5760 x 2880, both
  * layouts); a bitsandbytes 4096 x 14336 NF4 weight with double quant
  * (blocksize 64, nested blocksize 256); casts of 32 Mi elements (64 MiB of BF16);
- * the issue-12 formats: FP8 E4M3 7168 x 2048 (DeepSeek-V3 block 128x128 with float32
+ * FP8 E4M3 7168 x 2048 (DeepSeek-V3 block 128x128 with float32
  * scales; compressed-tensors per-channel with bf16 scales, per-tensor float32), INT4
  * pack-quantized 4096 x 14336 group 128 (symmetric; asymmetric with zero points), bf16
  * scales, and NVFP4 4096 x 14336 (compressed-tensors, ModelOpt). Codes are random bytes
@@ -304,7 +304,7 @@ int main(int argc, char **argv)
     const bfs_nvfp4_desc nd_mo = {nv, nv_sc, 0.37f / 2688.0f, 1, IC};
     const q12_ctx q_nct = {2, &nd_ct, in_}, q_nmo = {2, &nd_mo, in_};
 
-    /* compressed-tensors MX 4096 x 14336 (issue 23): E8M0 scale bytes 107..127 (2^-20 .. 2^0,
+    /* compressed-tensors MX 4096 x 14336: E8M0 scale bytes 107..127 (2^-20 .. 2^0,
      * as quantizers make them); MXFP8 on its own E4M3 bytes, MXFP4 on nv's packed bytes */
     uint8_t *mx8 = xmalloc(in_), *mx_sc = xmalloc(in_ / 32);
     rnd_fill(mx8, in_);
@@ -313,7 +313,7 @@ int main(int argc, char **argv)
     const bfs_ctmx_desc md8 = {mx8, mx_sc, 0, IC, 0}, md4 = {nv, mx_sc, 1, IC, 0};
     const q12_ctx q_m8 = {3, &md8, in_}, q_m4 = {3, &md4, in_};
 
-    /* issue 23, the kinds the 2026 checkpoints dispatch to (docs/FORMATS.md 7, 8):
+    /* the kinds the 2026 checkpoints dispatch to (docs/FORMATS.md 7, 8):
      * DeepSeek-V4 FP8 7168 x 2048 with E8M0 128 x 128 block scales, stored U8 (255 = +inf)
      * and F8_E8M0 (255 = NaN); DeepSeek-V4.1 block 32 x 32 on the wide side (2048 x 7168:
      * 224 column blocks a row, more than the AVX2 kernel's table cache holds), E8M0 and

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Exhaustive check of the issue-38 value rules (kernels/ref_woq.h) against torch:
+"""Exhaustive check of the GPTQ / AWQ / bitsandbytes 8-bit value rules (kernels/ref_woq.h) against torch:
 every float16 scale (all 65536 bit patterns) times every code difference q - z in
 [-255, 255], as GPTQModel computes it (scales * (int8/int16 tensor) in float16, then
 .to(torch.bfloat16)), and bitsandbytes' int8_vectorwise_dequant (A * SCB * 7.874015718698502e-3

@@ -1,7 +1,7 @@
 /*
  * The oracle of the safetensors header parser: bfs__st_parse as it was on a jansson tree
  * (json_loadb(JSON_REJECT_DUPLICATES), then the rules on the tree), before the streamed
- * scanner replaced it (issue 22). fz_st_differ() runs both on one image: they must accept
+ * scanner replaced it. fz_st_differ() runs both on one image: they must accept
  * the same headers with the same table and __metadata__ text, and refuse the same ones,
  * with the same message where it is not jansson's own JSON error text. Included by
  * fuzz/fuzz_st_parse.c and tests/test_st_scan.c.

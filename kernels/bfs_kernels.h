@@ -47,7 +47,7 @@ typedef struct bfs_bnb4_desc { /* the float32 pointers may be unaligned: read wi
 /* Writes elements [i0, i1) to out (out[0] is element i0). */
 typedef void (*bfs_bnb4_fn)(const bfs_bnb4_desc *d, size_t i0, size_t i1, uint16_t *out);
 
-/* ---- issue-12 formats (docs/FORMATS.md section 6; rules in ref_formats.h) ----------------
+/* ---- FP8, INT4, NVFP4 (docs/FORMATS.md section 6; rules in ref_formats.h) ----------------
  * All three take elements [i0, i1) of one 2-D weight [rows][cols] (element i is row
  * i / cols, column i % cols) and write them to out (out[0] is element i0). Scales are
  * read unaligned, little-endian: float32, or bfloat16 when scale_bf16 is set (FP8: the
@@ -101,7 +101,7 @@ typedef struct bfs_nvfp4_desc {
 } bfs_nvfp4_desc;
 typedef void (*bfs_nvfp4_fn)(const bfs_nvfp4_desc *d, size_t i0, size_t i1, uint16_t *out);
 
-/* ---- issue-23 formats (docs/FORMATS.md section 7) -------------------------------------- */
+/* ---- compressed-tensors MX (docs/FORMATS.md section 7) -------------------------------- */
 
 /* compressed-tensors MX, mxfp8-quantized (elem BFS_CTMX_E4M3), mxfp4-pack-quantized
  * (BFS_CTMX_E2M1) and mxfp6-pack-quantized (BFS_CTMX_E2M3): one E8M0 scale byte per 32
@@ -123,7 +123,7 @@ typedef struct bfs_ctmx_desc {
 } bfs_ctmx_desc;
 typedef void (*bfs_ctmx_fn)(const bfs_ctmx_desc *d, size_t i0, size_t i1, uint16_t *out);
 
-/* ---- issue-38 formats (docs/FORMATS.md section 9): GPTQ, AWQ, bitsandbytes 8-bit -------------
+/* ---- GPTQ, AWQ, bitsandbytes 8-bit (docs/FORMATS.md section 9) -------------------------------
  * Weight-only integer quantization of an nn.Linear weight, written [rows = out][cols = in]
  * (element i is row i / cols, column i % cols), whatever the storage order: GPTQ and AWQ
  * GEMM store it transposed ([in, out]), so output row r is column r of their arrays. Values
@@ -176,13 +176,13 @@ typedef struct bfs_kernel_ops {
     bfs_int4_fn int4;
     bfs_nvfp4_fn nvfp4;
     bfs_ctmx_fn ctmx;
-    bfs_woq_fn woq; /* issue 38: GPTQ, AWQ, bitsandbytes 8-bit */
+    bfs_woq_fn woq; /* GPTQ, AWQ, bitsandbytes 8-bit */
 } bfs_kernel_ops;
 
 /* The scalar reference (cpu_scalar.c): plain loops over ref.h, present in every build.
  * Every other implementation, CPU or CUDA, must give its bytes. */
 extern const bfs_kernel_ops bfs__cpu_scalar_ops;
-/* Its issue-12 ops by name (the SIMD kernels' tails). */
+/* Its dequant ops by name (the SIMD kernels' tails). */
 void bfs__fp8_scalar(const bfs_fp8_desc *d, size_t i0, size_t i1, uint16_t *out);
 void bfs__int4_scalar(const bfs_int4_desc *d, size_t i0, size_t i1, uint16_t *out);
 void bfs__nvfp4_scalar(const bfs_nvfp4_desc *d, size_t i0, size_t i1, uint16_t *out);

@@ -95,7 +95,7 @@ typedef struct bfs_cu_bnb4_args {
 
 int bfs__cu_bnb4(const bfs_cu_bnb4_args *a, cudaStream_t stream);
 
-/* Issue-12 formats (docs/FORMATS.md section 6): elements [e0, e0 + n) of one 2-D weight
+/* FP8, INT4, NVFP4 (docs/FORMATS.md section 6): elements [e0, e0 + n) of one 2-D weight
  * [rows][cols] (element i is row i / cols, column i % cols). Every input array is
  * base-adjusted: its [0] is the first entry the chunk needs, and the args say which entry
  * of the whole tensor that is. Values as ref_formats.h computes them, bit for bit. */
@@ -132,7 +132,7 @@ typedef struct bfs_cu_nvfp4_args {
 } bfs_cu_nvfp4_args;
 int bfs__cu_nvfp4(const bfs_cu_nvfp4_args *a, cudaStream_t stream);
 
-/* Issue-23 compressed-tensors MX (docs/FORMATS.md section 7): elements [e0, e0 + n) of one
+/* compressed-tensors MX (docs/FORMATS.md section 7): elements [e0, e0 + n) of one
  * weight [rows][cols] (cols % 32 == 0), flat: element i is in w byte bfs_ctmx_byte(elem, i)
  * (i, i / 2, or the 3-byte word at 3 (i / 4) for E2M3) and E8M0 scale byte i / 32. */
 typedef struct bfs_cu_ctmx_args {
@@ -146,7 +146,7 @@ typedef struct bfs_cu_ctmx_args {
 } bfs_cu_ctmx_args;
 int bfs__cu_ctmx(const bfs_cu_ctmx_args *a, cudaStream_t stream);
 
-/* Issue-38 GPTQ / AWQ GEMM / bitsandbytes 8-bit (docs/FORMATS.md section 9): output rows
+/* GPTQ / AWQ GEMM / bitsandbytes 8-bit (docs/FORMATS.md section 9): output rows
  * [r0, r0 + nrows) of a [rows][cols] weight, out [nrows][cols]. Every input array holds only
  * what the chunk's rows need (gathered by the host): */
 typedef struct bfs_cu_woq_args {

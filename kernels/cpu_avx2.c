@@ -111,7 +111,7 @@ static void bnb4_avx2(const bfs_bnb4_desc *d, size_t i0, size_t i1, uint16_t *ou
 }
 
 
-/* ---- issue-12 formats: FP8 scaled, INT4 pack-quantized, NVFP4 (also the AVX-512 level's)
+/* ---- FP8 scaled, INT4 pack-quantized, NVFP4 (also the AVX-512 level's)
  * Every value is ref_formats.h's: the input value (exact in float32) times the scale, one
  * float32 multiply, rounded once to bf16. What makes them fast:
  *  - FP8: per scale, vpshufb tables and an exponent add (see "FP8 by table" below). Scales

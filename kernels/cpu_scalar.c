@@ -93,7 +93,7 @@ static void f64_to_bf16_scalar(const void *in, size_t n, uint16_t *out)
     }
 }
 
-/* ---- issue-12 formats: element by element over ref_formats.h, a row segment at a time */
+/* ---- FP8, INT4, NVFP4: element by element over ref_formats.h, a row segment at a time */
 void bfs__fp8_scalar(const bfs_fp8_desc *d, size_t i0, size_t i1, uint16_t *out)
 {
     assert(i0 <= i1 && d->cols > 0 && d->bh > 0 && d->bw > 0);
@@ -122,7 +122,7 @@ void bfs__ctmx_scalar(const bfs_ctmx_desc *d, size_t i0, size_t i1, uint16_t *ou
         out[i - i0] = bfs_ctmx_elem(d, i);
 }
 
-/* ---- issue-38 formats: GPTQ, AWQ, bitsandbytes 8-bit (ref_woq.h) ---- */
+/* ---- GPTQ, AWQ, bitsandbytes 8-bit (ref_woq.h) ---- */
 void bfs__woq_scalar(const bfs_woq_desc *d, size_t i0, size_t i1, uint16_t *out)
 {
     assert(i0 <= i1 && d->cols > 0 && d->rows > 0);

@@ -98,11 +98,11 @@ static inline uint16_t *x86_bnb_lut_run(const uint16_t *lut, const uint8_t *code
     return o;
 }
 
-/* ---- issue-12 formats: the AVX2 kernels (cpu_avx2.c), also the AVX-512 level's ----------- */
+/* ---- FP8, INT4, NVFP4: the AVX2 kernels (cpu_avx2.c), also the AVX-512 level's ------------ */
 void bfs__fp8_avx2(const bfs_fp8_desc *d, size_t i0, size_t i1, uint16_t *out);
 void bfs__int4_avx2(const bfs_int4_desc *d, size_t i0, size_t i1, uint16_t *out);
 void bfs__nvfp4_avx2(const bfs_nvfp4_desc *d, size_t i0, size_t i1, uint16_t *out);
-/* ---- issue-23 compressed-tensors MX: the AVX2 kernel (cpu_avx2_ctmx.c), also AVX-512's ------ */
+/* ---- compressed-tensors MX: the AVX2 kernel (cpu_avx2_ctmx.c), also AVX-512's --------------- */
 void bfs__ctmx_avx2(const bfs_ctmx_desc *d, size_t i0, size_t i1, uint16_t *out);
 /* ---- GPTQ, AWQ GEMM, bitsandbytes 8-bit: the AVX2 kernel (cpu_avx2_woq.c), also AVX-512's ---- */
 void bfs__woq_avx2(const bfs_woq_desc *d, size_t i0, size_t i1, uint16_t *out);

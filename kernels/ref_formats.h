@@ -1,5 +1,5 @@
 /*
- * Scalar reference routines for the issue-12 input formats (docs/FORMATS.md section 6).
+ * Scalar reference routines for the FP8, INT4 and NVFP4 input formats (docs/FORMATS.md section 6).
  * Plain portable C11, header only, no src/ includes. Each routine dequantizes the rows
  * [r0, r1) of one 2-D weight [rows, cols] into bf16, row-major, out[(r - r0) * cols + c].
  *
@@ -15,7 +15,7 @@
  *    bf16(f32(e2m1 * f32(f32(scale_e4m3) / global_scale)))  (global scale: a divisor).
  *  - NVFP4 ModelOpt: low nibble = even element, e2m1 code 8 = +0.0;
  *    bf16(f32(e2m1 * f32(f32(scale_e4m3) * weight_scale_2)))  (scale_2: a multiplier).
- *  - compressed-tensors MX (issue 23, docs/FORMATS.md 7.2, 7.3): E8M0 scale byte s per 32
+ *  - compressed-tensors MX (docs/FORMATS.md 7.2, 7.3): E8M0 scale byte s per 32
  *    elements decoded as decompress_mx_scale does (2^(s-127) exactly, s = 0 the subnormal
  *    2^-127, s = 255 +inf: there is no NaN scale); bf16(f32(v * scale)) with v the E4M3 value
  *    (mxfp8-quantized), the E2M1 value, code 8 = -0.0 (mxfp4-pack-quantized), or the FP6 E2M3

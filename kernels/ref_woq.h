@@ -1,5 +1,5 @@
 /*
- * Scalar reference routines for the issue-38 formats (docs/FORMATS.md section 9): GPTQ
+ * Scalar reference routines for weight-only integer formats (docs/FORMATS.md section 9): GPTQ
  * (GPTQModel / AutoGPTQ, v1 and v2 zero points, 2/3/4/8 bits, act-order g_idx), AWQ GEMM
  * (4-bit, AWQ's field order) and bitsandbytes LLM.int8() (int8 + SCB). Plain portable C11,
  * header only; cpu_scalar.c computes every element through bfs_woq_elem, cpu_avx2_woq.c and

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A part manifest's share of tensors[] (issue 22, docs/MANIFEST.md "Parts and merge"), for
+"""A part manifest's share of tensors[] (docs/MANIFEST.md "Parts and merge"), for
 tests/test_manifest_v2.c:
 
   check WHOLE_MANIFEST W PART...   each part's tensors[] is its ranks' share of the whole run's,

@@ -479,7 +479,7 @@ static void test_casts(void **state)
     cast_case(BFS_DT_F32, 5, budgets, 2);
 }
 
-/* ---- issue-12 formats: FP8 scaled, INT4 pack-quantized, NVFP4 (both conventions) ------------ */
+/* ---- FP8 scaled, INT4 pack-quantized, NVFP4 (both conventions) ------------------------------ */
 static void put_f32(uint8_t *p, size_t i, uint32_t bits) { memcpy(p + 4 * i, &bits, 4); }
 static void put_bf16(uint8_t *p, size_t i, uint16_t bits) { memcpy(p + 2 * i, &bits, 2); }
 
@@ -600,7 +600,7 @@ static void test_int4(void **state)
     int4_case(11, 5000, 40, 1, 1);  /* rows wider than a chunk: chunks start mid-row, mid-word, mid-group */
 }
 
-/* ---- issue 38: GPTQ (2/3/4/8 bits, v1 / v2, act-order), AWQ GEMM, bitsandbytes 8-bit --------- */
+/* ---- GPTQ (2/3/4/8 bits, v1 / v2, act-order), AWQ GEMM, bitsandbytes 8-bit ------------------- */
 /* F16 scales: random, and the edges (0, -0, inf, NaN, subnormal, the largest, products that
  * overflow fp16). */
 static uint8_t *mk_f16_scales(size_t n)
@@ -712,7 +712,7 @@ static void test_nvfp4(void **state)
     nvfp4_case(3, 8000, 0x44C00000u, 1);
 }
 
-/* ---- issue-23 compressed-tensors MX: MXFP8, MXFP4, MXFP6 (elem BFS_CTMX_E4M3, _E2M1, _E2M3) ---- */
+/* ---- compressed-tensors MX: MXFP8, MXFP4, MXFP6 (elem BFS_CTMX_E4M3, _E2M1, _E2M3) ------------- */
 static void ctmx_case(size_t rows, size_t cols, int elem, int nan255)
 {
     static const char *const names[3] = {"mxfp8", "mxfp4", "mxfp6"};

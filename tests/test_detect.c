@@ -1,5 +1,5 @@
 /*
- * Issue 11, item 1 ("know what you read"): the edge cases of the quantization
+ * Know what you read: the edge cases of the quantization
  * verdict (src/formats/refuse.c and the formats' .methods / detect()), run through
  * bfs_inspect on small checkpoints written here: quantization_config null or not an
  * object, quant_method missing, of another type or in other case, bitsandbytes with
@@ -156,7 +156,7 @@ static void method_case(void **s)
     expect(mk_fixture("BnB", "bnb-nf4", "{\"quantization_config\": {\"quant_method\": \"BitsAndBytes\", \"load_in_4bit\": true}}"),
            0, NULL);
     expect(mk("AWQ", plain, "{\"quantization_config\": {\"quant_method\": \"AWQ\"}}"), BFS_EINPUT, "\"AWQ\"|no tensor");
-    /* issue 38: still refused, each named */
+    /* GPTQ and AWQ GEMM convert; these are still refused, each named */
     expect(mk("hqq", plain, "{\"quantization_config\": {\"quant_method\": \"hqq\"}}"), BFS_EINPUT, "\"hqq\"|not supported");
     expect(mk("eetq", plain, "{\"quantization_config\": {\"quant_method\": \"eetq\"}}"), BFS_EINPUT, "\"eetq\"|not supported");
     expect(mk("exl2", plain, "{\"quantization_config\": {\"quant_method\": \"exl2\"}}"), BFS_EINPUT, "\"exl2\"|not supported");
@@ -279,7 +279,7 @@ static void config_before_tensors(void **s)
 {
     (void)s;
     /* the method is named even when tensors would be refused too (quant_method "fp8" without
-     * weight_block_size is per-tensor FP8 since issue 23; E8M0 block scales are not converted) */
+     * weight_block_size is per-tensor FP8, docs/FORMATS.md 7.1; E8M0 block scales are not converted) */
     const char *const f8[] = {"a.weight F8_E4M3 4x4", "a.weight_scale F32 1", NULL};
     expect(mk("cfg-first", f8, "{\"quantization_config\": {\"quant_method\": \"fp8\", \"scale_fmt\": \"ue8m0\"}}"),
            BFS_EINPUT, "\"fp8\"|not supported");
@@ -287,7 +287,7 @@ static void config_before_tensors(void **s)
 
 /* config_groups are walked in order, not each found again from the first: 200000 groups
  * (a 7 MB config.json, well under the 64 MiB limit) before a weight's real group took
- * about 40 minutes when they were (found by writing fuzz_claim, issue 26); now about a
+ * about 40 minutes when they were (found by writing fuzz_claim); now about a
  * second. `timeout 60` is the bound; the time is not asserted. */
 static void many_config_groups_linear(void **s)
 {

@@ -1,6 +1,6 @@
 /*
- * End to end for the issue-12 formats (FP8 block / tensor / channel, INT4 pack-quantized,
- * NVFP4 compressed-tensors and ModelOpt, the mixed MoE checkpoint) and the issue-23 ones
+ * End to end for the docs/FORMATS.md section 6 formats (FP8 block / tensor / channel, INT4
+ * pack-quantized, NVFP4 compressed-tensors and ModelOpt, the mixed MoE checkpoint) and section 7's
  * (per-tensor FP8 as transformers loads it, compressed-tensors MXFP8 / MXFP4, mixed-precision
  * groups matched as compressed-tensors does): every fixture of fixtures/gen_quant_fixtures.py
  * and fixtures/gen_mx_fixtures.py converts for W = 1, 2, 3, 8 (dcp) and W = 1 (hf) to the
@@ -21,7 +21,7 @@
 static const char *const fixtures[] = {
     "fp8-block", "fp8-block-split", "ct-fp8-tensor", "ct-fp8-channel", "ct-fp8-block",
     "ct-int4-group", "ct-int4-asym", "ct-nvfp4", "modelopt-nvfp4", "ct-moe-mixed",
-    /* issue 23 (fixtures/gen_mx_fixtures.py) */
+    /* per-tensor FP8, compressed-tensors MX (fixtures/gen_mx_fixtures.py) */
     "fp8-tensor", "ct-mxfp8", "ct-mxfp4", "ct-mx-mixed",
     "ct-mxfp6", "ct-mx6-mixed", /* fixtures/gen_mxfp6_fixtures.py */
     "dsv4-tiny", /* DeepSeek-V4 (fixtures/gen_dsv4_fixtures.py) */
@@ -29,7 +29,7 @@ static const char *const fixtures[] = {
     "quark-mxfp4", "quark-fp8", /* AMD Quark 0.13 exports (fixtures/gen_quark_fixtures.py) */
     "fp8-fused", /* transformers' fused FP8 experts [E, out, in] (fixtures/gen_fused_fixtures.py) */
     "fp8-fused-tensor", /* the same, weight_block_size null: [E, 1, 1], gate_up [E, 2, 1], up_proj */
-    /* issue 38 (fixtures/gen_gptq_fixtures.py): GPTQ, AWQ GEMM, bitsandbytes 8-bit */
+    /* GPTQ, AWQ GEMM, bitsandbytes 8-bit (fixtures/gen_gptq_fixtures.py) */
     "gptq-int4-actorder", "gptq-int4-asym", "gptq-int8", "gptq-int3", "gptq-int2-v2", "awq-gemm", "bnb-int8",
 };
 #define NFIX (sizeof fixtures / sizeof *fixtures)
@@ -360,7 +360,7 @@ static void accept(const char *fx, const st_edit *edits, const char *const *qset
 #define E(...) ((const st_edit[]){__VA_ARGS__, {0}})
 #define S(...) ((const char *const[]){__VA_ARGS__, NULL})
 
-/* Issue 38: the checkpoints of the must-refuse corpus packed by AutoGPTQ 0.7.1, AutoAWQ 0.2.9
+/* The checkpoints of the must-refuse corpus packed by AutoGPTQ 0.7.1, AutoAWQ 0.2.9
  * and transformers + bitsandbytes (fixtures/refuse/gen_refuse.py) now convert, to the bytes of
  * the upstream dequant (expected/refuse-<case>, fixtures/gen_gptq_fixtures.py); inspect names
  * each kind; the claims the formats refuse name what they refuse. */
@@ -388,7 +388,7 @@ static void woq_other_writers(void **s)
     free(tmp);
 }
 
-/* Issue 38 refusals: each one line naming the tensor or the field. */
+/* GPTQ / AWQ / bitsandbytes 8-bit refusals: each one line naming the tensor or the field. */
 static void refuse_woq(void **s)
 {
     (void)s;
@@ -527,7 +527,7 @@ static void refuse_nvfp4(void **s)
     refuse("modelopt-nvfp4", NULL, S("quant_algo=\"W4A8_AWQ\""), S("quant_algo", "W4A8_AWQ"));
 }
 
-/* ---- issue 23 ------------------------------------------------------------------------------ */
+/* ---- per-tensor FP8, compressed-tensors MX, AMD Quark, mixed-precision (docs/FORMATS.md 7) ---- */
 
 /* Per-tensor FP8 (transformers, quant_method "fp8", weight_block_size null): the fixture's
  * scales are F32 [] (q_proj), BF16 [] (k_proj), F32 [1, 1] (v_proj), BF16 [1, 1] (o_proj). */

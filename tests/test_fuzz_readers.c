@@ -1,7 +1,6 @@
 /*
  * The fuzz targets of the readers of what bfshard writes and of the config's claim
- * (issue 26: fuzz/fuzz_manifest.c, fuzz_sums.c, fuzz_claim.c, fuzz_slices.c, fuzz_oci.c),
- * replayed as plain
+ * (fuzz/fuzz_manifest.c, fuzz_sums.c, fuzz_claim.c, fuzz_slices.c, fuzz_oci.c), replayed as plain
  * functions over their seed corpora (fuzz/corpus/<target>) and regression inputs
  * (fuzz/regress/<target>): every input in a child process, which must exit 0 (a broken
  * property aborts, a crash is a signal, a leak under ASan exit 3). Built without

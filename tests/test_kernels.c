@@ -753,7 +753,7 @@ static void test_ref_casts(void **state)
 }
 
 
-/* ---- issue-12 ops: FP8 scaled, INT4 pack-quantized, NVFP4 --------------------------------- */
+/* ---- FP8 scaled, INT4 pack-quantized, NVFP4 ---------------------------------------------- */
 
 /* Random scales, some special (0, NaN, inf, subnormal), F32 or BF16 bytes. */
 static uint8_t *q12_scales(size_t n, int bf16)
@@ -772,7 +772,7 @@ static uint8_t *q12_scales(size_t n, int bf16)
 }
 
 typedef struct {
-    int op; /* 0 fp8, 1 int4, 2 nvfp4, 3 compressed-tensors MX (issue 23) */
+    int op; /* 0 fp8, 1 int4, 2 nvfp4, 3 compressed-tensors MX */
     const void *d;
     size_t n;
 } q12_case;
@@ -903,7 +903,7 @@ static void q12_starts(const bfs_kernel_ops *k, const q12_case *c, size_t span, 
     }
 }
 
-/* The fast paths' edges (kernels/cpu_avx2.c, issue-12 section): every special float32 as a
+/* The fast paths' edges (kernels/cpu_avx2.c, FP8 / INT4 / NVFP4 section): every special float32 as a
  * scale, scales around 2^120 (where the FP8 path's s * 2^8 stops being finite), every E4M3
  * code, ranges that start and end inside a scale block, unaligned output; INT4 zero points
  * 0 and 15 (and all between), groups of 2..256; NVFP4 every scale byte and runs of four
@@ -1122,7 +1122,7 @@ static void test_backend_ops(void **state)
         t.nsrc = 1;
         unit_sweep(level, &t, 2);
     }
-    /* issue-12 kinds: FP8 block (partial blocks), INT4 asym, NVFP4 both conventions */
+    /* FP8 block (partial blocks), INT4 asym, NVFP4 both conventions */
     {
         enum { QR = 300, QC = 272 };
         uint8_t *w = xmalloc(QR * QC), *sc = q12_scales(3 * 3, 0), *bsc = q12_scales(QR * 4, 1);
@@ -1141,7 +1141,7 @@ static void test_backend_ops(void **state)
             tn.nv = (bfs_nvfp4_desc){w, e4, 0.37f, mo, QC};
             unit_sweep(level, &tn, 2);
         }
-        for (int el = 0; el < 3; el++) { /* issue 23: compressed-tensors MX, E8M0 scales e4 */
+        for (int el = 0; el < 3; el++) { /* compressed-tensors MX, E8M0 scales e4 */
             static const char *const tags[3] = {"ctmx mxfp8", "ctmx mxfp4", "ctmx mxfp6"};
             bfs_ltensor tm = unit_tensor(BFS_K_CTMX, tags[el], QR, 256);
             tm.ctmx = (bfs_ctmx_desc){w, e4, el, 256, 0};
@@ -1276,7 +1276,7 @@ static void test_q12_fp8_table(void **state)
     free(sb);
 }
 
-/* ---- issue 23: compressed-tensors MX (kernels/cpu_avx2_ctmx.c) ---------------------------------
+/* ---- compressed-tensors MX (kernels/cpu_avx2_ctmx.c) -------------------------------------------
  * Every E8M0 scale byte (0: the subnormal 2^-127; 1..9 and 247..254: subnormal or overflowing
  * products, the reference's path; 10..246: the exponent add; 255: +inf, 0 * inf = NaN) with
  * every E4M3 code and every pair of E2M1 codes; ranges starting and ending inside groups and
@@ -1401,7 +1401,7 @@ static void test_ref_mxfp6(void **state)
         }
 }
 
-/* ---- issue 38: GPTQ (2/3/4/8 bits, v1 / v2, act-order), AWQ GEMM, bitsandbytes 8-bit ------- */
+/* ---- GPTQ (2/3/4/8 bits, v1 / v2, act-order), AWQ GEMM, bitsandbytes 8-bit ----------------- */
 /* The level's woq op against the scalar reference, on whole tensors and on ranges that start
  * and end mid-row, mid-word and mid-group (the CPU backend's thread slices). The shapes take
  * every path of the SIMD kernel: 16-row tiles whole and cut, bands of 8 AWQ tiles, the tables of

@@ -1,6 +1,6 @@
 /*
- * The manifest is read with memory that does not grow with its tensors (issue 15,
- * manifest.h: bfs__mf_open): a strict scanner finds tensors[]'s elements, jansson parses
+ * The manifest is read with memory that does not grow with its tensors (manifest.h:
+ * bfs__mf_open): a strict scanner finds tensors[]'s elements, jansson parses
  * each alone and the head without them. Malformed JSON is a one-line error naming the
  * file and the byte (missing and trailing commas, unterminated strings, truncation at
  * every byte, an element that is not an object, duplicate keys, bad escapes, control
@@ -221,7 +221,7 @@ static void empty_tensors(void **s)
     bfs__mf_free(r);
 }
 
-/* ---- compress's rewrite of a head read from a file (found by fuzz_manifest, issue 26) ------ */
+/* ---- compress's rewrite of a head read from a file (found by fuzz_manifest) ------------------ */
 /* the rewrite of `text`: read back, sealed, the same tensors */
 static void rewrite_reads_back(const char *text)
 {

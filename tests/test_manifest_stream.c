@@ -1,5 +1,5 @@
 /*
- * The manifest of a conversion is streamed (issue 15): tensors[] goes out one tensor at
+ * The manifest of a conversion is streamed: tensors[] goes out one tensor at
  * a time, never a tree of every tensor in memory. Its bytes must stay exactly jansson's
  * JSON_INDENT(1) | JSON_PRESERVE_ORDER of the head with each tensors[] element on one line
  * (JSON_INDENT(0), manifest v2: docs/MANIFEST.md; the format every other writer of a

@@ -1,5 +1,5 @@
 /*
- * Manifest v2 (issue 22, docs/MANIFEST.md): the manifest holds what each tensor is, not a
+ * Manifest v2 (docs/MANIFEST.md): the manifest holds what each tensor is, not a
  * record per (tensor, rank); each weights file's slice hashes are in its own slice index
  * (NAME.slices) written by the process that writes the file. Tested here: the manifest's
  * size does not grow with W but by a files[] entry a rank; each index has its size; a bad

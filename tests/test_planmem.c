@@ -1,5 +1,5 @@
 /*
- * The plan's memory (issue 15, "planmem"): the plan keeps no output header text (each
+ * The plan's memory: the plan keeps no output header text (each
  * file's header is counted at layout and built when convert writes that file), its
  * per-tensor and per-piece state is compact, and small source tensors are hashed whole
  * at their first unit (no XXH3 state per tensor held from the first rank file to the

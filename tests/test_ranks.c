@@ -535,7 +535,7 @@ static void parts_started_together(void **s)
     assert_int_equal(cli("", "merge '%s' --quiet", out), 0);
 }
 
-/* ---- parts read their share (issue 22, "parts that divide the work") ----------------------
+/* ---- parts read their share (docs/SCALE-OUT.md "What a part reads") ----------------------
  * On a row-contiguous format (FP8 block scales, two source files) at W = 8 in 4 parts:
  *   each part's input_bytes_read = its share (the union of the source ranges its ranks'
  *       pieces read, bfs__unit_sources, counted here byte by byte) + every header; the

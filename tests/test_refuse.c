@@ -1,5 +1,5 @@
 /*
- * Issue 11, item 1 ("know what you read"): the must-refuse corpus.
+ * Know what you read: the must-refuse corpus.
  *
  * bfshard decides support from config.json and the tensors (src/formats/refuse.c);
  * the edge cases of that verdict are tests/test_detect.c.

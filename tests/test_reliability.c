@@ -162,7 +162,7 @@ static void check_no_incomplete(const char *out, const char *ref, const char *wh
         }
         if (tu_sh("cmp -s '%s/%s' '%s/%s'", out, nm, ref, nm) != 0)
             fail_msg("%s: %s/%s is under its final name but differs from a clean run's", when, out, nm);
-        /* completion is one event (issue 22): no sums file stands without its manifest, or a
+        /* completion is one event: no sums file stands without its manifest, or a
          * pipeline's `xxh128sum -c` would pass on an unfinished OUTDIR */
         if ((!strcmp(nm, "xxh128sums.txt") || !strcmp(nm, "sha256sums.txt")) &&
             tu_sh("test -f '%s/bfshard.manifest.json'", out) != 0)

@@ -1,5 +1,5 @@
 /*
- * The safetensors header read by the streamed JSON scanner (issue 22): it accepts and
+ * The safetensors header read by the streamed JSON scanner: it accepts and
  * refuses what the jansson tree did (each edge of the grammar against the old parser,
  * fuzz/st_parse_ref.c), every allocation failing in turn is a clean BFS_ENOMEM with
  * nothing leaked (the header, and the input set read through an index), and a header of

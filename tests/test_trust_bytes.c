@@ -1,5 +1,5 @@
 /*
- * Wrong bytes are never final (issue 11, items 3, 5, 6, 7): shapes that overflow are
+ * Wrong bytes are never final: shapes that overflow are
  * refused before a header; an input rewritten in place during a run fails it; the
  * manifest's source hashes are of the bytes that were read; a seek table that calls a
  * frame empty is checked; every --json is one parseable object with an error object;
@@ -192,7 +192,7 @@ static void assert_source_hashes(const char *input, const bfs_convert_opts *o, c
 static void source_hashes_of_read_bytes(void **s)
 {
     (void)s;
-    /* the issue-12 formats too: their sources() ranges (scales, zero points) are what is hashed */
+    /* the FP8, INT4 and NVFP4 formats too: their sources() ranges (scales, zero points) are what is hashed */
     static const char *const fx[] = {"fixtures/mxfp4-tiny", "fixtures/bnb-nf4-dq", "fixtures/bnb-fp4",
                                      "fixtures/fp8-block-split", "fixtures/ct-fp8-channel", "fixtures/ct-int4-asym",
                                      "fixtures/ct-nvfp4", "fixtures/modelopt-nvfp4", "fixtures/ct-moe-mixed"};
@@ -410,7 +410,7 @@ static void shift_tensors(const char *src, const char *dst)
 static void unaligned_float32_tensors(void **s)
 {
     (void)s;
-    /* and the issue-12 formats' F32 scales (fp8, int4, the NVFP4 global scale) */
+    /* and the FP8 / INT4 / NVFP4 formats' F32 scales (fp8, int4, the NVFP4 global scale) */
     static const char *const fx[] = {"fixtures/bnb-nf4",     "fixtures/bnb-fp4-dq",   "fixtures/bnb-nf4-dq-bs128",
                                      "fixtures/fp8-block",   "fixtures/ct-fp8-channel", "fixtures/ct-int4-asym",
                                      "fixtures/ct-nvfp4",    "fixtures/modelopt-nvfp4"};
@@ -672,7 +672,7 @@ static void large_manifest_verify_linear(void **s)
     free(tmp);
 }
 
-/* A manifest that lists one file twice (issue 22's red-team case: 3,000 copies of one
+/* A manifest that lists one file twice (a red-team case at scale: 3,000 copies of one
  * files[] entry, verified once each) is refused before anything is hashed: exit 3, one
  * line naming the manifest and the file. */
 static void duplicate_files_refused(void **s)

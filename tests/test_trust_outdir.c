@@ -1,5 +1,5 @@
 /*
- * Trust (issue 11, items 2 and 4): bfshard only ever deletes or replaces what it wrote,
+ * Trust: bfshard only ever deletes or replaces what it wrote,
  * and every command stops cleanly on a signal.
  *
  *   --force and resume leave files no manifest or journal of bfshard records; a foreign

@@ -1,5 +1,5 @@
 /*
- * Issue 11, item 8: the fuzz_zst seed corpus (fuzz/corpus/zst, and fuzz/regress/zst
+ * The fuzz_zst seed corpus (fuzz/corpus/zst, and fuzz/regress/zst
  * when present), replayed in `make test` through the public CLI only -- the zst code
  * is internal and changes; the CLI contract does not.
  *

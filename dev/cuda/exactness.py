@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What the GPU would run, checked without one (issue 25): every dequant kernel, compiled as
+"""What the GPU would run, checked without one: every dequant kernel, compiled as
 the build compiles it, for every architecture the build targets, computes exactly.
 
   PTX (nvcc -ptx per architecture, the build's flags): no fused multiply-add on floats

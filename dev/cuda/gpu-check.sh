@@ -8,7 +8,7 @@
 # device memory) and a 4x larger one (peak device memory against --gpu-mem); transformers'
 # convert_moe_packed_tensors on the same GPU when torch is importable; a negative control (kernels
 # built with -ftz=true must be refused by the start-up self-test, exit 6); the error messages of
-# the driver/device checks and of a device fault; a summary of what issue 25 asks (kernel GB/s
+# the driver/device checks and of a device fault; a closing summary (kernel GB/s
 # vs HBM, end to end vs the CPU backend and vs transformers, peak device memory vs --gpu-mem,
 # which fails above --gpu-mem + 1 GiB of context or when it grows with the input). On a machine without a GPU every GPU step
 # prints "SKIP (no GPU): ..." and the rest (build, emulated checks) still runs.

@@ -257,7 +257,7 @@ def test_hf_cache():
 
 
 def test_torch_module():
-    """bfshard.torch (issue 35): `import bfshard` never imports torch; without torch, importing
+    """bfshard.torch: `import bfshard` never imports torch; without torch, importing
     bfshard.torch says it needs it; with torch, rank_state_dict gives each rank file's tensors
     (mmapped) and refuses a wrong world size in one line. (The FSDP2 checks are `make interop`'s
     tests/interop/loader.py.)"""

@@ -213,7 +213,7 @@ static int bfs__copy_aux(bfs_run *r)
     return 0;
 }
 
-/* The manifest, then the sums files (issue 22: completion is one event). The manifest's
+/* The manifest, then the sums files (completion is one event). The manifest's
  * rename is the moment the run is complete; a sums file never stands in OUTDIR without the
  * manifest it agrees with, so a pipeline's `xxh128sum -c xxh128sums.txt` cannot pass on an
  * unfinished OUTDIR. A run stopped between the two leaves a manifest without its sums: verify

@@ -1,5 +1,5 @@
 /*
- * Know what you read (issue 11), before any tensor is planned: the input's quantization
+ * Know what you read, before any tensor is planned: the input's quantization
  * claim and the verdict on it, the check that the tensors match the claim, and the list
  * of what bfshard converts that every refusal ends with (bfs__supported_list: the planner
  * puts it in bfs_fctx.supported, so that the table's rows need not call back here). Every

@@ -59,7 +59,7 @@ void bfs__finish_shape(bfs_ltensor *t)
         t->row_elems *= t->shape[d]; /* bounded by the validated input sizes */
 }
 
-/* ---- quantization_config helpers (issue-12 formats) ---------------------------------- */
+/* ---- quantization_config helpers (FP8, INT4, NVFP4 formats) -------------------------- */
 const char *bfs__qc_method(const bfs_fctx *c) { return c->method; }
 
 bool bfs__qc_is(const bfs_fctx *c, const char *method) { return c->method && strcasecmp(c->method, method) == 0; }

@@ -165,14 +165,14 @@ void bfs__finish_shape(bfs_ltensor *t);
 const char *bfs__qc_method(const bfs_fctx *c);
 bool bfs__qc_is(const bfs_fctx *c, const char *method);
 const char *bfs__qc_str(const struct json_t *o, const char *key);
-/* quant_method is one of the issue-12 ones ("fp8", "compressed-tensors", "modelopt"). */
+/* quant_method is one of the FP8 / INT4 / NVFP4 ones ("fp8", "compressed-tensors", "modelopt"). */
 bool bfs__qc_is_scaled(const bfs_fctx *c);
 int64_t bfs__qc_int(const struct json_t *o, const char *key);
 /* compressed-tensors: the config groups in file order, one per call (start with *it NULL;
  * stop at NULL, past the last group): the group's "weights" object (json null when it has
  * none), *format its format (the group's, else the top level's, else ""). Linear in the
  * groups: a group found by its index from the first, per group, made a config.json of
- * 32000 groups take a minute per weight (issue 26). */
+ * 32000 groups take a minute per weight (found by fuzz_claim). */
 const struct json_t *bfs__ct_group_next(const bfs_fctx *c, void **it, const char **format);
 /* Config group k alone (bfs__ct_group_next's answer for it; NULL past the last group), for
  * a module whose group is already known (bfs__ct_group_of): linear in k, once per module. */

@@ -1,5 +1,5 @@
 /*
- * What the issue-12 formats leave over (docs/FORMATS.md 6.0), after fp8, int4 and nvfp4
+ * What the FP8, INT4 and NVFP4 formats leave over (docs/FORMATS.md 6.0), after fp8, int4 and nvfp4
  * had their turn in the table, before refuse.c:
  *   - activation and KV-cache scales (P.input_scale, P.input_global_scale,
  *     P.input_zero_point, P.output_scale, P.k_scale, P.v_scale) of a checkpoint whose

@@ -1,6 +1,6 @@
 /*
  * The "refuse" row of the format table, which turns away tensors that look quantized
- * and that no format claimed (issue 11; the claim itself is claim.c's). Every refusal is
+ * and that no format claimed (the claim itself is claim.c's). Every refusal is
  * BFS_EINPUT (exit 3), one line naming the file and the tensor, ending with what bfshard
  * converts (bfs_fctx.supported).
  *

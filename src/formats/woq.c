@@ -1,5 +1,5 @@
 /*
- * What the issue-38 formats (GPTQ gptq.c, AWQ awq.c, bitsandbytes 8-bit bnb8.c) share: the
+ * What GPTQ (gptq.c), AWQ (awq.c) and bitsandbytes 8-bit (bnb8.c; docs/FORMATS.md 9) share: the
  * input ranges of a unit of a BFS_K_WOQ tensor (bfs_woq_desc, kernels/bfs_kernels.h), its
  * kind name, and the checks of the scale dtype, the act-order group index and the claim's
  * integers. gptq.c's row of the table owns the kind; awq.c and bnb8.c borrow it.

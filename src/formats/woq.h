@@ -1,4 +1,4 @@
-/* Shared by the issue-38 formats (gptq.c, awq.c, bnb8.c; docs/FORMATS.md section 9): the
+/* Shared by GPTQ, AWQ and bitsandbytes 8-bit (gptq.c, awq.c, bnb8.c; docs/FORMATS.md section 9): the
  * input ranges a unit of a BFS_K_WOQ tensor reads, its kind name, and the checks of the
  * pieces they have in common (scale dtype, act-order group index). Implemented in woq.c. */
 #ifndef BFS_FORMATS_WOQ_H

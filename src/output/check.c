@@ -92,7 +92,7 @@ static int bfs__read_zst(void *user, uint64_t off, uint64_t nb, void *dst)
 }
 
 /* What narrowing a bad file needs, built when the first bad file needs it (a manifest that
- * verifies never pays for it): v1, the manifest's shards by file; v2 (issue 22), each
+ * verifies never pays for it): v1, the manifest's shards by file; v2, each
  * weights file's slice index entry in files[] by the file it indexes. */
 typedef struct {
     bfs_mf *mr;

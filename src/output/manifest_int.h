@@ -10,7 +10,7 @@
 #include "output/manifest.h"
 #include "base/bfs_io.h"
 
-/* 2 (issue 22, docs/MANIFEST.md): tensors[] without per-rank records, one line each; each
+/* 2 (docs/MANIFEST.md): tensors[] without per-rank records, one line each; each
  * weights file's slice hashes in its slice index (slices.h). Readers take 1 and 2. */
 #define BFS_MF_VERSION 2
 #define BFS_MF_HASH "xxh3_128"

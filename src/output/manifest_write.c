@@ -119,7 +119,7 @@ int bfs__mf_write_streamed(int dirfd, const char *outdir, const char *name, cons
     char *text = NULL, *key = NULL, what[PATH_MAX + NAME_MAX + 32], hex[33];
     /* The seal goes last, as 32 '0's, whatever a head read from a file held there: none, a
      * value of another length or with escapes, one before "tensors", or a nested
-     * "manifest_xxh3_128" after it would each be taken for the seal (issue 26's fuzzing) */
+     * "manifest_xxh3_128" after it would each be taken for the seal (found by fuzz_manifest) */
     json_t *h = json_copy((json_t *)head); /* shallow: only the seal member is its own */
     if (h && json_object_size(h) != json_object_size(head)) { /* json_copy drops a key it failed to add */
         json_decref(h);
@@ -239,7 +239,7 @@ cleanup:
  * rank's entries (files[], and in v1 tensors[].shards[]) from the one part that holds the
  * rank, each slice index's entry (v2) and every source hash from the part that hashed it:
  * the result is, key for key and in the same order, what a single run builds. The heads
- * are merged as trees. A v2 tensors[] holds nothing per rank (issue 22), and each part
+ * are merged as trees. A v2 tensors[] holds nothing per rank (docs/MANIFEST.md), and each part
  * lists its ranks' share of it (bfs__part_share): the shares are put together in rank
  * order, scanned, never parsed, so merging costs parts + files + the list's bytes (a part
  * from before shares lists them all: its list is copied byte for byte). A v1 tensors[] is

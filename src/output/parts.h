@@ -37,9 +37,10 @@ bool bfs__part_name_list(const char *name, char *list, size_t cap);
  * names[0..n) (malloc'ed, as is each name; the caller frees both, after a failure too). */
 int bfs__part_manifests(DIR *d, char ***names, int *n);
 
-/* A part's share of tensors[] (issue 22): rank r of W owns the manifest's tensors
- * [floor(T*r/W), floor(T*(r+1)/W)) of T (sorted by name), so a part's manifest lists the
- * tensors of its ranks and merge puts them together in rank order. *lo, and the count. */
+/* A part's share of tensors[] (docs/MANIFEST.md "Parts and merge"): rank r of W owns the
+ * manifest's tensors [floor(T*r/W), floor(T*(r+1)/W)) of T (sorted by name), so a part's
+ * manifest lists the tensors of its ranks and merge puts them together in rank order. *lo,
+ * and the count. */
 uint64_t bfs__part_share(uint64_t T, int W, int r, uint64_t *lo);
 
 

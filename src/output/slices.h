@@ -1,4 +1,4 @@
-/* A weights file's slice index (manifest v2, issue 22; format: docs/MANIFEST.md): the
+/* A weights file's slice index (manifest v2; format: docs/MANIFEST.md): the
  * XXH3-128 of its header bytes and of every tensor slice it holds, written beside it as
  * NAME.slices by the process that writes the weights file. The manifest then no longer
  * carries a record per (tensor, rank): it stays O(tensors + files), and a part writes only

@@ -18,13 +18,13 @@
 /* the writer's carry buffer (its own allocation, counted by inspect) */
 #define BFS_CARRY_BYTES (1u << 20)
 
-/* The ring of unit buffers (issue 25: keep the disk busy). Units of about BFS_UNIT_BYTES
+/* The ring of unit buffers (to keep the disk busy). Units of about BFS_UNIT_BYTES
  * (never less than one dim-0 row, never more than --mem/2, no bigger than the largest
  * piece or batch needs), each dequantized into the next of `n` buffers and drained by the
  * writer in order, so the writer always has the next unit queued, across tensors and rank
  * files. The ring is --mem up to BFS_RING_BYTES or 4 buffers, whichever is more: beyond
  * that a bigger --mem buys no more overlap, only coarser units, bubbles and first-touch
- * faults (issue 25: --mem 1G was slower than 64M), so it is not used. 2 <= n <= BFS_RING_MAX. */
+ * faults (measured: --mem 1G was slower than 64M), so it is not used. 2 <= n <= BFS_RING_MAX. */
 #define BFS_UNIT_BYTES (8ull << 20)
 #define BFS_RING_BYTES (64ull << 20)
 #define BFS_RING_MAX 16
@@ -90,7 +90,7 @@ static inline uint64_t bfs__pranges_bytes(const bfs_prange *pr, size_t n)
     return b;
 }
 
-/* Groups (issue 22: per-piece cost). In the DCP layout every rank file holds a slice of
+/* Groups (against a per-piece cost). In the DCP layout every rank file holds a slice of
  * every tensor, so written one after another, W files read each input page W times, and
  * with tiny tensors each of those reads faults the page in again (the pages are released
  * after each unit, so that the resident set does not grow with the model). Up to

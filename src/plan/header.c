@@ -135,8 +135,8 @@ static void bfs__sb_shape(bfs_sbuf *b, const uint64_t *shape, int ndim)
 }
 
 /* tensor i's name as a JSON string, from the plan's cache of each name's JSON length
- * (outside [0] and inside [1] a string) when there is one (issue 22: every file's header
- * counted and built, W x tensors names escaped over and over): counted from it, or copied
+ * (outside [0] and inside [1] a string) when there is one (without it every file's header
+ * counted and built escaped W x tensors names over and over): counted from it, or copied
  * as it is where it says there is nothing to escape */
 static void bfs__sb_name(bfs_sbuf *b, const bfs_plan *p, int i)
 {
@@ -154,7 +154,7 @@ static void bfs__sb_name(bfs_sbuf *b, const bfs_plan *p, int i)
     }
 }
 
-/* ---- the header's entries, the fast way (issue 22: at W = 64 every rank file's header lists
+/* ---- the header's entries, the fast way (at W = 64 every rank file's header lists
  * all 92k tensors of DeepSeek-V3, 600 MB of text; through bfs__sb_raw a piece at a time
  * that was 10-15% of a run). Where the plan's cache says a name needs no escape, an
  * entry is counted by arithmetic and written straight into the buffer, which has room

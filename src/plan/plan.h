@@ -71,7 +71,7 @@ int bfs__plan_layout(bfs_plan *p, const bfs_convert_opts *o);
 /* The same, for a part (DCP layout): only[r] rank files laid out in full; every other
  * file gets its name and no pieces, header, size or data_start (0; its data bytes are in
  * the plan's total): a part never reads them, and their pieces and headers counted were
- * most of its layout (issue 22). only NULL: all. */
+ * most of its layout at scale (docs/SCALE-OUT.md). only NULL: all. */
 int bfs__plan_layout_for(bfs_plan *p, const bfs_convert_opts *o, const bool *only);
 void bfs__plan_free(bfs_plan *p);
 /* File f's pieces, made again where a lazy plan dropped them: in the DCP layout every rank

@@ -14,15 +14,15 @@ transformers, safetensors, bitsandbytes. Everything runs on the CPU, offline.
   4 consolidate   torch's consolidate_safetensors_files(dcp output) == our hf output
   5 open questions of FORMATS.md s5: ranks with no rows (W=8), 0-d tensors; what
                   torch's own HuggingFaceStorageWriter writes for both
-  6 w1024         issue 22: W=1024 of a few layers of a DeepSeek-V3-named FP8 checkpoint
+  6 w1024         W=1024 of a few layers of a DeepSeek-V3-named FP8 checkpoint
                   (bench/gen_synth.py dsv3-names, 163 input files); dcp.load(no_dist) with
                   HuggingFaceStorageReader over the 1024 rank files == upstream, every rank's
                   metadata checked, a sample of rank files with safe_open. --only w1024
                   (INTEROP_ONLY=w1024) runs this check alone.
 
 Upstream = transformers convert_moe_packed_tensors (MXFP4), bitsandbytes
-dequantize_4bit (NF4/FP4), tensor.to(torch.bfloat16) (casts), and for the issue-12
-formats (docs/FORMATS.md s6): DeepSeek-V3 inference/kernel.py weight_dequant's math in
+dequantize_4bit (NF4/FP4), tensor.to(torch.bfloat16) (casts), and for the FP8, INT4 and
+NVFP4 formats (docs/FORMATS.md s6): DeepSeek-V3 inference/kernel.py weight_dequant's math in
 torch (FP8 block, quant_method "fp8"), compressed-tensors' decompressors
 (FloatQuantizationCompressor / PackedQuantizationCompressor / NVFP4PackedCompressor
 .decompress with the config group's scheme), ModelOpt NVFP4QTensor.dequantize (NVFP4,
@@ -89,7 +89,7 @@ def i16(x):
 def compare(out, ref, kind="exact", code8=None):
     """Bitwise comparison of out with ref. Returns (ok, message, tolerated) where
     tolerated counts the documented differences: 'nan' (cast NaN payload, bfshard
-    0x7FC0), 'qnan' (the same for a NaN product of the issue-12 dequants, docs/FORMATS.md
+    0x7FC0), 'qnan' (the same for a NaN product of the section-6 dequants, docs/FORMATS.md
     s4 amendment) and 'fp4z' (FP4 code 8: upstream +0.0, bfshard -0.0)."""
     tol = {"nan": 0, "qnan": 0, "fp4z": 0}
     if out.dtype != ref.dtype or tuple(out.shape) != tuple(ref.shape):
@@ -204,7 +204,7 @@ def ct_scheme_for(qcfg, prefix):
 
 
 def upstream_quant(d, sd, ref, consumed):
-    """The issue-12 formats: ref[P.weight] from the upstream dequant of P's tensors."""
+    """FORMATS.md s6-8 (FP8, compressed-tensors, ModelOpt): ref[P.weight] from the upstream dequant of P's tensors."""
     qc = quant_config(d)
     qm = qc.get("quant_method")
     if qm not in QUANT_METHODS:
@@ -1061,7 +1061,7 @@ def check_consolidation(dcpdir, hfdir, dst):
 
 
 # ---------------------------------------------------------------------------------
-# 6. W=1024 (issue 22): a few layers of the DeepSeek-V3-named checkpoint, 1024 rank files
+# 6. W=1024: a few layers of the DeepSeek-V3-named checkpoint, 1024 rank files
 
 
 W1024_LAYERS, W1024_FILES = 4, 163  # layers 0-2 dense, layer 3 MoE (256 routed experts + the shared one)
@@ -1284,7 +1284,7 @@ def main():
     os.makedirs(refs, exist_ok=True)
 
     fixtures = ["mxfp4-tiny"] + sorted(os.path.basename(d) for d in glob.glob(os.path.join(args.fixtures, "bnb-*")))
-    # issue-12 formats: every fixture whose config.json names an FP8 / compressed-tensors / ModelOpt quantization
+    # docs/FORMATS.md s6-8: every fixture whose config.json names an FP8 / compressed-tensors / ModelOpt quantization
     qfix = sorted(os.path.basename(os.path.dirname(c)) for c in glob.glob(os.path.join(args.fixtures, "*", "config.json"))
                   if quant_config(os.path.dirname(c)).get("quant_method") in QUANT_METHODS)
     fixtures += qfix
@@ -1312,7 +1312,7 @@ def main():
     moe = [f for f in qfix if f.startswith("moe-") or f in ("ct-moe-mixed", "fp8-fused")]
     q_dcp = [f for f in ("fp8-block", "ct-fp8-channel", "ct-int4-asym", "ct-nvfp4", "modelopt-nvfp4",
                          "fp8-tensor", "ct-mxfp8", "ct-mxfp4", "ct-mxfp6") if f in qfix] + moe
-    # issue 23's checkpoints that no transformers model is built from (DeepSeek-V4's own names; fused
+    # the checkpoints that no transformers model is built from (DeepSeek-V4's own names; fused
     # FP8 experts): loaded into a plain module of the checkpoint's names and shapes
     # ct-mx-mixed, ct-mx6-mixed: Qwen3-MoE-named format fixtures without its q_norm / k_norm (no complete
     # model): their packed experts loaded into a plain module of the target names

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bfshard.torch (issue 35) against torch's own reader: `make interop`'s second step.
+"""bfshard.torch against torch's own reader: `make interop`'s second step.
 
     python tests/interop/loader.py --bfshard build/bfshard --fixtures fixtures --work /tmp/x
 

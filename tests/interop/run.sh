@@ -5,14 +5,14 @@
 #
 # usage: tests/interop/run.sh [BUILD]        (BUILD defaults to build)
 #        INTEROP_ONLY=w1024 tests/interop/run.sh   only check 6: W=1024 of a DeepSeek-V3-named
-#                                            checkpoint (issue 22; also in a full run)
+#                                            checkpoint (also in a full run)
 #
 # Creates (or reuses) a venv at $BUILD/interop-venv from plain PyPI with the packages
 # pinned in tests/interop/requirements.txt (fixtures/requirements.txt + the compressed-tensors
 # and nvidia-modelopt of fixtures/requirements-quant.txt). That is the
 # only step that needs the network; the checks run offline.
 #
-# Then tests/interop/loader.py: bfshard.torch.load against dcp.load (issue 35); its result is
+# Then tests/interop/loader.py: bfshard.torch.load against dcp.load; its result is
 # folded into the exit status.
 #
 # Environment:
@@ -82,7 +82,7 @@ set -e
 T2=$(now)
 echo "interop: checks took $(elapsed "$T1" "$T2") s, venv $(elapsed "$T0" "$T1") s, total $(elapsed "$T0" "$T2") s"
 
-# ---- bfshard.torch (issue 35): the package's own loader against dcp.load, same venv -----
+# ---- bfshard.torch: the package's own loader against dcp.load, same venv -----
 # tests/interop/loader.py stages python/bfshard of this checkout with $BUILD/python's library
 # (make python-native). With INTEROP_ONLY it runs for the fixtures of that list it knows.
 LOADER_ONLY=""
