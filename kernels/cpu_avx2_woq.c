@@ -240,6 +240,13 @@ static BFS_WOQ_INLINE void gptq_block(const woq_tile *t, size_t c, size_t k, con
         woq_stage_out(t, c, stage);
 }
 
+/* The 8 fields of an AWQ word in row order: row i's code is field {0, 4, 1, 5, 2, 6, 3, 7}[i]. */
+static BFS_WOQ_INLINE __m256i awq_fields8(uint32_t w)
+{
+    const __m256i sh = _mm256_setr_epi32(0, 16, 4, 20, 8, 24, 12, 28);
+    return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w), sh), _mm256_set1_epi32(15));
+}
+
 /* AWQ, one tile (r0 a multiple of 8), columns [c, c + 32): column c's codes are the fields of
  * words qweight[c][r0/8] (half 0) and [r0/8 + 1] (half 1), field {0, 4, 1, 5, 2, 6, 3, 7}[lane]. */
 static BFS_WOQ_INLINE void awq_block(const woq_tile *t, size_t c, size_t k, const size_t *g16, unsigned bits, int f16,
@@ -247,7 +254,6 @@ static BFS_WOQ_INLINE void awq_block(const woq_tile *t, size_t c, size_t k, cons
 {
     const bfs_woq_desc *d = t->d;
     const size_t C = d->cols, pf = 4 * 16 * d->zw, nh = t->nr > 8 ? 2 : 1;
-    const __m256i sh = _mm256_setr_epi32(0, 16, 4, 20, 8, 24, 12, 28), mask = _mm256_set1_epi32(15);
     const uint8_t *col = d->qweight + 4 * (t->r0 / 8);
     __m256i v[8];
     _Alignas(32) uint16_t stage_buf[16][32];
@@ -262,7 +268,7 @@ static BFS_WOQ_INLINE void awq_block(const woq_tile *t, size_t c, size_t k, cons
                     const uint8_t *p = col + 4 * ((c + c8 + j) * d->zw + h);
                     if (h == 0)
                         _mm_prefetch((const char *)p + pf, _MM_HINT_T0);
-                    q = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)bfs_woq_word(p, 0)), sh), mask);
+                    q = awq_fields8(bfs_woq_word(p, 0));
                 }
                 v[j] = woq_value8(t, q, g16[c8 + j] + 8 * h, f16, nan);
             }
@@ -476,10 +482,8 @@ static void awq_lut_band(const woq_tile *t, size_t nt)
  * or 8 bits (v1: the whole word + 0x..0101 first, as bfs_gptq_zero_at), or AWQ's field order. */
 static inline __m256i zeros8(const uint8_t *zrow, size_t r, unsigned bits, int v1, int awq)
 {
-    if (awq) {
-        const __m256i sh = _mm256_setr_epi32(0, 16, 4, 20, 8, 24, 12, 28);
-        return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)bfs_woq_word(zrow, r / 8)), sh), _mm256_set1_epi32(15));
-    }
+    if (awq)
+        return awq_fields8(bfs_woq_word(zrow, r / 8));
     const size_t per = 32 / bits, wi = r / per;
     const unsigned sh0 = bits * (unsigned)(r % per);
     uint32_t two[2] = {bfs_woq_word(zrow, wi), bits == 8 ? bfs_woq_word(zrow, wi + 1) : 0};

@@ -39,9 +39,7 @@ static int bfs__awq_detect(const bfs_fctx *c)
         return 0;
     const char *v = bfs__awq_version(c);
     int64_t bits, gs;
-    int rc = bfs__woq_cfg_int(c, "bits", 4, &bits);
-    if (rc == 0)
-        rc = bfs__woq_cfg_int(c, "group_size", 128, &gs);
+    const int rc = bfs__woq_cfg_bits(c, &bits, &gs);
     if (rc < 0)
         return rc;
     if (strcasecmp(v, "gemm") != 0)

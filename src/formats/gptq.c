@@ -39,9 +39,7 @@ static int bfs__gptq_detect(const bfs_fctx *c)
         return 0;
     const char *f = bfs__gptq_fmt(c), *pd = bfs__qc_str(c->qconfig, "pack_dtype");
     int64_t bits, gs;
-    int rc = bfs__woq_cfg_int(c, "bits", 4, &bits);
-    if (rc == 0)
-        rc = bfs__woq_cfg_int(c, "group_size", 128, &gs);
+    const int rc = bfs__woq_cfg_bits(c, &bits, &gs);
     if (rc < 0)
         return rc;
     if (json_is_true(json_object_get(c->qconfig, "is_marlin_format")) || strcasecmp(f, "marlin") == 0)
@@ -70,9 +68,7 @@ static int bfs__gptq_shapes(const bfs_fctx *c, const bfs_raw *qw, const bfs_raw 
                             const bfs_raw *gi, bfs_gptq_shape *g, int *plain)
 {
     int64_t bits, gs;
-    int rc = bfs__woq_cfg_int(c, "bits", 4, &bits);
-    if (rc == 0)
-        rc = bfs__woq_cfg_int(c, "group_size", 128, &gs);
+    const int rc = bfs__woq_cfg_bits(c, &bits, &gs);
     if (rc < 0)
         return rc;
     g->bits = (unsigned)bits;

@@ -87,3 +87,9 @@ int bfs__woq_cfg_int(const bfs_fctx *c, const char *key, int64_t dflt, int64_t *
     *v = (int64_t)json_integer_value(j);
     return 0;
 }
+
+int bfs__woq_cfg_bits(const bfs_fctx *c, int64_t *bits, int64_t *group_size)
+{
+    const int rc = bfs__woq_cfg_int(c, "bits", 4, bits);
+    return rc < 0 ? rc : bfs__woq_cfg_int(c, "group_size", 128, group_size);
+}
