@@ -126,29 +126,35 @@ typedef void (*bfs_ctmx_fn)(const bfs_ctmx_desc *d, size_t i0, size_t i1, uint16
 /* ---- GPTQ, AWQ, bitsandbytes 8-bit (docs/FORMATS.md section 9) -------------------------------
  * Weight-only integer quantization of an nn.Linear weight, written [rows = out][cols = in]
  * (element i is row i / cols, column i % cols), whatever the storage order: GPTQ and AWQ
- * GEMM store it transposed ([in, out]), so output row r is column r of their arrays. Values
+ * GEMM store it transposed ([in, out]), so output row r is column r of their arrays; AWQ GEMV
+ * stores it as the output is ([out, in]). Values
  * (ref_woq.h bfs_woq_elem): code q, zero z, scale s of the element's group,
  *   scale F16:  bf16(f32(f16(s * (q - z))))  (GPTQModel's dequant, in the checkpoint's fp16)
  *   scale BF16 / F32: bf16(f32(s * (q - z)))
  *   BNB8: bf16(f32(f32(q * SCB[r]) * f32(7.874015718698502e-3)))  (int8_vectorwise_dequant)
  * Every array is read unaligned, little-endian. */
-enum { BFS_WOQ_GPTQ = 0, BFS_WOQ_AWQ = 1, BFS_WOQ_BNB8 = 2 };
+enum { BFS_WOQ_GPTQ = 0, BFS_WOQ_AWQ = 1, BFS_WOQ_BNB8 = 2, BFS_WOQ_GEMV = 3 };
 enum { BFS_WOQ_F16 = 0, BFS_WOQ_BF16 = 1, BFS_WOQ_F32 = 2 };
 typedef struct bfs_woq_desc {
     /* GPTQ: I32 [ceil(cols * bits / 32)][rows], each column a little-endian bit stream of
      *       codes along dim 0 (code c at bit c * bits; 3-bit codes may straddle two words);
      * AWQ:  I32 [cols][ceil(rows / 8)] 4-bit, code r of a row in field AWQ_ORDER^-1[r % 8]
      *       = {0, 4, 1, 5, 2, 6, 3, 7}[r % 8] of word r / 8;
+     * GEMV: I32 [rows][cols / 8] 4-bit, code c of a row in field c % 8 of word c / 8;
      * BNB8: I8 [rows][cols]. */
     const uint8_t *qweight;
     /* GPTQ: I32 [ngroups][zw], zero r of group g = code r of row g's bit stream (v1: each
      *       2/4/8-bit word + 0x..0101 (one per field, carries kept), 3-bit: field + 1 mod 8);
-     * AWQ:  I32 [ngroups][zw], packed as qweight's rows; BNB8: NULL. */
+     * AWQ:  I32 [ngroups][zw], packed as qweight's rows;
+     * GEMV: I32 [rows][zw], zero g of a row in field g % 8 of word g / 8 (zw >= ngroups / 8,
+     *       padded as GPTQModel's calculate_zeros_width pads); BNB8: NULL. */
     const uint8_t *qzeros;
-    const uint8_t *scale; /* GPTQ/AWQ [ngroups][rows] (scale_type); BNB8: SCB F32 [rows] */
+    /* GPTQ/AWQ [ngroups][rows] (scale_type); GEMV [rows][zw * 8] (padded as qzeros);
+     * BNB8: SCB F32 [rows] */
+    const uint8_t *scale;
     const uint8_t *g_idx; /* GPTQ: I32 [cols], every entry in [0, ngroups); NULL: c / group_size */
-    int layout;           /* BFS_WOQ_GPTQ, _AWQ, _BNB8 */
-    int bits;             /* GPTQ 2, 3, 4, 8; AWQ 4; BNB8 8 */
+    int layout;           /* BFS_WOQ_GPTQ, _AWQ, _BNB8, _GEMV */
+    int bits;             /* GPTQ 2, 3, 4, 8; AWQ, GEMV 4; BNB8 8 */
     int v1;               /* GPTQ: the v1 zero-point convention (stored zero + 1) */
     int scale_type;       /* BFS_WOQ_F16, _BF16, _F32 */
     size_t rows, cols, group_size, ngroups, zw;

@@ -151,13 +151,14 @@ int bfs__cu_ctmx(const bfs_cu_ctmx_args *a, cudaStream_t stream);
  * what the chunk's rows need (gathered by the host): */
 typedef struct bfs_cu_woq_args {
     const uint8_t *qweight; /* GPTQ: [kw][nrows] words (columns r0..); AWQ: [cols][zc] words
-                             * (words w0..); BNB8: [nrows][cols] int8 */
-    const uint8_t *qzeros;  /* GPTQ / AWQ: [ngroups][zc] words from word w0; BNB8: NULL */
-    const uint8_t *scale;   /* GPTQ / AWQ: [ngroups][nrows] F16 / BF16 / F32; BNB8: [nrows] F32 */
+                             * (words w0..); GEMV: [nrows][cols / 8] words; BNB8: [nrows][cols] int8 */
+    const uint8_t *qzeros;  /* GPTQ / AWQ: [ngroups][zc] words from word w0; GEMV: [nrows][zc]; BNB8: NULL */
+    const uint8_t *scale;   /* GPTQ / AWQ: [ngroups][nrows] F16 / BF16 / F32; GEMV: [nrows][zc * 8];
+                             * BNB8: [nrows] F32 */
     const uint8_t *g_idx;   /* GPTQ: the whole I32 [cols], or NULL (c / group_size) */
     int layout, bits, v1, scale_type; /* bfs_woq_desc's */
     uint64_t r0;            /* the chunk's first output row */
-    uint64_t zr0;           /* the zero-point code of word w0's first field (w0 / wpb * per) */
+    uint64_t zr0;           /* the zero-point code of word w0's first field (w0 / wpb * per); GEMV: r0 */
     size_t nrows, cols, zc, group_size;
     size_t n;               /* nrows * cols: the elements */
     uint16_t *out;

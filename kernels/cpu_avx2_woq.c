@@ -1,6 +1,6 @@
 /*
- * GPTQ, AWQ GEMM and bitsandbytes 8-bit -> BF16 for the AVX2 and AVX-512 levels: the bytes of
- * the scalar reference (bfs__woq_scalar, ref_woq.h), 16 output rows at a time.
+ * GPTQ, AWQ GEMM / GEMV and bitsandbytes 8-bit -> BF16 for the AVX2 and AVX-512 levels: the
+ * bytes of the scalar reference (bfs__woq_scalar, ref_woq.h), 16 output rows at a time.
  *
  * GPTQ and AWQ store the weight transposed ([in, out]): a 32-byte load of a GPTQ qweight row
  * (or one AWQ word) holds 8 output rows' codes. Two ways to the values, both through the
@@ -15,10 +15,11 @@
  *    columns' vectors are transposed into rows.
  * A row's 32 columns are stored together (64 bytes), non-temporally where the rows are 32-byte
  * aligned and the range is over BFS_WOQ_NT_BYTES. AWQ goes in bands of 8 tiles: a column's
- * words for 128 rows are one line. bitsandbytes 8-bit is row-major: 16 columns a step, two
- * float32 multiplies each. Tiles start at multiples of 16 rows; a cut tile (the range's first
- * and last rows, the weight's last rows) or a last chunk of under 8 columns goes through a
- * small buffer, copied clipped. Built with -mavx2 -mf16c -mbmi2; no FTZ/DAZ.
+ * words for 128 rows are one line. Tiles start at multiples of 16 rows; a cut tile (the range's
+ * first and last rows, the weight's last rows) or a last chunk of under 8 columns goes through
+ * a small buffer, copied clipped. bitsandbytes 8-bit is row-major: 16 columns a step, two
+ * float32 multiplies each. AWQ GEMV is row-major too: a table per row and group (gemv_rows).
+ * Built with -mavx2 -mf16c -mbmi2; no FTZ/DAZ.
  */
 #include "cpu_avx2.h"
 #include "ref.h"
@@ -308,24 +309,27 @@ static const woq_block_fn woq_fns[5][2][2] = {
  * The codes come transposed into rows by unpacking two qweight rows' words (16 nibbles a row),
  * a 128-bit lane per row: rows p and p + 4 share a ymm, so each pair has its own tables. */
 
-/* One row's 16 possible values (code 0..15, zero point z, scale s) -> [16 low bytes | 16 high
- * bytes], through woq_value8: the same rounding as every other path. */
-static BFS_WOQ_INLINE __m256i lut_row(const woq_tile *t, size_t o, int f16)
+/* The 16 possible values of a code 0..15 with zero point z and scale s -> [16 low bytes | 16
+ * high bytes], through woq_value8's arithmetic: the same rounding as every other path. */
+static BFS_WOQ_INLINE __m256i lut_vals(int32_t zp, float sc, int f16, int nan)
 {
     const __m256i iota0 = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), iota8 = _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15);
-    const __m256i z = _mm256_set1_epi32(t->zt[o]);
-    const __m256 s = _mm256_set1_ps(t->st[o]);
+    const __m256i z = _mm256_set1_epi32(zp);
+    const __m256 s = _mm256_set1_ps(sc);
     __m256 a = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(iota0, z)), s);
     __m256 b = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(iota8, z)), s);
     if (f16) {
         a = _mm256_cvtph_ps(_mm256_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
         b = _mm256_cvtph_ps(_mm256_cvtps_ph(b, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     }
-    const __m256i w = _mm256_permute4x64_epi64(_mm256_packus_epi32(woq_bf16(a, t->nan), woq_bf16(b, t->nan)), 0xD8);
+    const __m256i w = _mm256_permute4x64_epi64(_mm256_packus_epi32(woq_bf16(a, nan), woq_bf16(b, nan)), 0xD8);
     const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14,
                                            1, 3, 5, 7, 9, 11, 13, 15);
     return _mm256_permute4x64_epi64(_mm256_shuffle_epi8(w, split), 0xD8);
 }
+
+/* One row's table: the tile's zero point and scale at o. */
+static BFS_WOQ_INLINE __m256i lut_row(const woq_tile *t, size_t o, int f16) { return lut_vals(t->zt[o], t->st[o], f16, t->nan); }
 
 /* Two rows' 16 codes (a ymm: row p's in lane 0, row p + 4's in lane 1) -> their 16 bf16 each:
  * *x = row p's, *y = row p + 4's. */
@@ -553,6 +557,81 @@ static void woq_tables(woq_tile *t, int32_t *zt, float *st)
     t->nan = special;
 }
 
+/* ---- AWQ GEMV: row-major as the output ---------------------------------------------------
+ * A row's codes are 8 a word in column order, so 16 bytes are its next 32 columns. Per row and
+ * group, the 16 values a code can take (lut_vals); two vpshufb give 32 bf16 a step. Columns
+ * that do not start or fill a run of 16 within a group take the reference's arithmetic. */
+
+/* 32 codes (a row's 16 bytes at q: low nibble first) -> bf16 through tables tl / th (the low
+ * and high bytes, the same in both lanes), stored at o (non-temporal where nt). */
+static BFS_WOQ_INLINE void gemv_step32(const uint8_t *q, __m256i tl, __m256i th, uint16_t *o, int nt)
+{
+    const __m128i m4 = _mm_set1_epi8(0x0F), x = _mm_loadu_si128((const __m128i *)q);
+    const __m128i lo = _mm_and_si128(x, m4), hi = _mm_and_si128(_mm_srli_epi16(x, 4), m4);
+    const __m256i codes = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi)); /* 0..15 | 16..31 */
+    const __m256i l = _mm256_shuffle_epi8(tl, codes), h = _mm256_shuffle_epi8(th, codes);
+    const __m256i a = _mm256_unpacklo_epi8(l, h), b = _mm256_unpackhi_epi8(l, h); /* 0..7 | 16..23, 8..15 | 24..31 */
+    const __m256i x0 = _mm256_permute2x128_si256(a, b, 0x20), x1 = _mm256_permute2x128_si256(a, b, 0x31);
+    if (nt) {
+        _mm256_stream_si256((__m256i *)o, x0);
+        _mm256_stream_si256((__m256i *)(o + 16), x1);
+    } else {
+        _mm256_storeu_si256((__m256i *)o, x0);
+        _mm256_storeu_si256((__m256i *)(o + 16), x1);
+    }
+}
+
+/* 16 codes (8 bytes at q) -> bf16 through tables tl / th, stored at o. */
+static BFS_WOQ_INLINE void gemv_step16(const uint8_t *q, __m256i tl, __m256i th, uint16_t *o)
+{
+    const __m128i m4 = _mm_set1_epi8(0x0F), x = _mm_loadl_epi64((const __m128i *)q);
+    const __m128i codes = _mm_unpacklo_epi8(_mm_and_si128(x, m4), _mm_and_si128(_mm_srli_epi16(x, 4), m4));
+    const __m128i l = _mm_shuffle_epi8(_mm256_castsi256_si128(tl), codes), h = _mm_shuffle_epi8(_mm256_castsi256_si128(th), codes);
+    _mm_storeu_si128((__m128i *)o, _mm_unpacklo_epi8(l, h));
+    _mm_storeu_si128((__m128i *)(o + 8), _mm_unpackhi_epi8(l, h));
+}
+
+static void gemv_rows(const bfs_woq_desc *d, size_t i0, size_t i1, uint16_t *out, int stream)
+{
+    const size_t C = d->cols, G = d->group_size, W = C / 8;
+    for (size_t i = i0; i < i1;) {
+        const size_t r = i / C, c0 = i % C, c1 = (r + 1) * C <= i1 ? C : c0 + (i1 - i);
+        const uint8_t *q = d->qweight + 4 * r * W, *zrow = d->qzeros + 4 * r * d->zw;
+        uint16_t *o = out + (i - i0) - c0; /* o[c]: column c of row r */
+        for (size_t c = c0; c < c1;) {
+            const size_t g = c / G, ge = (g + 1) * G < c1 ? (g + 1) * G : c1;
+            size_t head = G % 16 ? ge : (c + 15) / 16 * 16; /* the columns before a run of 16 */
+            for (head = head < ge ? head : ge; c < head; c++)
+                o[c] = bfs_awqv_value(d->qweight, d->qzeros, d->scale, r, C, d->zw, c, g, d->scale_type);
+            if (c + 16 > ge) {
+                for (; c < ge; c++)
+                    o[c] = bfs_awqv_value(d->qweight, d->qzeros, d->scale, r, C, d->zw, c, g, d->scale_type);
+                continue;
+            }
+            const size_t si = r * d->zw * 8 + g;
+            float s;
+            if (d->scale_type == BFS_WOQ_F32) {
+                memcpy(&s, d->scale + 4 * si, 4);
+            } else {
+                uint16_t h;
+                memcpy(&h, d->scale + 2 * si, 2);
+                s = d->scale_type == BFS_WOQ_F16 ? bfs_f32_from_f16(h) : bfs_f32_from_bf16(h);
+            }
+            const int nan = (bfs_f32_bits(s) & 0x7F800000u) == 0x7F800000u;
+            const __m256i v = lut_vals((int32_t)bfs_woq_code(zrow, 1, g, 4), s, d->scale_type == BFS_WOQ_F16, nan);
+            const __m256i tl = _mm256_permute2x128_si256(v, v, 0x00), th = _mm256_permute2x128_si256(v, v, 0x11);
+            const int nt = stream && (uintptr_t)(o + c) % 32 == 0;
+            for (; c + 32 <= ge; c += 32)
+                gemv_step32(q + c / 2, tl, th, o + c, nt);
+            for (; c + 16 <= ge; c += 16)
+                gemv_step16(q + c / 2, tl, th, o + c);
+            for (; c < ge; c++)
+                o[c] = bfs_awqv_value(d->qweight, d->qzeros, d->scale, r, C, d->zw, c, g, d->scale_type);
+        }
+        i += c1 - c0;
+    }
+}
+
 /* Rows of a bitsandbytes 8-bit weight: f32(f32(q * SCB[r]) * f32(1/127)), 16 at a time. */
 static void bnb8_rows(const bfs_woq_desc *d, size_t i0, size_t i1, uint16_t *out)
 {
@@ -588,6 +667,11 @@ void bfs__woq_avx2(const bfs_woq_desc *d, size_t i0, size_t i1, uint16_t *out)
         return;
     if (d->layout == BFS_WOQ_BNB8) {
         bnb8_rows(d, i0, i1, out);
+        return;
+    }
+    if (d->layout == BFS_WOQ_GEMV) {
+        gemv_rows(d, i0, i1, out, (i1 - i0) * 2 >= BFS_WOQ_NT_BYTES);
+        _mm_sfence();
         return;
     }
     /* AWQ: a band of up to 8 tiles goes through the columns together, 32 at a time, as a

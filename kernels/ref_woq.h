@@ -16,6 +16,9 @@
  *    add 1 to each field mod 8.
  *  - AWQ GEMM (GPTQModel quantization/awq/utils/packing_utils.py dequantize_gemm): output
  *    column r of a packed row is field {0, 4, 1, 5, 2, 6, 3, 7}[r % 8] of word r / 8.
+ *  - AWQ GEMV (GPTQModel nn_modules/qlinear/gemv_awq.py pack, pack_awq_columns without an
+ *    order): qweight [out, in / 8], code c of a row in field c % 8 of word c / 8; qzeros
+ *    [out, zw] the same way along the groups; scales [out, zw * 8].
  *  - value: (q - z) exact as an integer; s * (q - z) is exact in float32 for F16 and BF16
  *    scales (11- or 8-bit significand times at most 9 bits), rounded once to the scale's
  *    dtype as torch's fp16 / bf16 multiply does, then to bf16 (fp16 -> bf16 is a second
@@ -141,6 +144,16 @@ BFS_HD uint16_t bfs_bnb8_value(int q, float scb)
 #endif
 }
 
+/* AWQ GEMV element (rl, c), c in group g, of the arrays given: qweight [.][cols / 8], qzeros
+ * [.][zw], scales [.][zw * 8] (rl counts from their first row). */
+BFS_HD uint16_t bfs_awqv_value(const uint8_t *qweight, const uint8_t *qzeros, const uint8_t *scale, size_t rl,
+                               size_t cols, size_t zw, size_t c, size_t g, int type)
+{
+    const int q = (int)bfs_woq_code(qweight + rl * (cols / 8) * 4, 1, c, 4);
+    const int z = (int)bfs_woq_code(qzeros + rl * zw * 4, 1, g, 4);
+    return bfs_woq_value(scale, rl * zw * 8 + g, type, q - z);
+}
+
 /* The group of input column c (GPTQ: g_idx[c]; else c / group_size). */
 BFS_HD size_t bfs_woq_group(const bfs_woq_desc *d, size_t c)
 {
@@ -158,6 +171,8 @@ BFS_HD uint16_t bfs_woq_elem(const bfs_woq_desc *d, size_t r, size_t c)
         return bfs_bnb8_value((int)(int8_t)d->qweight[r * d->cols + c], scb);
     }
     const size_t g = bfs_woq_group(d, c);
+    if (d->layout == BFS_WOQ_GEMV)
+        return bfs_awqv_value(d->qweight, d->qzeros, d->scale, r, d->cols, d->zw, c, g, d->scale_type);
     int q, z;
     if (d->layout == BFS_WOQ_GPTQ) {
         q = (int)bfs_woq_code(d->qweight + 4 * r, d->rows, c, (unsigned)d->bits);

@@ -620,13 +620,15 @@ static uint8_t *mk_f16_scales(size_t n)
 static void woq_case(int layout, int bits, int v1, int act, size_t rows, size_t cols, size_t G)
 {
     const size_t ng = layout == BFS_WOQ_BNB8 ? 1 : (cols + G - 1) / G;
-    const size_t zw = layout == BFS_WOQ_AWQ ? (rows + 7) / 8 : bits == 3 ? (rows + 31) / 32 * 3 : (rows * (size_t)bits + 31) / 32;
+    const int gemv = layout == BFS_WOQ_GEMV; /* qzeros [rows][zw] padded, scales [rows][zw * 8] */
+    const size_t zw = gemv ? (ng + 7) / 8 + 1 : layout == BFS_WOQ_AWQ ? (rows + 7) / 8 : bits == 3 ? (rows + 31) / 32 * 3 : (rows * (size_t)bits + 31) / 32;
     bfs_woq_desc d = {.layout = layout, .bits = bits, .v1 = v1, .scale_type = BFS_WOQ_F16, .rows = rows, .cols = cols,
                       .group_size = layout == BFS_WOQ_BNB8 ? cols : G, .ngroups = ng, .zw = layout == BFS_WOQ_BNB8 ? 0 : zw};
-    const size_t qwb = layout == BFS_WOQ_GPTQ ? bfs_gptq_kw(&d) * rows * 4 : layout == BFS_WOQ_AWQ ? cols * zw * 4 : rows * cols;
-    uint8_t *qw = xmalloc(qwb), *qz = xmalloc(ng * zw * 4 + 4), *sc, *gi = xmalloc(cols * 4);
+    const size_t qwb = layout == BFS_WOQ_GPTQ ? bfs_gptq_kw(&d) * rows * 4 : layout == BFS_WOQ_AWQ ? cols * zw * 4 : gemv ? rows * cols / 2 : rows * cols;
+    const size_t qzb = (gemv ? rows : ng) * zw * 4 + 4;
+    uint8_t *qw = xmalloc(qwb), *qz = xmalloc(qzb), *sc, *gi = xmalloc(cols * 4);
     fill_random(qw, qwb);
-    fill_random(qz, ng * zw * 4 + 4);
+    fill_random(qz, qzb);
     if (layout == BFS_WOQ_BNB8) {
         sc = xmalloc(rows * 4);
         for (size_t r = 0; r < rows; r++) {
@@ -634,7 +636,7 @@ static void woq_case(int layout, int bits, int v1, int act, size_t rows, size_t 
             memcpy(sc + 4 * r, &f, 4);
         }
     } else {
-        sc = mk_f16_scales(ng * rows);
+        sc = mk_f16_scales((gemv ? zw * 8 : ng) * rows);
     }
     for (size_t c = 0; c < cols; c++) {
         const int32_t g = (int32_t)(act ? rnd() % ng : G ? c / G : 0);
@@ -670,6 +672,8 @@ static void test_woq(void **state)
     woq_case(BFS_WOQ_GPTQ, 4, 1, 0, 9, 1500, 40);   /* a row near the 16 KiB budget: one row per chunk */
     woq_case(BFS_WOQ_AWQ, 4, 0, 0, 300, 256, 128);
     woq_case(BFS_WOQ_AWQ, 4, 0, 0, 37, 96, 32);     /* 37 rows: a partial word per row */
+    woq_case(BFS_WOQ_GEMV, 4, 0, 0, 300, 256, 64);  /* AWQ GEMV: row-major, padded zero points and scales */
+    woq_case(BFS_WOQ_GEMV, 4, 0, 0, 9, 1504, 32);   /* a row near the 16 KiB budget */
     woq_case(BFS_WOQ_BNB8, 8, 0, 0, 300, 333, 0);
     woq_case(BFS_WOQ_BNB8, 8, 0, 0, 3, 1200, 0);
 }

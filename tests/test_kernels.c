@@ -1405,8 +1405,9 @@ static void test_ref_mxfp6(void **state)
 /* The level's woq op against the scalar reference, on whole tensors and on ranges that start
  * and end mid-row, mid-word and mid-group (the CPU backend's thread slices). The shapes take
  * every path of the SIMD kernel: 16-row tiles whole and cut, bands of 8 AWQ tiles, the tables of
- * plain groups (GPTQ 4-bit, AWQ), and, for outputs of 4 MiB and more at an aligned address,
- * non-temporal stores (the 512 x 4096 cases, F16 scales only: the reference is slow). */
+ * plain groups (GPTQ 4-bit, AWQ), AWQ GEMV's runs of 32 and 16 columns and its groups of other
+ * sizes, and, for outputs of 4 MiB and more at an aligned address, non-temporal stores (the
+ * 512 x 4096 cases, F16 scales only: the reference is slow). */
 static void test_woq_ops(void **state)
 {
     const bfs_kernel_ops *k = level_ops(state);
@@ -1416,19 +1417,23 @@ static void test_woq_ops(void **state)
         {BFS_WOQ_GPTQ, 2, 0, 1, 16, 64, 8},   {BFS_WOQ_AWQ, 4, 0, 0, 37, 96, 32},  {BFS_WOQ_AWQ, 4, 0, 0, 64, 256, 128},
         {BFS_WOQ_BNB8, 8, 0, 0, 30, 333, 333},   {BFS_WOQ_GPTQ, 4, 1, 0, 48, 256, 32}, {BFS_WOQ_AWQ, 4, 0, 0, 200, 128, 32},
         {BFS_WOQ_GPTQ, 4, 0, 0, 512, 4096, 128}, {BFS_WOQ_GPTQ, 4, 1, 1, 512, 4096, 128}, {BFS_WOQ_AWQ, 4, 0, 0, 512, 4096, 128},
-        {BFS_WOQ_GPTQ, 8, 1, 0, 512, 4096, 128},
+        {BFS_WOQ_GPTQ, 8, 1, 0, 512, 4096, 128}, {BFS_WOQ_GEMV, 4, 0, 0, 37, 96, 32}, {BFS_WOQ_GEMV, 4, 0, 0, 33, 48, 16},
+        {BFS_WOQ_GEMV, 4, 0, 0, 20, 200, 40},    {BFS_WOQ_GEMV, 4, 0, 0, 64, 256, 128}, {BFS_WOQ_GEMV, 4, 0, 0, 512, 4096, 128},
     };
     for (size_t ci = 0; ci < sizeof cs / sizeof *cs; ci++) {
         const size_t rows = cs[ci].rows, cols = cs[ci].cols, G = cs[ci].G, bits = (size_t)cs[ci].bits;
         const int L = cs[ci].layout;
-        const size_t ng = (cols + G - 1) / G, zw = L == BFS_WOQ_AWQ ? (rows + 7) / 8 : bits == 3 ? (rows + 31) / 32 * 3 : (rows * bits + 31) / 32;
+        const size_t ng = (cols + G - 1) / G;
+        /* GEMV: qzeros rows padded past ceil(ngroups / 8) words, scale rows 8 entries a word */
+        const size_t zw = L == BFS_WOQ_GEMV ? (ng + 7) / 8 + 1 : L == BFS_WOQ_AWQ ? (rows + 7) / 8 : bits == 3 ? (rows + 31) / 32 * 3 : (rows * bits + 31) / 32;
         bfs_woq_desc d = {.layout = L, .bits = (int)bits, .v1 = cs[ci].v1, .scale_type = BFS_WOQ_F16, .rows = rows,
                           .cols = cols, .group_size = G, .ngroups = L == BFS_WOQ_BNB8 ? 1 : ng, .zw = L == BFS_WOQ_BNB8 ? 0 : zw};
-        const size_t qwb = L == BFS_WOQ_GPTQ ? bfs_gptq_kw(&d) * rows * 4 : L == BFS_WOQ_AWQ ? cols * zw * 4 : rows * cols;
-        uint8_t *qw = xmalloc(qwb), *qz = xmalloc(ng * zw * 4 + 4), *sc = xmalloc(ng * rows * 4 + 4), *gi = xmalloc(cols * 4);
+        const size_t qwb = L == BFS_WOQ_GPTQ ? bfs_gptq_kw(&d) * rows * 4 : L == BFS_WOQ_AWQ ? cols * zw * 4 : L == BFS_WOQ_GEMV ? rows * cols / 2 : rows * cols;
+        const size_t qzb = (L == BFS_WOQ_GEMV ? rows : ng) * zw * 4 + 4, scb = (L == BFS_WOQ_GEMV ? zw * 8 : ng) * rows * 4 + 4;
+        uint8_t *qw = xmalloc(qwb), *qz = xmalloc(qzb), *sc = xmalloc(scb), *gi = xmalloc(cols * 4);
         rnd_fill(qw, qwb);
-        rnd_fill(qz, ng * zw * 4 + 4);
-        rnd_fill(sc, ng * rows * 4 + 4);
+        rnd_fill(qz, qzb);
+        rnd_fill(sc, scb);
         for (size_t c = 0; c < cols; c++) {
             const int32_t g = (int32_t)(cs[ci].act ? rnd_below(ng) : c / G);
             memcpy(gi + 4 * c, &g, 4);

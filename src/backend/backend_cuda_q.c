@@ -39,6 +39,11 @@ static void bfs__cu_woq_layout(const cu_job *j, uint64_t pos, uint64_t n, cu_chu
     if (d->layout == BFS_WOQ_BNB8) {
         cu_add(ch, d->qweight + pos * K, n * K, 1, 0);
         cu_add(ch, d->scale + pos * 4, n * 4, 1, 0);
+    } else if (d->layout == BFS_WOQ_GEMV) { /* row-major: the chunk's rows of each array */
+        const uint64_t ss = d->scale_type == BFS_WOQ_F32 ? 4 : 2;
+        cu_add(ch, d->qweight + pos * (K / 8) * 4, n * (K / 8) * 4, 1, 0);
+        cu_add(ch, d->scale + pos * d->zw * 8 * ss, n * d->zw * 8 * ss, 1, 0);
+        cu_add(ch, d->qzeros + pos * d->zw * 4, n * d->zw * 4, 1, 0);
     } else {
         const uint64_t ss = d->scale_type == BFS_WOQ_F32 ? 4 : 2;
         uint64_t w0, w1, zr0;
@@ -478,7 +483,11 @@ int bfs__cu_launch(const cu_job *j, const cu_chunk *ch, const cu_dev *d, uint8_t
         a.n = ch->n * q->cols;
         a.group_size = q->group_size;
         a.out = out;
-        if (q->layout != BFS_WOQ_BNB8) {
+        if (q->layout == BFS_WOQ_GEMV) {
+            a.qzeros = ds + ch->g[2].off;
+            a.zc = q->zw;
+            a.zr0 = ch->pos;
+        } else if (q->layout != BFS_WOQ_BNB8) {
             uint64_t w0, w1, zr0;
             cu_woq_words(q, ch->pos, ch->n, &w0, &w1, &zr0);
             a.qzeros = ds + ch->g[2].off;

@@ -1,16 +1,19 @@
 /*
- * AWQ GEMM (AutoAWQ / llm-awq / GPTQModel, quant_method "awq", version "gemm";
- * docs/FORMATS.md 9.2), BFS_K_WOQ (the kind gptq.c owns):
- *   P.qweight I32 [in, out / 8] (4-bit, AWQ's field order [0, 2, 4, 6, 1, 3, 5, 7]) +
- *   P.qzeros I32 [in / G, out / 8] (the same packing) + P.scales F16 [in / G, out]
- * -> P.weight BF16 [out, in], the value of GPTQModel's dequantize_gemm (what transformers
- * 5.23 loads AWQ with): (q - z) * scales in the scales' dtype, then bf16.
+ * AWQ (AutoAWQ / llm-awq / GPTQModel, quant_method "awq"; docs/FORMATS.md 9.2), BFS_K_WOQ
+ * (the kind gptq.c owns), 4-bit, F16 scales, -> P.weight BF16 [out, in]:
+ *   version "gemm": P.qweight I32 [in, out / 8] (AWQ's field order [0, 2, 4, 6, 1, 3, 5, 7]) +
+ *     P.qzeros I32 [in / G, out / 8] (the same packing) + P.scales F16 [in / G, out];
+ *   version "gemv": P.qweight I32 [out, in / 8] (fields in column order) + P.qzeros I32
+ *     [out, zw] (zw >= ceil(in / G / 8), padded) + P.scales F16 [out, zw * 8].
+ * The value of GPTQModel's dequantize_gemm (what transformers 5.23 loads GEMM with), which is
+ * also the weight GPTQModel's GEMV kernel for more than 8 input rows forms
+ * (gemmv2_forward_4bit_cuda_m128n64k32): (q - z) * scales rounded to fp16, then bf16.
  * zero_point false: the same tensors and formula when the checkpoint has qzeros (AutoAWQ
- * itself cannot export GEMM weights without zero points: from_linear asserts zeros); a
+ * itself cannot export weights without zero points: from_linear / pack assert zeros); a
  * qweight without qzeros is refused, as dequantize_gemm cannot read it either.
- * Refused, naming the field: version "gemv" / "gemv_fast" (GPTQModel runs those through its
- * CUDA kernels only, no dequantized weight to match), "exllama", "ipex", "marlin", bits
- * other than 4, a group_size that is not positive.
+ * Refused, naming the field: version "gemv_fast" (llm-awq's interleaved int16 words with
+ * scaled zeros), "exllama", "ipex", "marlin", bits other than 4, a group_size that is not
+ * positive.
  */
 #include "formats/woq.h"
 
@@ -42,10 +45,10 @@ static int bfs__awq_detect(const bfs_fctx *c)
     const int rc = bfs__woq_cfg_bits(c, &bits, &gs);
     if (rc < 0)
         return rc;
-    if (strcasecmp(v, "gemm") != 0)
-        return bfs__err(BFS_EINPUT, "%s: quant_method \"awq\" with version \"%s\" is not supported (AWQ \"gemm\" is%s; bfshard converts: %s)",
+    if (strcasecmp(v, "gemm") != 0 && strcasecmp(v, "gemv") != 0)
+        return bfs__err(BFS_EINPUT, "%s: quant_method \"awq\" with version \"%s\" is not supported (AWQ \"gemm\" and \"gemv\" are%s; bfshard converts: %s)",
                         c->qsource, v,
-                        strncasecmp(v, "gemv", 4) == 0 ? ": GPTQModel runs GEMV weights through its CUDA kernel only, with no dequantized weight to match" : "",
+                        strcasecmp(v, "gemv_fast") == 0 ? "; \"gemv_fast\" is llm-awq's interleaved int16 layout with scaled zero points" : "",
                         c->supported);
     if (bits != 4)
         return bfs__err(BFS_EINPUT, "%s: quant_method \"awq\" with bits %lld is not supported (4)", c->qsource, (long long)bits);
@@ -84,16 +87,35 @@ static int bfs__awq_claim(const bfs_fctx *c, bfs_raw *qw, bfs_ltensor *t)
     bfs__shape_str(st->shape, st->ndim, ws, sizeof ws);
     bfs__shape_str(s->st->shape, s->st->ndim, ss, sizeof ss);
     bfs__shape_str(qz->st->shape, qz->st->ndim, zs, sizeof zs);
-    if (st->ndim != 2 || s->st->ndim != 2 || st->shape[0] == 0)
-        BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): AWQ qweight %s and scales %s, expected [in, out / 8] and [in / group_size, out]",
-                 AT(qw), ws, ss);
-    const uint64_t K = st->shape[0], N = s->st->shape[1], zw = (N + 7) / 8, G = (uint64_t)gs, ng = K / G;
-    if (N == 0 || K % G != 0 || st->shape[1] != zw || s->st->shape[0] != ng)
-        BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): AWQ qweight %s and scales %s do not fit group_size %llu ([in, ceil(out / 8)] and [in / %llu, out], in %% %llu == 0)",
-                 AT(qw), ws, ss, (unsigned long long)G, (unsigned long long)G, (unsigned long long)G);
-    if (qz->st->dtype != BFS_DT_I32 || !bfs__raw_shape_is(qz, 2, ng, zw))
-        BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): AWQ qzeros %s %s, expected I32 [%llu, %llu]", AT(qz),
-                 bfs__dtype_name(qz->st->dtype), zs, (unsigned long long)ng, (unsigned long long)zw);
+    const int gemv = strcasecmp(bfs__awq_version(c), "gemv") == 0;
+    if (st->ndim != 2 || s->st->ndim != 2 || st->shape[0] == 0 || st->shape[1] == 0)
+        BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): AWQ qweight %s and scales %s, expected %s", AT(qw), ws, ss,
+                 gemv ? "[out, in / 8] and [out, zw * 8] (GEMV)" : "[in, out / 8] and [in / group_size, out]");
+    const uint64_t G = (uint64_t)gs;
+    uint64_t K, N, zw, ng;
+    if (gemv) { /* [out, in / 8], qzeros [out, zw], scales [out, zw * 8], zw padded (calculate_zeros_width) */
+        N = st->shape[0];
+        K = st->shape[1] * 8; /* no overflow: the tensor's bytes (checked against the file) bound shape[1] */
+        ng = K / G;
+        zw = qz->st->ndim == 2 ? qz->st->shape[1] : 0;
+        if (K % G != 0 || zw < (ng + 7) / 8 || !bfs__raw_shape_is(s, 2, N, zw * 8))
+            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): AWQ GEMV qweight %s, qzeros %s and scales %s do not fit group_size %llu ([out, in / 8], [out, zw >= ceil(in / %llu / 8)], [out, zw * 8], in %% %llu == 0)",
+                     AT(qw), ws, zs, ss, (unsigned long long)G, (unsigned long long)G, (unsigned long long)G);
+        if (qz->st->dtype != BFS_DT_I32 || !bfs__raw_shape_is(qz, 2, N, zw))
+            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): AWQ GEMV qzeros %s %s, expected I32 [%llu, %llu]", AT(qz),
+                     bfs__dtype_name(qz->st->dtype), zs, (unsigned long long)N, (unsigned long long)zw);
+    } else {
+        K = st->shape[0];
+        N = s->st->shape[1];
+        zw = (N + 7) / 8;
+        ng = K / G;
+        if (N == 0 || K % G != 0 || st->shape[1] != zw || s->st->shape[0] != ng)
+            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): AWQ qweight %s and scales %s do not fit group_size %llu ([in, ceil(out / 8)] and [in / %llu, out], in %% %llu == 0)",
+                     AT(qw), ws, ss, (unsigned long long)G, (unsigned long long)G, (unsigned long long)G);
+        if (qz->st->dtype != BFS_DT_I32 || !bfs__raw_shape_is(qz, 2, ng, zw))
+            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): AWQ qzeros %s %s, expected I32 [%llu, %llu]", AT(qz),
+                     bfs__dtype_name(qz->st->dtype), zs, (unsigned long long)ng, (unsigned long long)zw);
+    }
     qw->used = s->used = qz->used = 1;
     t->src[0] = qw;
     t->src[1] = s;
@@ -107,10 +129,10 @@ static int bfs__awq_claim(const bfs_fctx *c, bfs_raw *qw, bfs_ltensor *t)
     t->shape[0] = N;
     t->shape[1] = K;
     t->woq = (bfs_woq_desc){.qweight = qw->data, .qzeros = qz->data, .scale = s->data, .g_idx = NULL,
-                            .layout = BFS_WOQ_AWQ, .bits = 4, .v1 = 0, .scale_type = stype, .rows = (size_t)N,
+                            .layout = gemv ? BFS_WOQ_GEMV : BFS_WOQ_AWQ, .bits = 4, .v1 = 0, .scale_type = stype, .rows = (size_t)N,
                             .cols = (size_t)K, .group_size = (size_t)G, .ngroups = (size_t)ng, .zw = (size_t)zw};
-    t->qname = "awq-gemm";
-    t->transform = "awq (q - z) * scales -> bf16 [out, in]";
+    t->qname = gemv ? "awq-gemv" : "awq-gemm";
+    t->transform = gemv ? "awq gemv (q - z) * scales -> bf16 [out, in]" : "awq (q - z) * scales -> bf16 [out, in]";
     bfs__finish_shape(t);
     rc = 1;
 cleanup:
@@ -128,8 +150,8 @@ const bfs_format bfs__format_awq = {
     .kinds = 0,
     .borrows = BFS_KIND_BIT(BFS_K_WOQ),
     .methods = bfs__awq_methods,
-    .supports = "AWQ GEMM (4-bit)",
-    .layout = "P.qweight I32 [in, out / 8] + P.qzeros + P.scales",
+    .supports = "AWQ GEMM and GEMV (4-bit)",
+    .layout = "P.qweight I32 [in, out / 8] (GEMV: [out, in / 8]) + P.qzeros + P.scales",
     .claim_optional = false,
     .detect = bfs__awq_detect,
     .claim = bfs__awq_claim,

@@ -33,6 +33,12 @@ int bfs__woq_sources(const bfs_unit *u, bfs_srange out[BFS_UNIT_MAX_SRC])
         out[1] = (bfs_srange){t->src[1], r0 * 4, n * 4};
         return 2;
     }
+    if (d->layout == BFS_WOQ_GEMV) { /* row-major as the output: the rows of each array */
+        out[0] = (bfs_srange){t->src[0], r0 * (d->cols / 8) * 4, n * (d->cols / 8) * 4};
+        out[1] = (bfs_srange){t->src[1], r0 * d->zw * 8 * ss, n * d->zw * 8 * ss};
+        out[2] = (bfs_srange){t->src[2], r0 * d->zw * 4, n * d->zw * 4};
+        return 3;
+    }
     /* the packed words of output rows [r0, r1): 3-bit zero points in blocks of 3 words per 32 */
     const uint64_t per = d->layout == BFS_WOQ_AWQ ? 8 : d->bits == 3 ? 32 : 32 / (uint64_t)d->bits;
     const uint64_t wpb = d->layout == BFS_WOQ_GPTQ && d->bits == 3 ? 3 : 1;

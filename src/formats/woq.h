@@ -7,8 +7,8 @@
 #include "format.h"
 
 /* The ranges unit u reads: the columns [row0, row1) of the transposed arrays of GPTQ and
- * AWQ (from the first byte to the last, every row of the array between), the rows of
- * bitsandbytes 8-bit; GPTQ's g_idx whole. */
+ * AWQ GEMM (from the first byte to the last, every row of the array between), the rows of
+ * AWQ GEMV and bitsandbytes 8-bit; GPTQ's g_idx whole. */
 int bfs__woq_sources(const bfs_unit *u, bfs_srange out[BFS_UNIT_MAX_SRC]);
 const char *bfs__woq_kind_name(const bfs_ltensor *t);
 /* The scale type of a GPTQ / AWQ scales tensor: BFS_WOQ_F16 (F16 only), or < 0 naming it. */
