@@ -341,7 +341,7 @@ int main(int argc, char **argv)
     /* GPTQ / AWQ / bitsandbytes 8-bit, an nn.Linear 14336 -> 4096 (Llama-3-8B down_proj-like):
      * rows = 4096 out, cols = 14336 in, group 128, F16 scales. GPTQ qweight [in * bits / 32][out];
      * act-order: g_idx a random permutation of c / 128 (as desc_act's sorted columns); AWQ
-     * qweight [in][out / 8]; bnb 8-bit I8 [out][in] with F32 SCB. */
+     * qweight [in][out / 8], GEMV [out][in / 8]; bnb 8-bit I8 [out][in] with F32 SCB. */
     const size_t WR = 4096, WC = 14336, wn = WR * WC, wg = WC / 128;
     uint8_t *wq = xmalloc(wn), *wz = xmalloc(wg * WR), *wgi = xmalloc(WC * 4);
     rnd_fill(wq, wn);
@@ -360,16 +360,17 @@ int main(int argc, char **argv)
     const bfs_woq_desc wd_g4a = {.qweight = wq, .qzeros = wz, .scale = wsc, .g_idx = wgi, .layout = BFS_WOQ_GPTQ, .bits = 4,
                                  .v1 = 1, .scale_type = BFS_WOQ_F16, .rows = WR, .cols = WC, .group_size = 128,
                                  .ngroups = wg, .zw = WR * 4 / 32};
-    bfs_woq_desc wd_g4 = wd_g4a, wd_g8 = wd_g4a, wd_g3 = wd_g4a, wd_g2 = wd_g4a, wd_awq = wd_g4a, wd_b8 = wd_g4a;
+    bfs_woq_desc wd_g4 = wd_g4a, wd_g8 = wd_g4a, wd_g3 = wd_g4a, wd_g2 = wd_g4a, wd_awq = wd_g4a, wd_b8 = wd_g4a, wd_gv = wd_g4a;
     wd_g4.g_idx = NULL, wd_g4.v1 = 0;
     wd_g8.bits = 8, wd_g8.zw = WR * 8 / 32;
     wd_g3.bits = 3, wd_g3.zw = WR / 32 * 3;
     wd_g2.bits = 2, wd_g2.zw = WR * 2 / 32;
     wd_awq.layout = BFS_WOQ_AWQ, wd_awq.g_idx = NULL, wd_awq.v1 = 0, wd_awq.zw = WR / 8;
+    wd_gv.layout = BFS_WOQ_GEMV, wd_gv.g_idx = NULL, wd_gv.v1 = 0, wd_gv.zw = (wg + 7) / 8; /* [out][in / 8], zw 14 */
     wd_b8 = (bfs_woq_desc){.qweight = wq, .scale = wscb, .layout = BFS_WOQ_BNB8, .bits = 8, .scale_type = BFS_WOQ_F32,
                            .rows = WR, .cols = WC, .group_size = WC, .ngroups = 1};
     const q12_ctx q_g4a = {4, &wd_g4a, wn}, q_g4 = {4, &wd_g4, wn}, q_g8 = {4, &wd_g8, wn}, q_g3 = {4, &wd_g3, wn};
-    const q12_ctx q_g2 = {4, &wd_g2, wn}, q_awq = {4, &wd_awq, wn}, q_b8 = {4, &wd_b8, wn};
+    const q12_ctx q_g2 = {4, &wd_g2, wn}, q_awq = {4, &wd_awq, wn}, q_b8 = {4, &wd_b8, wn}, q_gv = {4, &wd_gv, wn};
 
     const bench_op ops[] = {
         {"mxfp4 5760x2880 (gpt-oss layout)", R * G * 32, run_mx, &mx0, 0},
@@ -398,6 +399,7 @@ int main(int argc, char **argv)
         {"gptq int3 4096x14336 g128", wn, run_q12, &q_g3, 0},
         {"gptq int2 4096x14336 g128", wn, run_q12, &q_g2, 0},
         {"awq gemm 4096x14336 g128", wn, run_q12, &q_awq, 0},
+        {"awq gemv 4096x14336 g128", wn, run_q12, &q_gv, 0},
         {"bnb int8 4096x14336", wn, run_q12, &q_b8, 0},
         {"cast f32->bf16 32Mi", nc, run_cast, &c32, 0},
         {"cast f16->bf16 32Mi", nc, run_cast, &c16, 0},

@@ -167,8 +167,8 @@ static void method_case(void **s)
            "Marlin|is_marlin_format");
     expect(mk("gptq_p", plain, "{\"quantization_config\": {\"quant_method\": \"gptq\", \"format\": \"gptq_p\"}}"), BFS_EINPUT,
            "\"gptq_p\"|not supported");
-    expect(mk("gemv", plain, "{\"quantization_config\": {\"quant_method\": \"awq\", \"version\": \"gemv\"}}"), BFS_EINPUT,
-           "\"gemv\"|not supported");
+    expect(mk("gemv_fast", plain, "{\"quantization_config\": {\"quant_method\": \"awq\", \"version\": \"gemv_fast\"}}"), BFS_EINPUT,
+           "\"gemv_fast\"|not supported|interleaved int16");
     expect(mk("awq8", plain, "{\"quantization_config\": {\"quant_method\": \"awq\", \"bits\": 8}}"), BFS_EINPUT, "bits 8");
     expect(mk("gptq5", plain, "{\"quantization_config\": {\"quant_method\": \"gptq\", \"bits\": 5}}"), BFS_EINPUT, "bits 5");
     /* not a prefix, not a near miss */

@@ -29,8 +29,8 @@ static const char *const fixtures[] = {
     "quark-mxfp4", "quark-fp8", /* AMD Quark 0.13 exports (fixtures/gen_quark_fixtures.py) */
     "fp8-fused", /* transformers' fused FP8 experts [E, out, in] (fixtures/gen_fused_fixtures.py) */
     "fp8-fused-tensor", /* the same, weight_block_size null: [E, 1, 1], gate_up [E, 2, 1], up_proj */
-    /* GPTQ, AWQ GEMM, bitsandbytes 8-bit (fixtures/gen_gptq_fixtures.py) */
-    "gptq-int4-actorder", "gptq-int4-asym", "gptq-int8", "gptq-int3", "gptq-int2-v2", "awq-gemm", "bnb-int8",
+    /* GPTQ, AWQ GEMM / GEMV, bitsandbytes 8-bit (fixtures/gen_gptq_fixtures.py) */
+    "gptq-int4-actorder", "gptq-int4-asym", "gptq-int8", "gptq-int3", "gptq-int2-v2", "awq-gemm", "bnb-int8", "awq-gemv",
 };
 #define NFIX (sizeof fixtures / sizeof *fixtures)
 
@@ -382,6 +382,7 @@ static void woq_other_writers(void **s)
     assert_int_equal(tu_sh("%s inspect --names checkpoint fixtures/gptq-int3 | grep -q 'q_proj.weight .*gptq-int3 .*dequantized'", tu_bfshard()), 0);
     assert_int_equal(tu_sh("%s inspect --names checkpoint fixtures/gptq-int2-v2 | grep -q 'down_proj.weight .*gptq-int2-v2 .*dequantized'", tu_bfshard()), 0);
     assert_int_equal(tu_sh("%s inspect --names checkpoint fixtures/awq-gemm | grep -q 'up_proj.weight .*awq-gemm .*dequantized'", tu_bfshard()), 0);
+    assert_int_equal(tu_sh("%s inspect --names checkpoint fixtures/awq-gemv | grep -q 'down_proj.weight .*awq-gemv .*dequantized'", tu_bfshard()), 0);
     assert_int_equal(tu_sh("%s inspect --names checkpoint fixtures/bnb-int8 | grep -q 'o_proj.weight .*bnb-int8 .*dequantized'", tu_bfshard()), 0);
     assert_int_equal(tu_sh("%s inspect --names checkpoint fixtures/gptq-int8 | grep -q 'q_proj.bias .*cast'", tu_bfshard()), 0);
     tu_rmrf(tmp);
@@ -400,7 +401,15 @@ static void refuse_woq(void **s)
     refuse("gptq-int4-actorder", NULL, S("bits=8"), S("qweight\" (offset", "GPTQ 8-bit qweight", "expected [24, out]"));
     refuse("awq-gemm", E({GQ "qzeros", "zz.qz", NULL, 0, {0}}), NULL, S(GQ "qweight", "zero_point"));
     refuse("awq-gemm", NULL, S("group_size=64"), S("down_proj.qweight\"", "do not fit group_size 64"));
-    refuse("awq-gemm", NULL, S("version=\"gemv\""), S("gemv", "CUDA kernel"));
+    refuse("awq-gemm", NULL, S("version=\"gemv_fast\""), S("gemv_fast", "interleaved int16"));
+    /* GEMV: a GEMM checkpoint called GEMV; a group size whose padded zero points do not match
+     * (group 32: calculate_zeros_width 4 words a row, the file has 2); one it has no width for */
+    refuse("awq-gemm", NULL, S("version=\"gemv\""), S("qweight\"", "AWQ GEMV", "do not fit group_size 32"));
+    refuse("awq-gemv", NULL, S("group_size=32"), S("proj.qweight\"", "do not fit group_size 32", "[64, 32]"));
+    refuse("awq-gemv", NULL, S("group_size=48"), S("proj.qweight\"", "group_size 48", "calculate_zeros_width"));
+    refuse("awq-gemv", E({GQ "qzeros", NULL, "I16", 2, {64, 4}}), NULL, S(GQ "qzeros", "I16 [64, 4]", "expected I32 [64, 2]"));
+    refuse("awq-gemv", E({GQ "scales", NULL, NULL, 2, {128, 8}}), NULL, S(GQ "qweight\"", "scales [128, 8]", "expected scales [64, 16]"));
+    refuse("awq-gemv", E({GQ "qzeros", "zz.qz", NULL, 0, {0}}), NULL, S(GQ "qweight", "zero_point"));
     refuse("bnb-int8", E({GQ "SCB", NULL, "I32", 0, {0}}), NULL, S(GQ "SCB", "expected F32"));
     refuse("bnb-int8", NULL, S("load_in_4bit=true"), S("load_in_4bit", "load_in_8bit"));
 #undef GQ

@@ -4,7 +4,7 @@
  *   version "gemm": P.qweight I32 [in, out / 8] (AWQ's field order [0, 2, 4, 6, 1, 3, 5, 7]) +
  *     P.qzeros I32 [in / G, out / 8] (the same packing) + P.scales F16 [in / G, out];
  *   version "gemv": P.qweight I32 [out, in / 8] (fields in column order) + P.qzeros I32
- *     [out, zw] (zw >= ceil(in / G / 8), padded) + P.scales F16 [out, zw * 8].
+ *     [out, zw] + P.scales F16 [out, zw * 8], zw = calculate_zeros_width(in, G) (padded).
  * The value of GPTQModel's dequantize_gemm (what transformers 5.23 loads GEMM with), which is
  * also the weight GPTQModel's GEMV kernel for more than 8 input rows forms
  * (gemmv2_forward_4bit_cuda_m128n64k32): (q - z) * scales rounded to fp16, then bf16.
@@ -58,6 +58,16 @@ static int bfs__awq_detect(const bfs_fctx *c)
     return 0;
 }
 
+/* GPTQModel utils/gemv.py calculate_zeros_width (AutoAWQ's is the same): a GEMV weight's qzeros
+ * words per row, ceil(in / G / 8) rounded up to a multiple of 1, 2, 4, 8 for G >= 128, 64, 32,
+ * 16; 0 for the group sizes it raises on. Its kernels check qzeros and scales against it. */
+static uint64_t bfs__awq_gemv_zw(uint64_t in, uint64_t G)
+{
+    const uint64_t m = G >= 128 ? 1 : G == 64 ? 2 : G == 32 ? 4 : G == 16 ? 8 : 0;
+    const uint64_t w = (in / G + 7) / 8;
+    return m ? (w + m - 1) / m * m : 0;
+}
+
 static int bfs__awq_claim(const bfs_fctx *c, bfs_raw *qw, bfs_ltensor *t)
 {
     const bfs_st_tensor *st = qw->st;
@@ -97,12 +107,16 @@ static int bfs__awq_claim(const bfs_fctx *c, bfs_raw *qw, bfs_ltensor *t)
         N = st->shape[0];
         K = st->shape[1] * 8; /* no overflow: the tensor's bytes (checked against the file) bound shape[1] */
         ng = K / G;
-        zw = qz->st->ndim == 2 ? qz->st->shape[1] : 0;
-        if (K % G != 0 || zw < (ng + 7) / 8 || !bfs__raw_shape_is(s, 2, N, zw * 8))
-            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): AWQ GEMV qweight %s, qzeros %s and scales %s do not fit group_size %llu ([out, in / 8], [out, zw >= ceil(in / %llu / 8)], [out, zw * 8], in %% %llu == 0)",
-                     AT(qw), ws, zs, ss, (unsigned long long)G, (unsigned long long)G, (unsigned long long)G);
+        zw = bfs__awq_gemv_zw(K, G);
+        if (zw == 0)
+            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): AWQ GEMV with group_size %llu (GPTQModel's calculate_zeros_width, which lays out its zero points, takes 16, 32, 64 or >= 128)",
+                     AT(qw), (unsigned long long)G);
+        if (K % G != 0 || !bfs__raw_shape_is(s, 2, N, zw * 8))
+            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): AWQ GEMV qweight %s and scales %s do not fit group_size %llu (expected scales [%llu, %llu]: calculate_zeros_width(in %llu, %llu) * 8; in %% %llu == 0)",
+                     AT(qw), ws, ss, (unsigned long long)G, (unsigned long long)N, (unsigned long long)(zw * 8),
+                     (unsigned long long)K, (unsigned long long)G, (unsigned long long)G);
         if (qz->st->dtype != BFS_DT_I32 || !bfs__raw_shape_is(qz, 2, N, zw))
-            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): AWQ GEMV qzeros %s %s, expected I32 [%llu, %llu]", AT(qz),
+            BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): AWQ GEMV qzeros %s %s, expected I32 [%llu, %llu] (calculate_zeros_width)", AT(qz),
                      bfs__dtype_name(qz->st->dtype), zs, (unsigned long long)N, (unsigned long long)zw);
     } else {
         K = st->shape[0];

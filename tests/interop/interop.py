@@ -1505,7 +1505,7 @@ def main():
         return j
 
     plans = {
-        2: [job(f, 2) for f in fixtures if f not in qfix or f in q_dcp] + [rjob("mxfp4-tiny", 2), rjob("bnb-nf4", 2)]
+        2: [job(f, 2) for f in fixtures if f not in qfix or f in q_dcp] + [rjob("mxfp4-tiny", 2), rjob("bnb-nf4", 2), rjob("awq-gemv", 2)]
            + [job(f, 2, model="plain") for f in q_plain] + [rjob("moe-dsv3-fp8", 2), rjob("moe-dsv4-fp8", 2)],
         3: [job(f, 3) for f in fixtures if f not in qfix or f in q_dcp] + [job(f, 3, model="plain") for f in q_plain]
            + [rjob("mxfp4-tiny", 3), rjob("bnb-fp4-dq", 3), rjob("moe-glm4-fp8", 3), rjob("moe-minimax-m2-fp8", 3),
