@@ -14,8 +14,9 @@
  *    computing its value with the group's zero point and scale from a per-tile table; 8
  *    columns' vectors are transposed into rows.
  * A row's 32 columns are stored together (64 bytes), non-temporally where the rows are 32-byte
- * aligned and the range is over BFS_WOQ_NT_BYTES. AWQ goes in bands of 8 tiles: a column's
- * words for 128 rows are one line. Tiles start at multiples of 16 rows; a cut tile (the range's
+ * aligned and the range is over BFS_WOQ_NT_BYTES. Tiles go in bands of 8 through the columns
+ * (AWQ: a column's words for 128 rows are one line; GPTQ: a qweight row's for 128 rows, one
+ * stretch of a page). Tiles start at multiples of 16 rows; a cut tile (the range's
  * first and last rows, the weight's last rows) or a last chunk of under 8 columns goes through
  * a small buffer, copied clipped. bitsandbytes 8-bit is row-major: 16 columns a step, two
  * float32 multiplies each. AWQ GEMV is row-major too: a table per row and group (gemv_rows).
@@ -66,7 +67,10 @@ typedef struct woq_tile {
     uint16_t *out;     /* element i at out[i - i0] */
 } woq_tile;
 
-/* The bf16 values of 8 lanes' codes q, their zero points and scales at zt/st + o. */
+/* The bf16 values of 8 lanes' codes q, their zero points and scales at zt/st + o, in the high
+ * half of each dword (the low half is garbage; woq_store8x8 takes the high halves). The bf16
+ * rounding adds 0x7FFF plus the kept lsb, found by a compare: no shift, as the shift units
+ * are the ones the code extraction and the fp16 conversions keep busy. */
 static BFS_WOQ_INLINE __m256i woq_value8(const woq_tile *t, __m256i q, size_t o, int f16, int nan)
 {
     const __m256i z = _mm256_load_si256((const __m256i *)(t->zt + o));
@@ -74,18 +78,25 @@ static BFS_WOQ_INLINE __m256i woq_value8(const woq_tile *t, __m256i q, size_t o,
     __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q, z)), s);
     if (f16)
         v = _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    return woq_bf16(v, nan);
+    const __m256i u = _mm256_castps_si256(v), b16 = _mm256_set1_epi32(0x10000);
+    const __m256i lsb = _mm256_cmpeq_epi32(_mm256_and_si256(u, b16), b16); /* -1 where bit 16 is set */
+    const __m256i r = _mm256_sub_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb);
+    if (!nan)
+        return r;
+    const __m256i isnan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF)), _mm256_set1_epi32(0x7F800000));
+    return _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC00000), isnan);
 }
 
-/* Eight columns' values v[0..7] of half h (lane = row r0 + 8h + lane, bf16 in the low half) ->
+/* Two columns' values x, y (bf16 in each dword's high half) -> dwords x | y << 16. */
+static BFS_WOQ_INLINE __m256i woq_pair(__m256i x, __m256i y) { return _mm256_blend_epi16(_mm256_srli_epi32(x, 16), y, 0xAA); }
+
+/* Eight columns' values v[0..7] of half h (lane = row r0 + 8h + lane, woq_value8's) ->
  * rows of 8 bf16, columns [c0, c0 + 8), clipped to the tile's rows, the range and the weight's
  * columns. */
 static BFS_WOQ_INLINE void woq_store8x8(const woq_tile *t, const __m256i v[8], size_t c0, size_t h, uint16_t (*stage)[32])
 {
-    const __m256i a0 = _mm256_or_si256(v[0], _mm256_slli_epi32(v[1], 16));
-    const __m256i a1 = _mm256_or_si256(v[2], _mm256_slli_epi32(v[3], 16));
-    const __m256i a2 = _mm256_or_si256(v[4], _mm256_slli_epi32(v[5], 16));
-    const __m256i a3 = _mm256_or_si256(v[6], _mm256_slli_epi32(v[7], 16));
+    const __m256i a0 = woq_pair(v[0], v[1]), a1 = woq_pair(v[2], v[3]);
+    const __m256i a2 = woq_pair(v[4], v[5]), a3 = woq_pair(v[6], v[7]);
     const __m256i b0 = _mm256_unpacklo_epi32(a0, a1), b1 = _mm256_unpackhi_epi32(a0, a1);
     const __m256i b2 = _mm256_unpacklo_epi32(a2, a3), b3 = _mm256_unpackhi_epi32(a2, a3);
     const __m256i x0 = _mm256_unpacklo_epi64(b0, b2), x1 = _mm256_unpackhi_epi64(b0, b2); /* rows 0|4, 1|5 */
@@ -372,36 +383,41 @@ static void lut_group(const woq_tile *t, size_t g, const size_t rowof[8], __m256
     }
 }
 
-/* A whole 16-row tile of a 4-bit GPTQ weight whose groups are runs of 32 columns: each row's 32
- * columns a step, stored together (a row's 64 bytes at once: model widths make the rows 4 KiB
- * multiples apart, the same L1 set, so lines written in pieces would be evicted between them). */
-static void gptq4_lut_tile(const woq_tile *t)
+/* A band of whole 16-row tiles (consecutive) of a 4-bit GPTQ weight whose groups are runs of
+ * 32 columns: each row's 32 columns a step, stored together (a row's 64 bytes at once: model
+ * widths make the rows 4 KiB multiples apart, the same L1 set, so lines written in pieces
+ * would be evicted between them). The band's tiles take each step together: a qweight row's
+ * words for them are one stretch, where one tile alone would touch a new page (and miss the
+ * TLB) every 64 bytes. */
+static void gptq4_lut_band(const woq_tile *t, size_t nt)
 {
     const bfs_woq_desc *d = t->d;
     static const size_t rows[8] = {0, 1, 2, 3, 4, 5, 6, 7};
     const size_t C = d->cols, R = d->rows, G = d->group_size;
     for (size_t g = 0; g < d->ngroups; g++) {
-        __m256i tl[2][4], th[2][4];
-        lut_group(t, g, rows, tl, th);
+        __m256i tl[8][2][4], th[8][2][4];
+        for (size_t i = 0; i < nt; i++)
+            lut_group(&t[i], g, rows, tl[i], th[i]);
         const size_t c1 = (g + 1) * G < C ? (g + 1) * G : C;
-        for (size_t c = g * G; c < c1; c += 32) {
-            const uint8_t *q = d->qweight + 4 * ((c / 8) * R + t->r0);
-            for (size_t j = 4; j < 8; j++) { /* the next step's words */
-                _mm_prefetch((const char *)q + 4 * j * R, _MM_HINT_T0);
-                _mm_prefetch((const char *)q + 4 * j * R + 60, _MM_HINT_T0);
+        for (size_t c = g * G; c < c1; c += 32)
+            for (size_t i = 0; i < nt; i++) {
+                const uint8_t *q = d->qweight + 4 * ((c / 8) * R + t[i].r0);
+                for (size_t j = 4; j < 8; j++) { /* the next step's words */
+                    _mm_prefetch((const char *)q + 4 * j * R, _MM_HINT_T0);
+                    _mm_prefetch((const char *)q + 4 * j * R + 60, _MM_HINT_T0);
+                }
+                BFS_WOQ_UNROLL
+                for (size_t h = 0; h < 2; h++) {
+                    const uint8_t *qh = q + 32 * h;
+                    __m256i a[8], b[8];
+                    lut_rows16(_mm256_loadu_si256((const __m256i *)qh), _mm256_loadu_si256((const __m256i *)(qh + 4 * R)),
+                               tl[i][h], th[i][h], a);
+                    lut_rows16(_mm256_loadu_si256((const __m256i *)(qh + 8 * R)), _mm256_loadu_si256((const __m256i *)(qh + 12 * R)),
+                               tl[i][h], th[i][h], b);
+                    const woq_tile th8 = {.d = d, .r0 = t[i].r0 + 8 * h, .nt = t[i].nt, .i0 = t[i].i0, .out = t[i].out};
+                    woq_rows64(&th8, c, a, b, 8);
+                }
             }
-            BFS_WOQ_UNROLL
-            for (size_t h = 0; h < 2; h++) {
-                const uint8_t *qh = q + 32 * h;
-                __m256i a[8], b[8];
-                lut_rows16(_mm256_loadu_si256((const __m256i *)qh), _mm256_loadu_si256((const __m256i *)(qh + 4 * R)), tl[h],
-                           th[h], a);
-                lut_rows16(_mm256_loadu_si256((const __m256i *)(qh + 8 * R)), _mm256_loadu_si256((const __m256i *)(qh + 12 * R)),
-                           tl[h], th[h], b);
-                const woq_tile th8 = {.d = d, .r0 = t->r0 + 8 * h, .nt = t->nt, .i0 = t->i0, .out = t->out};
-                woq_rows64(&th8, c, a, b, 8);
-            }
-        }
     }
 }
 
@@ -674,11 +690,12 @@ void bfs__woq_avx2(const bfs_woq_desc *d, size_t i0, size_t i1, uint16_t *out)
         _mm_sfence();
         return;
     }
-    /* AWQ: a band of up to 8 tiles goes through the columns together, 32 at a time, as a
-     * column's words for 128 rows are one line, read once while in cache. GPTQ: one tile at a
-     * time; its words of a qweight row are a line already. */
+    /* A band of up to 8 tiles goes through the columns together, 32 at a time. AWQ: a column's
+     * words for 128 rows are one line, read once while in cache. GPTQ: a qweight row's words for
+     * 128 rows are 512 contiguous bytes, where a tile alone would touch a new page every 64
+     * bytes (qweight rows are 4 * out bytes apart) and miss the TLB. */
     enum { WOQ_BAND = 8 };
-    const size_t band = d->layout == BFS_WOQ_AWQ ? WOQ_BAND : 1;
+    const size_t band = WOQ_BAND;
     const size_t C = d->cols, rfirst = i0 / C, rlast = (i1 - 1) / C; /* rows the range touches */
     const size_t tab = d->ngroups * 16;                                /* a tile's table entries */
     int32_t *zt = aligned_alloc(32, WOQ_BAND * tab * 4);
@@ -712,8 +729,7 @@ void bfs__woq_avx2(const bfs_woq_desc *d, size_t i0, size_t i1, uint16_t *out)
             if (d->layout == BFS_WOQ_AWQ)
                 awq_lut_band(t, nt);
             else
-                for (size_t i = 0; i < nt; i++)
-                    gptq4_lut_tile(&t[i]);
+                gptq4_lut_band(t, nt);
             continue;
         }
         woq_groups gw = {0, 0};
