@@ -386,21 +386,21 @@ static void lut_group(const woq_tile *t, size_t g, const size_t rowof[8], __m256
 /* A band of whole 16-row tiles (consecutive) of a 4-bit GPTQ weight whose groups are runs of
  * 32 columns: each row's 32 columns a step, stored together (a row's 64 bytes at once: model
  * widths make the rows 4 KiB multiples apart, the same L1 set, so lines written in pieces
- * would be evicted between them). The band's tiles take each step together: a qweight row's
- * words for them are one stretch, where one tile alone would touch a new page (and miss the
- * TLB) every 64 bytes. */
+ * would be evicted between them). Group by group, each tile of the band in turn: the group's
+ * qweight rows (group_size / 8 of them, 4 * out bytes apart, a page each) stay in the TLB for
+ * the whole band, where one tile going through all the columns alone would miss it every 64
+ * bytes on a file's 4 KiB pages. */
 static void gptq4_lut_band(const woq_tile *t, size_t nt)
 {
     const bfs_woq_desc *d = t->d;
     static const size_t rows[8] = {0, 1, 2, 3, 4, 5, 6, 7};
     const size_t C = d->cols, R = d->rows, G = d->group_size;
     for (size_t g = 0; g < d->ngroups; g++) {
-        __m256i tl[8][2][4], th[8][2][4];
-        for (size_t i = 0; i < nt; i++)
-            lut_group(&t[i], g, rows, tl[i], th[i]);
         const size_t c1 = (g + 1) * G < C ? (g + 1) * G : C;
-        for (size_t c = g * G; c < c1; c += 32)
-            for (size_t i = 0; i < nt; i++) {
+        for (size_t i = 0; i < nt; i++) {
+            __m256i tl[2][4], th[2][4];
+            lut_group(&t[i], g, rows, tl, th);
+            for (size_t c = g * G; c < c1; c += 32) {
                 const uint8_t *q = d->qweight + 4 * ((c / 8) * R + t[i].r0);
                 for (size_t j = 4; j < 8; j++) { /* the next step's words */
                     _mm_prefetch((const char *)q + 4 * j * R, _MM_HINT_T0);
@@ -410,14 +410,15 @@ static void gptq4_lut_band(const woq_tile *t, size_t nt)
                 for (size_t h = 0; h < 2; h++) {
                     const uint8_t *qh = q + 32 * h;
                     __m256i a[8], b[8];
-                    lut_rows16(_mm256_loadu_si256((const __m256i *)qh), _mm256_loadu_si256((const __m256i *)(qh + 4 * R)),
-                               tl[i][h], th[i][h], a);
+                    lut_rows16(_mm256_loadu_si256((const __m256i *)qh), _mm256_loadu_si256((const __m256i *)(qh + 4 * R)), tl[h],
+                               th[h], a);
                     lut_rows16(_mm256_loadu_si256((const __m256i *)(qh + 8 * R)), _mm256_loadu_si256((const __m256i *)(qh + 12 * R)),
-                               tl[i][h], th[i][h], b);
+                               tl[h], th[h], b);
                     const woq_tile th8 = {.d = d, .r0 = t[i].r0 + 8 * h, .nt = t[i].nt, .i0 = t[i].i0, .out = t[i].out};
                     woq_rows64(&th8, c, a, b, 8);
                 }
             }
+        }
     }
 }
 
