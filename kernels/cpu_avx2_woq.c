@@ -445,19 +445,23 @@ static BFS_WOQ_INLINE __m256i nib_transpose8(__m256i v)
                               _mm256_or_si256(_mm256_andnot_si256(m4, v), _mm256_and_si256(m4, _mm256_srli_epi32(s, 4))), 0xAA);
 }
 
+/* The 8 bytes at x, then the 8 at y. */
+static BFS_WOQ_INLINE __m128i awq_ld2(const uint8_t *x, const uint8_t *y)
+{
+    return _mm_castpd_si128(_mm_loadh_pd(_mm_castsi128_pd(_mm_loadl_epi64((const __m128i *)x)), (const double *)y));
+}
+
 /* Columns [c, c + 8) of AWQ words w and w + 1 (rows 8w.. and 8w + 8..), transposed: *h0, *h1 =
  * their 8 lanes (field p) of 8 columns' codes each. */
 static BFS_WOQ_INLINE void awq_words8(const bfs_woq_desc *d, size_t c, size_t w, __m256i *h0, __m256i *h1)
 {
     const uint8_t *p = d->qweight + 4 * (c * d->zw + w);
     const size_t st = 4 * d->zw;
-    uint64_t x[8];
-    for (size_t j = 0; j < 8; j++)
-        memcpy(&x[j], p + j * st, 8);
-    /* each 64 bits: a column's (word w, word w + 1) -> [w of columns 0..3 | w of 4..7], then w + 1 */
-    const __m256i a = _mm256_shuffle_epi32(_mm256_setr_epi64x((long long)x[0], (long long)x[1], (long long)x[2], (long long)x[3]),
-                                           _MM_SHUFFLE(3, 1, 2, 0));
-    const __m256i b = _mm256_shuffle_epi32(_mm256_setr_epi64x((long long)x[4], (long long)x[5], (long long)x[6], (long long)x[7]),
+    /* each 64 bits: a column's (word w, word w + 1), loaded into the vector directly (through a
+     * stack array, four 8-byte stores read back as one 32-byte load defeat store forwarding);
+     * -> [w of columns 0..3 | w of 4..7], then w + 1 */
+    const __m256i a = _mm256_shuffle_epi32(_mm256_set_m128i(awq_ld2(p + 2 * st, p + 3 * st), awq_ld2(p, p + st)), _MM_SHUFFLE(3, 1, 2, 0));
+    const __m256i b = _mm256_shuffle_epi32(_mm256_set_m128i(awq_ld2(p + 6 * st, p + 7 * st), awq_ld2(p + 4 * st, p + 5 * st)),
                                            _MM_SHUFFLE(3, 1, 2, 0));
     const __m256i a4 = _mm256_permute4x64_epi64(a, _MM_SHUFFLE(3, 1, 2, 0)), b4 = _mm256_permute4x64_epi64(b, _MM_SHUFFLE(3, 1, 2, 0));
     *h0 = nib_transpose8(_mm256_permute2x128_si256(a4, b4, 0x20));
