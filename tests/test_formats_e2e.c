@@ -407,6 +407,7 @@ static void refuse_woq(void **s)
     refuse("awq-gemm", NULL, S("version=\"gemv\""), S("qweight\"", "AWQ GEMV", "do not fit group_size 32"));
     refuse("awq-gemv", NULL, S("group_size=32"), S("proj.qweight\"", "do not fit group_size 32", "[64, 32]"));
     refuse("awq-gemv", NULL, S("group_size=48"), S("proj.qweight\"", "group_size 48", "calculate_zeros_width"));
+    refuse("awq-gemv", NULL, S("group_size=128"), S("proj.qweight\"", "do not fit group_size 128", "in % 128 == 0"));
     refuse("awq-gemv", E({GQ "qzeros", NULL, "I16", 2, {64, 4}}), NULL, S(GQ "qzeros", "I16 [64, 4]", "expected I32 [64, 2]"));
     refuse("awq-gemv", E({GQ "scales", NULL, NULL, 2, {128, 8}}), NULL, S(GQ "qweight\"", "scales [128, 8]", "expected scales [64, 16]"));
     refuse("awq-gemv", E({GQ "qzeros", "zz.qz", NULL, 0, {0}}), NULL, S(GQ "qweight", "zero_point"));

@@ -59,14 +59,11 @@ static int bfs__awq_detect(const bfs_fctx *c)
 }
 
 /* GPTQModel utils/gemv.py calculate_zeros_width (AutoAWQ's is the same): a GEMV weight's qzeros
- * words per row, ceil(in / G / 8) rounded up to a multiple of 1, 2, 4, 8 for G >= 128, 64, 32,
- * 16; 0 for the group sizes it raises on. Its kernels check qzeros and scales against it. */
-static uint64_t bfs__awq_gemv_zw(uint64_t in, uint64_t G)
-{
-    const uint64_t m = G >= 128 ? 1 : G == 64 ? 2 : G == 32 ? 4 : G == 16 ? 8 : 0;
-    const uint64_t w = (in / G + 7) / 8;
-    return m ? (w + m - 1) / m * m : 0;
-}
+ * words per row, ceil(in / G / 8) rounded up to a multiple of m = 1, 2, 4, 8 for G >= 128, 64,
+ * 32, 16 (bfs__awq_gemv_mult; 0 for the group sizes it raises on). Its kernels check qzeros and
+ * scales against it. */
+static uint64_t bfs__awq_gemv_mult(uint64_t G) { return G >= 128 ? 1 : G == 64 ? 2 : G == 32 ? 4 : G == 16 ? 8 : 0; }
+static uint64_t bfs__awq_gemv_zw(uint64_t in, uint64_t G, uint64_t m) { return ((in / G + 7) / 8 + m - 1) / m * m; }
 
 static int bfs__awq_claim(const bfs_fctx *c, bfs_raw *qw, bfs_ltensor *t)
 {
@@ -107,8 +104,9 @@ static int bfs__awq_claim(const bfs_fctx *c, bfs_raw *qw, bfs_ltensor *t)
         N = st->shape[0];
         K = st->shape[1] * 8; /* no overflow: the tensor's bytes (checked against the file) bound shape[1] */
         ng = K / G;
-        zw = bfs__awq_gemv_zw(K, G);
-        if (zw == 0)
+        const uint64_t m = bfs__awq_gemv_mult(G);
+        zw = m ? bfs__awq_gemv_zw(K, G, m) : 0;
+        if (m == 0)
             BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): AWQ GEMV with group_size %llu (GPTQModel's calculate_zeros_width, which lays out its zero points, takes 16, 32, 64 or >= 128)",
                      AT(qw), (unsigned long long)G);
         if (K % G != 0 || !bfs__raw_shape_is(s, 2, N, zw * 8))
