@@ -58,10 +58,10 @@ static int bfs__awq_detect(const bfs_fctx *c)
     return 0;
 }
 
-/* GPTQModel utils/gemv.py calculate_zeros_width (AutoAWQ's is the same): a GEMV weight's qzeros
- * words per row, ceil(in / G / 8) rounded up to a multiple of m = 1, 2, 4, 8 for G >= 128, 64,
- * 32, 16 (bfs__awq_gemv_mult; 0 for the group sizes it raises on). Its kernels check qzeros and
- * scales against it. */
+/* GPTQModel utils/gemv.py calculate_zeros_width (AutoAWQ 0.2.9's, modules/linear/gemv.py, is the
+ * same without group 16): a GEMV weight's qzeros words per row, ceil(in / G / 8) rounded up to
+ * a multiple of m = 1, 2, 4, 8 for G >= 128, 64, 32, 16 (bfs__awq_gemv_mult; 0 for the group
+ * sizes it raises on). Its kernels check qzeros and scales against it. */
 static uint64_t bfs__awq_gemv_mult(uint64_t G) { return G >= 128 ? 1 : G == 64 ? 2 : G == 32 ? 4 : G == 16 ? 8 : 0; }
 static uint64_t bfs__awq_gemv_zw(uint64_t in, uint64_t G, uint64_t m) { return ((in / G + 7) / 8 + m - 1) / m * m; }
 
