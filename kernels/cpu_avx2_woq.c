@@ -52,6 +52,21 @@ static inline __m256i woq_bf16(__m256 v, int nan)
     return _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), isnan);
 }
 
+/* Scale i of d as float32 (exact for every type); *special |= it is infinite or NaN. */
+static inline float woq_scale1(const bfs_woq_desc *d, size_t i, int *special)
+{
+    float s;
+    if (d->scale_type == BFS_WOQ_F32) {
+        memcpy(&s, d->scale + 4 * i, 4);
+    } else {
+        uint16_t h;
+        memcpy(&h, d->scale + 2 * i, 2);
+        s = d->scale_type == BFS_WOQ_F16 ? bfs_f32_from_f16(h) : bfs_f32_from_bf16(h);
+    }
+    *special |= (bfs_f32_bits(s) & 0x7F800000u) == 0x7F800000u;
+    return s;
+}
+
 /* One output tile: rows [r0, r0 + 16) as two halves of 8 lanes (lanes past nr are padding), the
  * zero point and scale of every group per row, and where its output goes. 16 rows: one 64-byte
  * line of a GPTQ qweight row, two AWQ words. */
@@ -558,15 +573,7 @@ static void woq_tables(woq_tile *t, int32_t *zt, float *st)
                 float s = 0.0f;
                 if (l < t->nr) {
                     z = d->layout == BFS_WOQ_GPTQ ? bfs_gptq_zero(d, g, r) : (int)bfs_awq_field(d->qzeros + g * d->zw * 4, r);
-                    const size_t i = g * d->rows + r;
-                    uint16_t h;
-                    if (d->scale_type == BFS_WOQ_F32) {
-                        memcpy(&s, d->scale + 4 * i, 4);
-                    } else {
-                        memcpy(&h, d->scale + 2 * i, 2);
-                        s = d->scale_type == BFS_WOQ_F16 ? bfs_f32_from_f16(h) : bfs_f32_from_bf16(h);
-                    }
-                    special |= (bfs_f32_bits(s) & 0x7F800000u) == 0x7F800000u;
+                    s = woq_scale1(d, g * d->rows + r, &special);
                 }
                 zt[16 * g + l] = z;
                 st[16 * g + l] = s;
@@ -621,31 +628,20 @@ static void gemv_rows(const bfs_woq_desc *d, size_t i0, size_t i1, uint16_t *out
         uint16_t *o = out + (i - i0) - c0; /* o[c]: column c of row r */
         for (size_t c = c0; c < c1;) {
             const size_t g = c / G, ge = (g + 1) * G < c1 ? (g + 1) * G : c1;
-            size_t head = G % 16 ? ge : (c + 15) / 16 * 16; /* the columns before a run of 16 */
-            for (head = head < ge ? head : ge; c < head; c++)
-                o[c] = bfs_awqv_value(d->qweight, d->qzeros, d->scale, r, C, d->zw, c, g, d->scale_type);
-            if (c + 16 > ge) {
-                for (; c < ge; c++)
+            const size_t a = (c + 15) / 16 * 16; /* where runs of 16 start (a group's start, as G % 16 == 0) */
+            if (G % 16 == 0 && a + 16 <= ge) {
+                for (; c < a; c++)
                     o[c] = bfs_awqv_value(d->qweight, d->qzeros, d->scale, r, C, d->zw, c, g, d->scale_type);
-                continue;
+                int nan = 0;
+                const float s = woq_scale1(d, r * d->zw * 8 + g, &nan);
+                const __m256i v = lut_vals((int32_t)bfs_woq_code(zrow, 1, g, 4), s, d->scale_type == BFS_WOQ_F16, nan);
+                const __m256i tl = _mm256_permute2x128_si256(v, v, 0x00), th = _mm256_permute2x128_si256(v, v, 0x11);
+                const int nt = stream && (uintptr_t)(o + c) % 32 == 0;
+                for (; c + 32 <= ge; c += 32)
+                    gemv_step32(q + c / 2, tl, th, o + c, nt);
+                for (; c + 16 <= ge; c += 16)
+                    gemv_step16(q + c / 2, tl, th, o + c);
             }
-            const size_t si = r * d->zw * 8 + g;
-            float s;
-            if (d->scale_type == BFS_WOQ_F32) {
-                memcpy(&s, d->scale + 4 * si, 4);
-            } else {
-                uint16_t h;
-                memcpy(&h, d->scale + 2 * si, 2);
-                s = d->scale_type == BFS_WOQ_F16 ? bfs_f32_from_f16(h) : bfs_f32_from_bf16(h);
-            }
-            const int nan = (bfs_f32_bits(s) & 0x7F800000u) == 0x7F800000u;
-            const __m256i v = lut_vals((int32_t)bfs_woq_code(zrow, 1, g, 4), s, d->scale_type == BFS_WOQ_F16, nan);
-            const __m256i tl = _mm256_permute2x128_si256(v, v, 0x00), th = _mm256_permute2x128_si256(v, v, 0x11);
-            const int nt = stream && (uintptr_t)(o + c) % 32 == 0;
-            for (; c + 32 <= ge; c += 32)
-                gemv_step32(q + c / 2, tl, th, o + c, nt);
-            for (; c + 16 <= ge; c += 16)
-                gemv_step16(q + c / 2, tl, th, o + c);
             for (; c < ge; c++)
                 o[c] = bfs_awqv_value(d->qweight, d->qzeros, d->scale, r, C, d->zw, c, g, d->scale_type);
         }
@@ -700,7 +696,6 @@ void bfs__woq_avx2(const bfs_woq_desc *d, size_t i0, size_t i1, uint16_t *out)
      * 128 rows are 512 contiguous bytes, where a tile alone would touch a new page every 64
      * bytes (qweight rows are 4 * out bytes apart) and miss the TLB. */
     enum { WOQ_BAND = 8 };
-    const size_t band = WOQ_BAND;
     const size_t C = d->cols, rfirst = i0 / C, rlast = (i1 - 1) / C; /* rows the range touches */
     const size_t tab = d->ngroups * 16;                                /* a tile's table entries */
     int32_t *zt = aligned_alloc(32, WOQ_BAND * tab * 4);
@@ -717,11 +712,11 @@ void bfs__woq_avx2(const bfs_woq_desc *d, size_t i0, size_t i1, uint16_t *out)
      * core's caches (as memcpy does): the output is not read back soon */
     const int stream = (uintptr_t)(out + (C - i0 % C) % C) % 32 == 0 && C % 16 == 0 && (i1 - i0) * 2 >= BFS_WOQ_NT_BYTES;
     const int lut = (kind == 2 || kind == 4) && !d->g_idx && d->group_size % 32 == 0 && C % 32 == 0;
-    for (size_t b0 = rfirst / 16 * 16; b0 <= rlast; b0 += 16 * band) {
+    for (size_t b0 = rfirst / 16 * 16; b0 <= rlast; b0 += 16 * WOQ_BAND) {
         woq_tile t[WOQ_BAND];
         woq_block_fn fn[WOQ_BAND];
         size_t nt = 0, nlut = 0;
-        for (size_t r0 = b0; r0 <= rlast && r0 < b0 + 16 * band; r0 += 16) {
+        for (size_t r0 = b0; r0 <= rlast && r0 < b0 + 16 * WOQ_BAND; r0 += 16) {
             woq_tile *const x = &t[nt];
             *x = (woq_tile){.d = d, .r0 = r0, .nr = d->rows - r0 < 16 ? d->rows - r0 : 16, .i0 = i0, .i1 = i1, .out = out};
             x->whole = x->nr == 16 && r0 * C >= i0 && (r0 + 16) * C <= i1;

@@ -105,10 +105,10 @@ static int bfs__awq_claim(const bfs_fctx *c, bfs_raw *qw, bfs_ltensor *t)
         K = st->shape[1] * 8; /* no overflow: the tensor's bytes (checked against the file) bound shape[1] */
         ng = K / G;
         const uint64_t m = bfs__awq_gemv_mult(G);
-        zw = m ? bfs__awq_gemv_zw(K, G, m) : 0;
         if (m == 0)
             BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): AWQ GEMV with group_size %llu (GPTQModel's calculate_zeros_width, which lays out its zero points, takes 16, 32, 64 or >= 128)",
                      AT(qw), (unsigned long long)G);
+        zw = bfs__awq_gemv_zw(K, G, m);
         if (K % G != 0 || !bfs__raw_shape_is(s, 2, N, zw * 8))
             BFS_FAIL(BFS_EINPUT, "%s: tensor \"%s\" (offset %llu): AWQ GEMV qweight %s and scales %s do not fit group_size %llu (expected scales [%llu, %llu]: calculate_zeros_width(in %llu, %llu) * 8; in %% %llu == 0)",
                      AT(qw), ws, ss, (unsigned long long)G, (unsigned long long)N, (unsigned long long)(zw * 8),
