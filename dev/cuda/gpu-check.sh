@@ -236,7 +236,7 @@ if [ "${IO:-1}" = 1 ]; then
     OUT="$W/io" IO_REPORT= bash dev/cuda/io-check.sh || fail "the I/O step (dev/cuda/io-check.sh)"
 else echo "SKIP: the I/O step (IO=0)"; fi
 
-step "summary (issue 25: the GPU pipeline)"
+step "summary: the GPU pipeline"
 # --gpu-mem in MiB (K/M/G suffixes)
 gm_mib=$(echo "$GPU_MEM" | awk '{ v = $1 + 0; u = toupper(substr($1, length($1))); if (u == "K") v /= 1024; else if (u == "G") v *= 1024; else if (u != "M") v /= 1048576; printf "%d", v }')
 # MXFP4 reads 17 bytes per 64 written: the memory traffic is 1.27x the output
