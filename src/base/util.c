@@ -45,42 +45,6 @@ char *bfs__strdup(const char *s)
     return d;
 }
 
-const char *bfs__esc(const char *s, char *buf, size_t cap)
-{
-    size_t k = 0;
-    if (cap < 8) {
-        if (cap)
-            buf[0] = '\0';
-        return buf;
-    }
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        char e[8];
-        size_t n;
-        if (*p == '"' || *p == '\\') {
-            e[0] = '\\', e[1] = (char)*p, n = 2;
-        } else if (*p == '\n') {
-            memcpy(e, "\\n", 2), n = 2;
-        } else if (*p == '\t') {
-            memcpy(e, "\\t", 2), n = 2;
-        } else if (*p < 0x20 || *p == 0x7f) {
-            n = (size_t)snprintf(e, sizeof e, "\\u%04x", *p);
-        } else if (*p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f) { /* C1 controls, U+0080..U+009F */
-            n = (size_t)snprintf(e, sizeof e, "\\u%04x", p[1]);
-            p++;
-        } else {
-            e[0] = (char)*p, n = 1;
-        }
-        if (k + n + 4 > cap) {
-            memcpy(buf + k, "...", 4);
-            return buf;
-        }
-        memcpy(buf + k, e, n);
-        k += n;
-    }
-    buf[k] = '\0';
-    return buf;
-}
-
 int bfs__grow(void **p, size_t *cap, size_t need, size_t size)
 {
     if (need <= *cap)
