@@ -29,7 +29,7 @@ static bool bfs__exists(const char *dir, const char *name)
 
 static int bfs__print_json(FILE *out, const json_t *root)
 {
-    char *s = bfs__json_dump(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+    char *s = bfs__json_show(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER); /* DEL, C1 escaped too */
     if (!s)
         return bfs__err(BFS_ENOMEM, "out of memory");
     fprintf(out, "%s\n", s);
@@ -173,20 +173,22 @@ int bfs__inspect_outdir(const char *dir, int as_json, FILE *out)
         BFS_TRY(bfs__print_json(out, root));
         goto cleanup;
     }
-    fprintf(out, "%s: bfshard output, made by bfshard %s (%s)\n", dir, made ? made : "?", rev ? rev : "revision unknown");
+    /* every string below that the manifest holds is printed escaped (base.h, escape.c) */
+    const char *mx = json_string_value(json_object_get(opts, "mxfp4_layout"));
+    char e1[BFS_ESC_MAX], e2[BFS_ESC_MAX], e3[BFS_ESC_MAX];
+    fprintf(out, "%s: bfshard output, made by bfshard %s (%s)\n", bfs__esc_text(dir, e1, sizeof e1),
+            bfs__esc(made ? made : "?", e2, sizeof e2), bfs__esc(rev ? rev : "revision unknown", e3, sizeof e3));
     fprintf(out, "options: --world-size %lld --layout %s --mxfp4-layout %s%s\n",
-            (long long)json_integer_value(json_object_get(opts, "world_size")), layout ? layout : "?",
-            json_string_value(json_object_get(opts, "mxfp4_layout")) ? json_string_value(json_object_get(opts, "mxfp4_layout"))
-                                                                      : "?",
-            json_is_true(json_object_get(opts, "keep_dtype")) ? " --keep-dtype" : "");
+            (long long)json_integer_value(json_object_get(opts, "world_size")), bfs__esc(layout ? layout : "?", e1, sizeof e1),
+            bfs__esc(mx ? mx : "?", e2, sizeof e2), json_is_true(json_object_get(opts, "keep_dtype")) ? " --keep-dtype" : "");
     fprintf(out, "source: %zu file(s), %.3f MB%s%s\n", json_array_size(srcfiles), (double)src_bytes / 1e6,
-            qm ? ", quantization " : "", qm ? qm : "");
+            qm ? ", quantization " : "", qm ? bfs__esc(qm, e1, sizeof e1) : "");
     fprintf(out, "tensors: %zu (", ntensors);
     const char *k;
     json_t *v;
     int first = 1;
-    json_object_foreach(json_object_get(root, "formats"), k, v) {
-        fprintf(out, "%s%s %lld", first ? "" : ", ", k, (long long)json_integer_value(v));
+    json_object_foreach(json_object_get(root, "formats"), k, v) { /* a format name of the manifest's */
+        fprintf(out, "%s%s %lld", first ? "" : ", ", bfs__esc(k, e1, sizeof e1), (long long)json_integer_value(v));
         first = 0;
     }
     fprintf(out, ")\n");
@@ -206,10 +208,11 @@ int bfs__inspect_outdir(const char *dir, int as_json, FILE *out)
         char rbuf[24] = "";
         if (rk)
             snprintf(rbuf, sizeof rbuf, "%lld", (long long)json_integer_value(rk));
-        char en[BFS_ESC_MAX], ez[BFS_ESC_MAX]; /* names read from the manifest: escaped */
+        char en[BFS_ESC_MAX], ez[BFS_ESC_MAX], ek[BFS_ESC_MAX]; /* names read from the manifest: escaped */
         const char *nm = json_string_value(json_object_get(e, "name")), *zn = json_string_value(json_object_get(z, "name"));
+        const char *kind = json_string_value(json_object_get(e, "kind"));
         fprintf(out, "%-4s %-52s %14lld  %s%s", rbuf, nm ? bfs__esc(nm, en, sizeof en) : "(null)",
-                (long long)json_integer_value(json_object_get(e, "size")), json_string_value(json_object_get(e, "kind")),
+                (long long)json_integer_value(json_object_get(e, "size")), kind ? bfs__esc(kind, ek, sizeof ek) : "?",
                 json_is_true(json_object_get(e, "present")) ? "" : " (absent)");
         if (z)
             fprintf(out, "; %s %lld bytes (%.3fx)%s", zn ? bfs__esc(zn, ez, sizeof ez) : "(null)",
