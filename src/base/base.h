@@ -1,6 +1,6 @@
 /* src/base/ -- the leaves every other folder stands on: errors and the per-thread message
  * (error.c), the public structs' sizes (abi.c), checked arithmetic, dtypes, strings and
- * paths (util.c), checked positioned I/O and XXH3 (io.c, bfs_io.h), the build's revision
+ * paths (util.c), the escaping rule for text from a file (escape.c), checked positioned I/O and XXH3 (io.c, bfs_io.h), the build's revision
  * (version.c), and the run's cancellation, clock and progress reports (run.c). It uses
  * nothing of bfshard but the public header. Prefix bfs__ for everything here. */
 #ifndef BFS_BASE_H
