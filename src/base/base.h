@@ -125,6 +125,9 @@ struct json_t;
 char *bfs__json_text(const struct json_t *j, size_t flags, size_t *len);
 /* json_dumps(j, flags) that fails instead of dropping a character when out of memory */
 char *bfs__json_dump(const struct json_t *j, size_t flags);
+/* bfs__json_dump for a reader (inspect --json): DEL and C1 too, which JSON allows raw, as
+ * \u escapes (the escaping rule below); the same JSON value. NULL when out of memory. */
+char *bfs__json_show(const struct json_t *j, size_t flags);
 int bfs__read_small_file(const char *path, size_t max, char **out, size_t *len);
 
 /* ---- text from a file on its way to a terminal, a log or a report (escape.c) ----------- */
@@ -142,8 +145,5 @@ const char *bfs__esc_text(const char *s, char *buf, size_t cap);
  * rule, then '\n'. Every report and log line goes through here. */
 void bfs__vline(FILE *out, const char *prefix, const char *fmt, va_list ap);
 void bfs__line(FILE *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* bfs__json_dump for a reader (inspect --json): also DEL and C1, which JSON allows raw, as
- * \u escapes; the same JSON value. NULL when out of memory. */
-char *bfs__json_show(const struct json_t *j, size_t flags);
 
 #endif

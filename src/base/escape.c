@@ -1,12 +1,10 @@
 /* The one escaping rule for text read from a file (a manifest, a safetensors header,
  * config.json, an OCI index, a directory entry) on its way to a terminal, a log, a report
  * or an error message, so that no byte of it is one a terminal acts on: a name escaped
- * into a buffer (bfs__esc), a whole line (bfs__esc_text, bfs__vline: reports and logs),
- * and JSON meant to be read (bfs__json_show). The rule itself is docs/ROBUSTNESS.md's
- * "Text from a file is escaped the same way everywhere". */
+ * into a buffer (bfs__esc), a whole line (bfs__esc_text, bfs__vline: reports and logs).
+ * JSON meant to be read goes through bfs__json_show (util.c). The rule itself is
+ * docs/ROBUSTNESS.md's "Text from a file is escaped the same way everywhere". */
 #include "base/base.h"
-
-#include <jansson.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,34 +113,4 @@ void bfs__line(FILE *out, const char *fmt, ...)
     va_start(ap, fmt);
     bfs__vline(out, NULL, fmt, ap);
     va_end(ap);
-}
-
-char *bfs__json_show(const struct json_t *j, size_t flags)
-{
-    char *s = bfs__json_dump(j, flags);
-    if (!s)
-        return NULL;
-    /* jansson writes DEL and C1 as they are; each is at most 2 bytes, its escape 6 */
-    size_t extra = 0;
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
-        extra += *p == 0x7f ? 5 : *p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f ? 4 : 0;
-    if (!extra)
-        return s;
-    const size_t len = strlen(s);
-    char *t = malloc(len + extra + 1);
-    if (!t) {
-        free(s);
-        return NULL;
-    }
-    size_t k = 0;
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
-        if (*p == 0x7f)
-            k += (size_t)sprintf(t + k, "\\u%04x", *p);
-        else if (*p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f)
-            k += (size_t)sprintf(t + k, "\\u%04x", *++p);
-        else
-            t[k++] = (char)*p;
-    t[k] = '\0';
-    free(s);
-    return t;
 }

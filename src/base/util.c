@@ -167,6 +167,36 @@ char *bfs__json_dump(const json_t *j, size_t flags)
     return b.buf;
 }
 
+char *bfs__json_show(const json_t *j, size_t flags)
+{
+    char *s = bfs__json_dump(j, flags);
+    if (!s)
+        return NULL;
+    /* jansson writes DEL and C1 as they are; each is at most 2 bytes, its escape 6 */
+    size_t extra = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        extra += *p == 0x7f ? 5 : *p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f ? 4 : 0;
+    if (!extra)
+        return s;
+    const size_t len = strlen(s);
+    char *t = malloc(len + extra + 1);
+    if (!t) {
+        free(s);
+        return NULL;
+    }
+    size_t k = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        if (*p == 0x7f)
+            k += (size_t)sprintf(t + k, "\\u%04x", *p);
+        else if (*p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f)
+            k += (size_t)sprintf(t + k, "\\u%04x", *++p);
+        else
+            t[k++] = (char)*p;
+    t[k] = '\0';
+    free(s);
+    return t;
+}
+
 char *bfs__json_text(const json_t *j, size_t flags, size_t *len)
 {
     bfs_json_buf b = {0};

@@ -74,6 +74,21 @@ static int bfs__inspect_tensor(void *user, size_t i, const json_t *t)
     return 0;
 }
 
+/* "tensors: N (format count, ...)": the format names are the manifest's, escaped */
+static void bfs__print_formats(FILE *out, size_t ntensors, json_t *formats)
+{
+    const char *k;
+    json_t *v;
+    int first = 1;
+    char ek[BFS_ESC_MAX];
+    fprintf(out, "tensors: %zu (", ntensors);
+    json_object_foreach(formats, k, v) {
+        fprintf(out, "%s%s %lld", first ? "" : ", ", bfs__esc(k, ek, sizeof ek), (long long)json_integer_value(v));
+        first = 0;
+    }
+    fprintf(out, ")\n");
+}
+
 int bfs__inspect_outdir(const char *dir, int as_json, FILE *out)
 {
     int rc = 0;
@@ -183,15 +198,7 @@ int bfs__inspect_outdir(const char *dir, int as_json, FILE *out)
             bfs__esc(mx ? mx : "?", e2, sizeof e2), json_is_true(json_object_get(opts, "keep_dtype")) ? " --keep-dtype" : "");
     fprintf(out, "source: %zu file(s), %.3f MB%s%s\n", json_array_size(srcfiles), (double)src_bytes / 1e6,
             qm ? ", quantization " : "", qm ? bfs__esc(qm, e1, sizeof e1) : "");
-    fprintf(out, "tensors: %zu (", ntensors);
-    const char *k;
-    json_t *v;
-    int first = 1;
-    json_object_foreach(json_object_get(root, "formats"), k, v) { /* a format name of the manifest's */
-        fprintf(out, "%s%s %lld", first ? "" : ", ", bfs__esc(k, e1, sizeof e1), (long long)json_integer_value(v));
-        first = 0;
-    }
-    fprintf(out, ")\n");
+    bfs__print_formats(out, ntensors, json_object_get(root, "formats"));
     fprintf(out, "hashes: %zu file(s), %zu of %zu shard(s), xxh128sums.txt %s; manifest seal %s (`bfshard verify` re-hashes)\n",
             file_hashes, shard_hashes, nshards, bfs__exists(dir, BFS_SUMS_NAME) ? "present" : "MISSING",
             seal_ok ? "ok" : "BAD");
