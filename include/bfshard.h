@@ -52,7 +52,7 @@ enum { BFS_NAMES_AUTO = 0, BFS_NAMES_CHECKPOINT = 1, BFS_NAMES_TRANSFORMERS = 2 
 typedef struct bfs_progress {
     uint64_t bytes_done;  /* BF16 bytes written so far */
     uint64_t bytes_total; /* BF16 bytes the run writes */
-    const char *tensor;   /* the output tensor being worked on */
+    const char *tensor;   /* the output tensor being worked on (escaped: docs/ROBUSTNESS.md) */
 } bfs_progress;
 
 typedef void (*bfs_progress_fn)(const bfs_progress *p, void *user);

@@ -38,6 +38,8 @@ void bfs__progress_report(const bfs_convert_opts *o, uint64_t done, uint64_t tot
 {
     if (!o->progress)
         return;
-    const bfs_progress p = {.bytes_done = done < total ? done : total, .bytes_total = total, .tensor = tensor};
+    char et[BFS_ESC_MAX]; /* a name from the input, on its way to a terminal: escaped */
+    const bfs_progress p = {.bytes_done = done < total ? done : total, .bytes_total = total,
+                            .tensor = tensor ? bfs__esc(tensor, et, sizeof et) : NULL};
     o->progress(&p, o->progress_user);
 }

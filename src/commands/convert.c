@@ -60,9 +60,7 @@ static void bfs__log(const bfs_run *r, const char *fmt, ...)
         return;
     va_list ap;
     va_start(ap, fmt);
-    fputs("bfshard: ", r->o->log);
-    vfprintf(r->o->log, fmt, ap);
-    fputc('\n', r->o->log);
+    bfs__vline(r->o->log, "bfshard: ", fmt, ap); /* escaped: names come from the input */
     va_end(ap);
     fflush(r->o->log);
 }
