@@ -56,7 +56,7 @@ static void bfs__automap_ref(const bfs_run *r, const char *file, const char *key
 /* auto_map of one JSON text: {"AutoX": "module.Class" or ["module.Class", null], ...} */
 static void bfs__automap_check(const bfs_run *r, const char *file, const char *text, size_t len)
 {
-    json_t *j = text ? json_loadb(text, len, 0, NULL) : NULL;
+    json_t *j = text ? json_loadb(text, len, JSON_DECODE_INT_AS_REAL, NULL) /* model_max_length: 1e30 */ : NULL;
     const json_t *am = json_object_get(j, "auto_map");
     const char *key;
     const json_t *v;
