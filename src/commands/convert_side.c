@@ -86,6 +86,13 @@ int bfs__side_plan(bfs_run *r)
         }
         nskip++;
         bfs__esc(s->name, e, sizeof e); /* the manifest too: a name that is not UTF-8 has no JSON string */
+        /* a tokenizer or generation file over the limit is refused, before any rank file: an
+         * output without it would fail only when training starts */
+        for (size_t a = 0; strstr(s->why, "64 MiB") && a < bfs__naux; a++)
+            if (strcmp(s->name, bfs__aux_files[a]) == 0)
+                BFS_FAIL(BFS_EINPUT, "%s/%s: %llu bytes, over the 64 MiB limit for side files; the model needs it "
+                                     "(tokenizer or generation file), so it is not left out",
+                         r->in->root, e, (unsigned long long)s->size);
         bfs__slog(r, "%s%s: not copied: %s", strstr(s->why, "64 MiB") ? "warning: " : "", e, s->why);
         if (json_array_append_new(r->skipped, json_pack("{s:s, s:s}", "name", e, "why", s->why)) != 0)
             BFS_FAIL(BFS_ENOMEM, "out of memory");
