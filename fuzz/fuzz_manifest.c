@@ -38,6 +38,7 @@
 #include "output/parts.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -280,8 +281,24 @@ static void fz_rewrite(bfs_mf *r, const fz_tally *y, const uint8_t *in, size_t n
         fprintf(stderr, "fuzz: a rewrite is not a fixed point: %zu bytes, then %zu\n", n1, n2);
         abort();
     }
-    if (sealed_by_bfshard && (n1 != n || memcmp(b1, in, n) != 0)) {
-        fprintf(stderr, "fuzz: a manifest bfshard sealed is not rewritten byte for byte (%zu bytes, then %zu)\n", n, n1);
+    /* sealed: rewritten byte for byte, unless the input spells an escape otherwise than jansson
+     * writes it (\u001b for \u001B: the seal is over the bytes, so a hand-sealed manifest can):
+     * then the same JSON, resealed over the new bytes */
+    json_t *jin = NULL, *jout = NULL;
+    const bool spelled = sealed_by_bfshard && (n1 != n || memcmp(b1, in, n) != 0) &&
+                         (jin = json_loadb((const char *)in, n, JSON_ALLOW_NUL, NULL)) != NULL &&
+                         (jout = json_loadb((const char *)b1, n1, JSON_ALLOW_NUL, NULL)) != NULL &&
+                         json_object_del(jin, "manifest_xxh3_128") == 0 && json_object_del(jout, "manifest_xxh3_128") == 0 &&
+                         json_equal(jin, jout);
+    json_decref(jin);
+    json_decref(jout);
+    if (sealed_by_bfshard && !spelled && (n1 != n || memcmp(b1, in, n) != 0)) {
+        size_t at = 0;
+        while (at < n && at < n1 && b1[at] == in[at])
+            at++;
+        fprintf(stderr, "fuzz: a manifest bfshard sealed is not rewritten byte for byte (%zu bytes, then %zu; first "
+                        "difference at %zu: %.40s | %.40s)\n", n, n1, at, (const char *)in + (at > 20 ? at - 20 : 0),
+                (const char *)b1 + (at > 20 ? at - 20 : 0));
         abort();
     }
     free(b1);
