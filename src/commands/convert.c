@@ -66,10 +66,12 @@ static void bfs__log(const bfs_run *r, const char *fmt, ...)
 }
 
 /* ---- fingerprint: what determines the output bytes ------------------------------------- */
-static void bfs__fingerprint(bfs_run *r)
+static int bfs__fingerprint(bfs_run *r)
 {
     XXH3_state_t *st = XXH3_createState();
     char opt[256];
+    if (!st)
+        return bfs__err(BFS_ENOMEM, "out of memory");
     XXH3_128bits_reset(st);
     snprintf(opt, sizeof opt, "bfshard %s w=%d layout=%d mx=%d keep=%d shard=%llu", BFS_VERSION_STRING,
              r->o->world_size, r->o->layout, r->o->mxfp4_layout, r->o->keep_dtype,
@@ -95,9 +97,10 @@ static void bfs__fingerprint(bfs_run *r)
     }
     if (r->in->config_json)
         XXH3_128bits_update(st, r->in->config_json, strlen(r->in->config_json));
-    bfs__side_fingerprint(r, st);
+    const int rc = bfs__side_fingerprint(r, st);
     bfs__hash_hex(XXH3_128bits_digest(st), r->fingerprint);
     XXH3_freeState(st);
+    return rc;
 }
 
 /* ---- one output file ------------------------------------------------------------------- */
@@ -133,6 +136,26 @@ int bfs__write_small(bfs_run *r, const char *name, const void *data, size_t len,
         json_t *e = bfs__manifest_aux_entry(name, len, hex, r->o->sha256 ? sha : NULL, kind);
         if (!e || json_array_append_new(r->aux, e) != 0) /* never a manifest short of a file */
             return bfs__err(BFS_ENOMEM, "out of memory");
+    }
+    return 0;
+}
+
+/* The side files (convert_side.c lists them): each read again, checked to be the file that was
+ * listed, and written as a small file of kind "copy" (hashed, journaled, in the sums). */
+static int bfs__copy_sides(bfs_run *r)
+{
+    for (size_t i = 0; i < r->sides.n; i++) {
+        const bfs_side *s = &r->sides.v[i];
+        char *data = NULL;
+        size_t len = 0;
+        if (s->why)
+            continue;
+        int rc = bfs__side_read(&r->sides, s, r->in->root, &data, &len);
+        if (rc == 0)
+            rc = bfs__write_small(r, s->name, data, len, "copy");
+        free(data);
+        if (rc < 0)
+            return rc;
     }
     return 0;
 }
@@ -579,7 +602,7 @@ static int bfs__run_finish(bfs_run *r)
     if (bfs__cancelled())
         BFS_FAIL(BFS_EINTR, "interrupted");
     BFS_TRY(bfs__write_config(r));
-    BFS_TRY(bfs__side_copy(r));
+    BFS_TRY(bfs__copy_sides(r));
     if (r->plan->layout == BFS_LAYOUT_HF)
         BFS_TRY(bfs__write_hf_index(r));
     const double t = bfs__now();
@@ -671,7 +694,7 @@ int bfs_convert(const char *input_arg, const char *outdir, const bfs_convert_opt
     r->t_setup = bfs__now() - t0;
     if (r->mine && !r->part[0])
         goto cleanup; /* --ranks auto gave this process no rank */
-    bfs__fingerprint(r);
+    BFS_TRY(bfs__fingerprint(r));
     BFS_TRY(bfs__input_check(r->in, -1));
     if (res) {
         snprintf(res->ranks, sizeof res->ranks, "%s", r->part);

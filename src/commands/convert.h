@@ -130,9 +130,9 @@ void bfs__stages_print(const bfs_run *r, double total);
  * manifest's files[] with that kind. */
 int bfs__write_small(bfs_run *r, const char *name, const void *data, size_t len, const char *kind);
 /* The side files (convert_side.c): listed, skipped ones logged and recorded, auto_map
- * checked, before any rank file; their identities into the fingerprint; copied at the end. */
+ * checked, before any rank file; their names and contents into the fingerprint (convert.c copies
+ * them at the end, with the other small files). */
 int bfs__side_plan(bfs_run *r);
-void bfs__side_fingerprint(const bfs_run *r, XXH3_state_t *st);
-int bfs__side_copy(bfs_run *r);
+int bfs__side_fingerprint(const bfs_run *r, XXH3_state_t *st);
 
 #endif

@@ -112,31 +112,24 @@ cleanup:
     return rc;
 }
 
-void bfs__side_fingerprint(const bfs_run *r, XXH3_state_t *st)
+int bfs__side_fingerprint(const bfs_run *r, XXH3_state_t *st)
 {
-    for (size_t i = 0; i < r->sides.n; i++) {
-        const bfs_side *s = &r->sides.v[i];
-        if (s->why)
-            continue;
-        XXH3_128bits_update(st, s->name, strlen(s->name) + 1);
-        XXH3_128bits_update(st, s->id + 2, 3 * sizeof *s->id); /* size, mtime: as the weights' */
-    }
-}
-
-int bfs__side_copy(bfs_run *r)
-{
+    /* names and contents (small files, read again when copied), not mtimes: the same side files
+     * from a folder or a Hugging Face cache, whose blobs one repo's snapshots share, are the
+     * same plan */
     for (size_t i = 0; i < r->sides.n; i++) {
         const bfs_side *s = &r->sides.v[i];
         char *data = NULL;
         size_t len = 0;
         if (s->why)
             continue;
-        int rc = bfs__side_read(&r->sides, s, r->in->root, &data, &len);
-        if (rc == 0)
-            rc = bfs__write_small(r, s->name, data, len, "copy");
-        free(data);
+        const int rc = bfs__side_read(&r->sides, s, r->in->root, &data, &len);
         if (rc < 0)
             return rc;
+        XXH3_128bits_update(st, s->name, strlen(s->name) + 1);
+        XXH3_128bits_update(st, &len, sizeof len);
+        XXH3_128bits_update(st, data, len);
+        free(data);
     }
     return 0;
 }
