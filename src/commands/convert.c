@@ -561,7 +561,8 @@ static int bfs__run_start(bfs_run *r, const char *input)
                  (unsigned long long)r->be->device_bytes,
                  (unsigned long long)(o->gpu_mem ? o->gpu_mem : BFS_DEFAULT_GPU_MEM));
 
-    r->w.sha = o->sha256 != 0; /* SHA-256 in a thread beside the writer (writer.h) */
+    r->w.sha = o->sha256 != 0; /* SHA-256 in a thread beside each writer (writer.h) */
+    r->w.nlanes = bfs__writer_lanes(r->group, o->threads); /* a group's files on several writers */
     BFS_TRY(bfs__writer_start(&r->w));
 cleanup:
     bfs__outputs_free(outputs, nout);
@@ -759,7 +760,9 @@ int bfs_convert(const char *input_arg, const char *outdir, const bfs_convert_opt
         res->source_bytes_hashed = r->src_read;
         res->tensors = r->plan->nt;
         res->host_buffer_bytes = (uint64_t)r->ring.n * r->ring.slot;
-        res->write_seconds = r->w.st.write;
+        bfs_wstages ws;
+        bfs__writer_stages(&r->w, &ws);
+        res->write_seconds = ws.write;
         res->gpu_buffer_bytes = r->be->device_bytes;
         snprintf(res->backend, sizeof res->backend, "%s", r->be->name);
     }

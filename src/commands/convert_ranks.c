@@ -714,7 +714,7 @@ int bfs__ranks_finish(bfs_run *r)
 /* after a failure: the writer idle, both rank files' temporaries removed */
 void bfs__ranks_abort(bfs_run *r)
 {
-    if (r->w.started)
+    if (r->w.mu_init)
         bfs__writer_wait(&r->w, 0); /* the writer may still hold our buffers and files */
     r->npend = 0; /* units that waited for their file: never queued */
     for (int i = 0; i < 2; i++) {

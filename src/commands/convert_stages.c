@@ -14,7 +14,9 @@ void bfs__stages_print(const bfs_run *r, double total)
     const char *e = getenv("BFSHARD_STAGES");
     if (!e || strcmp(e, "1") || !r->plan)
         return;
-    const bfs_wstages *s = &r->w.st;
+    bfs_wstages st;
+    bfs__writer_stages((bfs_writer *)&r->w, &st);
+    const bfs_wstages *s = &st;
     const uint64_t bp = bfs__buf_page();
     uint64_t touched = 0; /* the buffers' pages the run filled (the memory model: units.h) */
     for (int i = 0; i < r->ring.n; i++)

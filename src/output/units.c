@@ -238,6 +238,17 @@ int bfs__group_size(const bfs_plan *p, const bool *mine, const bfs_ring *rg, uin
     return g < 1 ? 1 : g;
 }
 
+int bfs__writer_lanes(int group, int threads)
+{
+    if (threads <= 0) {
+        const long n = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = n > 0 ? (int)n : 1;
+    }
+    int n = group < threads ? group : threads;
+    n = n < BFS_WRITER_LANES ? n : BFS_WRITER_LANES;
+    return n < 1 ? 1 : n;
+}
+
 /* A tensor's place in every rank file's order (plan.c's bfs__file_order: alignment
  * descending, then name, which is the plan's tensor order). */
 static uint64_t bfs__gkey(const bfs_plan *p, int tensor)
@@ -538,8 +549,9 @@ int bfs__mem_model(const bfs_plan *p, const bool *mine, uint64_t mem, int nthrea
     const uint64_t files = m->group < 2 ? 2 : (uint64_t)m->group;
     /* two headers either way (the writer's two header buffers, writer.h); bfs__base_rss
      * counts one */
+    /* stacks: + main, and each lane's writer and hash threads */
     m->fixed = files * carry + (header + 4095) / 4096 * 4096 + BFS_SRC_HASH_WINDOW +
-               (uint64_t)(nthreads + 3) * (64u << 10); /* stacks: + main, the writer, its hash thread */
+               (uint64_t)(nthreads + 1 + 2 * bfs__writer_lanes(m->group, nthreads)) * (64u << 10);
 cleanup:
     free(w.pr);
     return rc;

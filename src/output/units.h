@@ -151,6 +151,14 @@ size_t bfs__window_pages(const bfs_gwalk *gw, const bfs_gstep *steps, size_t n, 
                          bfs_wscratch *ws);
 void bfs__wscratch_free(bfs_wscratch *ws);
 
+/* The writer's lanes (writer.h: a writer thread and a hash thread each, owning whole files):
+ * files written at once spread over min(files, threads) lanes, at most BFS_WRITER_LANES, so
+ * that a group's files are written and hashed on as many threads as the run has; files
+ * written one at a time (a group of 1) take one lane, as each file begins only once the one
+ * before is committed. threads <= 0: one per online CPU. */
+#define BFS_WRITER_LANES 16
+int bfs__writer_lanes(int group, int threads);
+
 /* The unit buffers' page: BFS_HUGE_PAGE where transparent huge pages may back them
  * (/sys/kernel/mm/transparent_hugepage/enabled not "never"; BFSHARD_HUGEPAGES=0 turns
  * them off), else 4096. Convert allocates the buffers on it and advises MADV_HUGEPAGE:
