@@ -576,7 +576,9 @@ static int bfs__flush_group(bfs_run *r, const int *grp, int *ng, bfs_convert_res
     *ng = 0;
     if (n == 0)
         return 0;
-    const int rc = n == 1 ? bfs__write_file(r, grp[0]) : bfs__write_group(r, grp, n);
+    const int rc = n == 1                                ? bfs__write_file(r, grp[0])
+                   : r->plan->layout == BFS_LAYOUT_DCP ? bfs__write_group(r, grp, n)
+                                                       : bfs__write_interleaved(r, grp, n);
     if (rc == 0 && res)
         res->files_written += n;
     return rc;
