@@ -34,10 +34,10 @@ uint64_t bfs__device_read_bytes(void)
     return (uint64_t)v;
 }
 
-void bfs__progress_report(const bfs_convert_opts *o, uint64_t done, uint64_t total, const char *tensor)
+void bfs__progress_report(const bfs_convert_opts *o, bfs_progress *p)
 {
     if (!o->progress)
         return;
-    const bfs_progress p = {.bytes_done = done < total ? done : total, .bytes_total = total, .tensor = tensor};
-    o->progress(&p, o->progress_user);
+    p->bytes_done = p->bytes_done < p->bytes_total ? p->bytes_done : p->bytes_total;
+    o->progress(p, o->progress_user);
 }

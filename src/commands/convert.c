@@ -751,6 +751,7 @@ int bfs_convert(const char *input_arg, const char *outdir, const bfs_convert_opt
     }
     BFS_TRY(bfs__run_start(r, input));
     const double tf = bfs__now();
+    r->t_files0 = tf;
     BFS_TRY(bfs__run_files(r, res));
     r->t_files = bfs__now() - tf;
     BFS_TRY(bfs__run_finish(r));
@@ -765,10 +766,13 @@ int bfs_convert(const char *input_arg, const char *outdir, const bfs_convert_opt
         bfs_wstages ws;
         bfs__writer_stages(&r->w, &ws);
         res->write_seconds = ws.write;
+        bfs__busy(r, r->t_files, &res->busy_read, &res->busy_dequant, &res->busy_hash, &res->busy_write);
+        res->writers = r->w.nlanes;
         res->gpu_buffer_bytes = r->be->device_bytes;
         snprintf(res->backend, sizeof res->backend, "%s", r->be->name);
     }
-    bfs__progress_report(r->o, r->part_bytes, r->part_bytes, ""); /* the last report: every byte written */
+    if (r->o->progress)
+        bfs__progress_run(r, "", true); /* the last report: every byte written */
 cleanup:
     if (r->plan)
         bfs__count_kinds(r->in, r->plan, res);

@@ -80,6 +80,8 @@ typedef struct bfs_run {
     uint64_t dev_read0;        /* bfs__device_read_bytes() when the run began */
     bfs_outdir_lock lock;      /* one writer per OUTDIR */
     double t_dequant, t_commit; /* stage times (BFSHARD_STAGES=1) */
+    double t_read;             /* the input's identity checks, source hashes, read-ahead, release */
+    double t_files0;           /* bfs__now() when the rank files began (0: not yet) */
     double t_input, t_plan, t_layout, t_setup, t_files, t_manifest; /* and the phases around the rank files */
     int slot;                  /* the unit buffer to fill next (bfs__slot_next) */
     int live;                  /* buffers used so far: [0, live) (bfs__slot_next) */
@@ -99,12 +101,17 @@ typedef struct bfs_run {
 } bfs_run;
 
 /* convert.c */
-/* Progress: bytes the writer has written (not merely queued); the run's last report,
- * once every file is written, has bytes_done == bytes_total (convert.c). */
+/* Progress: bytes the writer has written (not merely queued), with each stage's busy
+ * fraction so far (convert_stages.c); the run's last report, once every file is written, has
+ * bytes_done == bytes_total (convert.c: done). */
+void bfs__progress_run(bfs_run *r, const char *tensor, bool done);
 static inline void bfs__progress(bfs_run *r, const char *tensor)
 {
-    bfs__progress_report(r->o, atomic_load(&r->w.total), r->part_bytes, tensor);
+    if (r->o->progress)
+        bfs__progress_run(r, tensor, false);
 }
+/* Each stage's busy fraction over el seconds (0: since the rank files began; bfs_progress's busy_*). */
+void bfs__busy(bfs_run *r, double el, double *read, double *dequant, double *hash, double *write);
 
 /* convert_ranks.c */
 void bfs__rank_free(bfs_rank *k);

@@ -319,13 +319,17 @@ static int bfs__run_span(bfs_run *r, bfs_ucur *span, uint8_t *out, uint64_t *len
             n++;
         }
         if (n == BFS_SPAN_BATCH || (!more && n > 0)) {
+            double t0 = bfs__now();
             rc = bfs__check_units(r, u, n);
+            r->t_read += bfs__now() - t0;
             if (rc == 0)
                 rc = bfs__run_units(r, u, ua, ub, n);
+            t0 = bfs__now();
             if (rc == 0)
                 rc = bfs__check_units(r, u, n);
             for (int i = 0; i < n && rc == 0; i++)
                 bfs__advise_sources(r->in, &u[i], true);
+            r->t_read += bfs__now() - t0;
             n = 0;
         }
     }
@@ -347,7 +351,8 @@ static int bfs__run_units(bfs_run *r, const bfs_unit *u, const uint64_t *ua, con
         rc = r->be->run_batch(r->be, u, n);
     for (int i = 0; i < n && rc >= 0 && !r->be->run_batch; i++)
         rc = r->be->run(r->be, &u[i]);
-    r->t_dequant += bfs__now() - t0;
+    const double t1 = bfs__now();
+    r->t_dequant += t1 - t0;
     for (int i = 0; i < n && rc >= 0; i++) {
         bfs_srange sr[BFS_UNIT_MAX_SRC], blk[BFS_UNIT_MAX_SRC];
         const int ns = bfs__unit_hash_blocks(&u[i], ua[i], ub[i], sr, blk);
@@ -355,6 +360,7 @@ static int bfs__run_units(bfs_run *r, const bfs_unit *u, const uint64_t *ua, con
         if (hr < 0)
             return hr;
     }
+    r->t_read += bfs__now() - t1; /* the source hashes read the input again */
     return rc;
 }
 
@@ -426,8 +432,11 @@ int bfs__piece_step(bfs_run *r, bfs_rank *rk, const bfs_outfile *of, bfs_pcur *p
     bfs_ucur peek = nspan;
     bfs_unit next;
     uint64_t na, nb;
-    if (pc->more && bfs__ucur_next(&peek, UINT64_MAX, &next, &na, &nb))
+    if (pc->more && bfs__ucur_next(&peek, UINT64_MAX, &next, &na, &nb)) {
+        const double t0 = bfs__now();
         bfs__advise_sources(r->in, &next, false);
+        r->t_read += bfs__now() - t0;
+    }
     uint64_t len = 0;
     BFS_TRY(bfs__run_span(r, &pc->span, out, &len));
     const bfs_wjob j = {.buf = out, .len = (size_t)len, .off = pc->off, .piece = (int)pc->pi, .piece_end = !pc->more,
@@ -605,7 +614,9 @@ int bfs__write_batch(bfs_run *r, bfs_rank *rk, const bfs_outfile *of, size_t p0,
         BFS_TRY(bfs__slot_take(r, &buf)); /* the writer is done with it */
         out = buf + off0 % BFS_DIO_ALIGN;
     }
+    double t0 = bfs__now();
     BFS_TRY(bfs__check_batch(r, of, p0, p1));
+    r->t_read += bfs__now() - t0;
     bfs_unit u[BFS_RUN_BATCH];
     uint64_t ua[BFS_RUN_BATCH], ub[BFS_RUN_BATCH];
     int n = 0;
@@ -626,10 +637,12 @@ int bfs__write_batch(bfs_run *r, bfs_rank *rk, const bfs_outfile *of, size_t p0,
         }
     }
     BFS_TRY(bfs__run_units(r, u, ua, ub, n));
+    t0 = bfs__now();
     BFS_TRY(bfs__check_batch(r, of, p0, p1));
     bfs__slot_touch(r, out + len);
     if (!carve) /* a window's pages go after the window (bfs__write_group) */
         bfs__release_batch(r, of, p0, p1);
+    r->t_read += bfs__now() - t0;
     BFS_TRY(bfs__unit_push(r, rk, &(bfs_wjob){.buf = out, .len = (size_t)len, .off = off0, .piece = (int)p0,
                                               .piece_last = (int)(p1 - 1), .piece_end = true, .headroom = true},
                            !carve));
@@ -689,7 +702,9 @@ int bfs__write_group(bfs_run *r, const int *fidx, int n)
         if (s.window_end || !s.batch)
             bfs__carve_close(r);
         if (s.window_end) {
+            const double t0 = bfs__now();
             BFS_TRY(bfs__release_window(r, &gw));
+            r->t_read += bfs__now() - t0;
             continue;
         }
         bfs_rank *const k = &r->grp[s.g];

@@ -78,7 +78,7 @@ static bool bfs__writer_set_direct(bfs_wfile *f, bool on)
  * it off for the rest of the file and the bytes go buffered), else buffered. */
 static int bfs__writer_out(bfs_writer *w, bfs_wfile *f, const uint8_t *p, size_t n, uint64_t off)
 {
-    bfs_wstages *const st = &w->lanes[f->lane].st;
+    bfs_wstages *const st = &w->lanes[f->lane].wst;
     const double t0 = bfs__wnow();
     while (n > 0) {
         const size_t chunk = n > (1u << 30) ? (1u << 30) : n;
@@ -173,7 +173,7 @@ static int bfs__writer_tail(bfs_writer *w, bfs_wfile *f)
         f->carry_off += f->carry_len;
         f->carry_len = 0;
     }
-    w->lanes[f->lane].st.tail += bfs__wnow() - t0;
+    w->lanes[f->lane].wst.tail += bfs__wnow() - t0;
     return 0;
 }
 
@@ -205,7 +205,7 @@ static int bfs__writer_do(bfs_writer *w, const bfs_wjob *j)
             if (k >= last)
                 break;
         }
-        w->lanes[f->lane].st.zst += bfs__wnow() - t0;
+        w->lanes[f->lane].wst.zst += bfs__wnow() - t0;
         if (rc < 0)
             return rc;
     }
@@ -287,6 +287,11 @@ static void *bfs__writer_main(void *p)
         if (rc < 0 && w->rc == 0)
             w->rc = rc;
         l->nwrite++;
+        l->st.write = l->wst.write; /* published for bfs__writer_stages */
+        l->st.zst = l->wst.zst;
+        l->st.tail = l->wst.tail;
+        l->st.direct_bytes = l->wst.direct_bytes;
+        l->st.buffered_bytes = l->wst.buffered_bytes;
         bfs__writer_retire(w, l);
     }
     pthread_mutex_unlock(&w->mu);

@@ -108,7 +108,8 @@ typedef struct bfs_wlane {
     bfs_wjob q[BFS_WQ_MAX];
     int head, count;   /* ring of at most BFS_WQ_MAX jobs not yet done with (written and hashed) */
     int nwrite, nxxh, nsha; /* of those, from head: how many the writer wrote, the hash and sha threads hashed */
-    bfs_wstages st;    /* its threads' seconds and bytes */
+    bfs_wstages st;    /* its threads' seconds and bytes (under mu) */
+    bfs_wstages wst;   /* the writer thread's own, copied into st after each job */
 } bfs_wlane;
 
 typedef struct bfs_writer {
