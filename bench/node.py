@@ -10,7 +10,9 @@ writers of the same bytes (each 1/nproc of them, bs=8M): rounds interleaved (dd,
 then the next round), the median of the rounds' ratios dd time / bfshard time held to
 >= 0.6 (the bar), each run's peak RSS (/usr/bin/time -v) and its stage seconds and busy
 fractions (BFSHARD_STAGES=1) beside it; then `verify` of each output beside `nproc`
-concurrent `xxh128sum` of its files. Prints a table and writes JSON to --out.
+concurrent `xxh128sum` of its files. The input is read into the page cache before each
+bfshard run (bfshard drops the pages it read: every run starts from the same cache). Prints
+a table and writes JSON to --out; `make bench` runs it too (bench.py --node).
 """
 import argparse
 import json
@@ -24,7 +26,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from bench import TIME, parse_time_v, loadavg, reread_cache  # noqa: E402
+from bench import TIME, parse_time_v, loadavg, reread_cache, warm_cache  # noqa: E402
 
 BAR = 0.6
 
@@ -72,11 +74,75 @@ def out_bytes(d):
 
 
 def busy(st):
-    """each stage's busy fraction of the run's rank-file phase (seconds / files_s)"""
-    if not st or not st.get("files_s"):
+    """each stage's busy fraction over the rank files (BFSHARD_STAGES's busy_*: per thread of
+    the stage); a binary without them: seconds / files_s"""
+    if not st:
         return {}
-    f = st["files_s"]
-    return {k: round(st.get(k + "_s", 0.0) / f, 3) for k in ("dequant", "hash", "write", "sha256")}
+    if "busy_write" in st:
+        return {k: round(st["busy_" + k], 3) for k in ("read", "dequant", "hash", "write")}
+    f = st.get("files_s") or 0
+    return {k: round(st.get(k + "_s", 0.0) / f, 3) for k in ("dequant", "hash", "write")} if f else {}
+
+
+def run(bfshard, data, python, layers=2, vocab=32000, rounds=3, shm=None, cases="w8,hf"):
+    """the node case; returns its results (ratio medians, PASS against BAR, busy fractions)"""
+    nproc = os.cpu_count() or 1
+    shm = shm or f"/dev/shm/bfshard-node-{os.getpid()}"
+    inp = os.path.join(data, f"node-gptoss-L{layers}-V{vocab}")
+    if not os.path.exists(os.path.join(inp, "config.json")):
+        log("generating", inp)
+        subprocess.run([python, os.path.join(HERE, "gen_synth.py"), "gpt-oss", inp, "--layers", str(layers),
+                        "--vocab", str(vocab)], check=True)
+    argv = {"w8": ["--world-size", "8"], "hf": ["--layout", "hf"]}
+    want = [c for c in cases.split(",") if c in argv]
+    env = dict(os.environ, BFSHARD_STAGES="1")
+    reread_cache([inp])
+    os.makedirs(shm, exist_ok=True)
+    rows = []
+    la0 = loadavg()
+    for rnd in range(rounds):
+        row = {}
+        for c in want:
+            out = os.path.join(shm, c)
+            shutil.rmtree(out, ignore_errors=True)
+            warm_cache([inp])
+            r = run_timed([bfshard, "convert", inp, out, "--device", "cpu", "-q"] + argv[c], env=env)
+            if r["rc"] != 0:
+                raise RuntimeError(f"node {c}: bfshard failed: {r.get('stderr', '')}")
+            r["out_bytes"] = out_bytes(out)
+            if rnd == rounds - 1:  # verify of the last round's output, beside nproc xxh128sum
+                v = run_timed([bfshard, "verify", out])
+                files = sorted(os.path.join(out, f) for f in os.listdir(out) if not f.startswith("."))
+                t0 = time.monotonic()
+                ps = [subprocess.Popen(["xxh128sum"] + files[i::nproc], stdout=subprocess.DEVNULL)
+                      for i in range(nproc) if files[i::nproc]]
+                [p.wait() for p in ps]
+                r["verify_s"], r["xxh128sum_s"] = v["wall_s"], time.monotonic() - t0
+            shutil.rmtree(out, ignore_errors=True)
+            d = dd_writers(os.path.join(shm, "dd"), r["out_bytes"], nproc)
+            r["dd_s"] = d["wall_s"]
+            r["ratio"] = d["wall_s"] / r["wall_s"]
+            r["busy"] = busy(r.get("stages"))
+            row[c] = r
+            log(f"round {rnd + 1} {c}: {r['wall_s']:.2f} s, {nproc} dd {d['wall_s']:.2f} s, ratio {r['ratio']:.2f}, "
+                f"peak RSS {r.get('max_rss_kb', 0) / 1024:.0f} MB, CPU {r['cpu_percent']}%, busy {r['busy']}, "
+                f"load {loadavg()}")
+        rows.append(row)
+    shutil.rmtree(shm, ignore_errors=True)
+    res = {"nproc": nproc, "layers": layers, "rounds": rounds, "loadavg_start": la0, "loadavg_end": loadavg(),
+           "bar": BAR, "cases": {}}
+    for c in want:
+        rs = [row[c] for row in rows]
+        med = statistics.median(r["ratio"] for r in rs)
+        mid = sorted(rs, key=lambda r: r["ratio"])[len(rs) // 2]
+        res["cases"][c] = {"ratio_median": med, "pass": med >= BAR, "gbps_median": mid["out_bytes"] / mid["wall_s"] / 1e9,
+                           "dd_gbps": mid["out_bytes"] / mid["dd_s"] / 1e9, "peak_rss_mb": mid.get("max_rss_kb", 0) / 1024,
+                           "busy": mid["busy"], "cpu_percent": mid.get("cpu_percent"),
+                           "writers": (mid.get("stages") or {}).get("writers", 1),
+                           "verify_s": rs[-1].get("verify_s"), "xxh128sum_s": rs[-1].get("xxh128sum_s"),
+                           "rounds": [{k: r.get(k) for k in ("wall_s", "dd_s", "ratio", "max_rss_kb", "cpu_percent",
+                                                             "busy", "stages", "out_bytes")} for r in rs]}
+    return res
 
 
 def main():
@@ -91,72 +157,18 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "out", "node.json"))
     ap.add_argument("--cases", default="w8,hf")
     a = ap.parse_args()
-    bfshard = os.path.join(a.build, "bfshard")
-    nproc = os.cpu_count() or 1
-    inp = os.path.join(a.data, f"node-gptoss-L{a.layers}-V{a.vocab}")
-    if not os.path.exists(os.path.join(inp, "config.json")):
-        log("generating", inp)
-        subprocess.run([a.python, os.path.join(HERE, "gen_synth.py"), "gpt-oss", inp, "--layers", str(a.layers),
-                        "--vocab", str(a.vocab)], check=True)
-    cases = {"w8": ["--world-size", "8"], "hf": ["--layout", "hf"]}
-    want = [c for c in a.cases.split(",") if c in cases]
-    env = dict(os.environ, BFSHARD_STAGES="1")
-    reread_cache([inp])
-    os.makedirs(a.shm, exist_ok=True)
-    rounds = []
-    la0 = loadavg()
-    for rnd in range(a.rounds):
-        row = {}
-        for c in want:
-            out = os.path.join(a.shm, c)
-            shutil.rmtree(out, ignore_errors=True)
-            r = run_timed([bfshard, "convert", inp, out, "--device", "cpu", "-q"] + cases[c], env=env)
-            if r["rc"] != 0:
-                log(c, "failed:", r.get("stderr", ""))
-                sys.exit(1)
-            r["out_bytes"] = out_bytes(out)
-            if rnd == a.rounds - 1:  # verify of the last round's output, beside nproc xxh128sum
-                v = run_timed([bfshard, "verify", out])
-                files = sorted(os.path.join(out, f) for f in os.listdir(out) if not f.startswith("."))
-                t0 = time.monotonic()
-                ps = [subprocess.Popen(["xxh128sum"] + files[i::nproc], stdout=subprocess.DEVNULL)
-                      for i in range(nproc) if files[i::nproc]]
-                [p.wait() for p in ps]
-                r["verify_s"], r["xxh128sum_s"] = v["wall_s"], time.monotonic() - t0
-            shutil.rmtree(out, ignore_errors=True)
-            d = dd_writers(os.path.join(a.shm, "dd"), r["out_bytes"], nproc)
-            r["dd_s"] = d["wall_s"]
-            r["ratio"] = d["wall_s"] / r["wall_s"]
-            r["busy"] = busy(r.get("stages"))
-            row[c] = r
-            log(f"round {rnd + 1} {c}: {r['wall_s']:.2f} s, {nproc} dd {d['wall_s']:.2f} s, ratio {r['ratio']:.2f}, "
-                f"peak RSS {r.get('max_rss_kb', 0) / 1024:.0f} MB, busy {r['busy']}, load {loadavg()}")
-        rounds.append(row)
-    shutil.rmtree(a.shm, ignore_errors=True)
-    res = {"nproc": nproc, "loadavg_start": la0, "loadavg_end": loadavg(), "bar": BAR, "cases": {}}
-    ok = True
-    for c in want:
-        rs = [row[c] for row in rounds]
-        med = statistics.median(r["ratio"] for r in rs)
-        mid = sorted(rs, key=lambda r: r["ratio"])[len(rs) // 2]
-        passed = med >= BAR
-        ok = ok and passed
-        res["cases"][c] = {"ratio_median": med, "pass": passed, "gbps_median": mid["out_bytes"] / mid["wall_s"] / 1e9,
-                           "dd_gbps": mid["out_bytes"] / mid["dd_s"] / 1e9, "peak_rss_mb": mid.get("max_rss_kb", 0) / 1024,
-                           "busy": mid["busy"], "cpu_percent": mid.get("cpu_percent"),
-                           "verify_s": rs[-1].get("verify_s"), "xxh128sum_s": rs[-1].get("xxh128sum_s"),
-                           "rounds": [{k: r.get(k) for k in ("wall_s", "dd_s", "ratio", "max_rss_kb", "busy",
-                                                             "stages", "out_bytes")} for r in rs]}
-        x = res["cases"][c]
-        print(f"node {c:3s}: {'PASS' if passed else 'FAIL'} {med:.2f}x the {nproc}-writer dd floor (bar >= {BAR}), "
-              f"{x['gbps_median']:.2f} GB/s vs dd {x['dd_gbps']:.2f} GB/s, peak RSS {x['peak_rss_mb']:.0f} MB, "
-              f"CPU {x['cpu_percent']}%, busy {x['busy']}, verify {x['verify_s']:.2f} s vs {nproc} xxh128sum "
-              f"{x['xxh128sum_s']:.2f} s")
-    print(f"load average {la0} at the start, {res['loadavg_end']} at the end")
+    res = run(os.path.join(a.build, "bfshard"), a.data, a.python, a.layers, a.vocab, a.rounds, a.shm, a.cases)
+    nproc = res["nproc"]
+    for c, x in res["cases"].items():
+        print(f"node {c:3s}: {'PASS' if x['pass'] else 'FAIL'} {x['ratio_median']:.2f}x the {nproc}-writer dd floor "
+              f"(bar >= {BAR}), {x['gbps_median']:.2f} GB/s vs dd {x['dd_gbps']:.2f} GB/s, peak RSS "
+              f"{x['peak_rss_mb']:.0f} MB, CPU {x['cpu_percent']}%, {x['writers']} writer(s), busy {x['busy']}, "
+              f"verify {x['verify_s']:.2f} s vs {nproc} xxh128sum {x['xxh128sum_s']:.2f} s")
+    print(f"load average {res['loadavg_start']} at the start, {res['loadavg_end']} at the end")
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)
-    sys.exit(0 if ok else 3)
+    sys.exit(0 if all(x["pass"] for x in res["cases"].values()) else 3)
 
 
 if __name__ == "__main__":
