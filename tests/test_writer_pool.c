@@ -3,7 +3,8 @@
  * bytes, XXH3-128 and piece hashes as one plain write would, with O_DIRECT ($TMPDIR where it
  * takes it) and buffered (/dev/shm); a write that fails is one error naming the file and the
  * offset, whatever the other lanes do; a disk that fills mid-run (a file-size limit) fails
- * cleanly, every lane drained. */
+ * cleanly, every lane drained; HF shards interleaved over two lanes, killed (-9) at each of
+ * their temporaries, resume to the files of a clean one-at-a-time run. */
 #include "testutil.h"
 #include "bfs_internal.h"
 #include "output/writer.h"
@@ -222,12 +223,40 @@ static void full_disk_mid_run(void **s)
     free(tmp);
 }
 
+/* HF shards written together by two lanes, kill -9 after each temporary is created, then
+ * the same command again: the OUTDIR a clean run writes one shard at a time */
+static void hf_interleaved_kill9_resume(void **s)
+{
+    (void)s;
+    char *tmp = tu_tmpdir("poolhf");
+    char ref[4096], out[4096], env[128];
+    snprintf(ref, sizeof ref, "%s/ref", tmp);
+    char *rargv[] = {(char *)tu_bfshard(), "convert", "fixtures/mxfp4-tiny", ref, "--layout", "hf",
+                     "--max-shard-size", "64K", "--device", "cpu", "--quiet", NULL};
+    assert_int_equal(tu_run(rargv, &(tu_proc){.env = "BFSHARD_GROUP=1"}), 0);
+    setenv("BFSHARD_WRITERS", "2", 1);
+    for (int nth = 1; nth <= 7; nth++) {
+        snprintf(out, sizeof out, "%s/out%d", tmp, nth);
+        char *argv[] = {(char *)tu_bfshard(), "convert", "fixtures/mxfp4-tiny", out, "--layout", "hf",
+                        "--max-shard-size", "64K", "--device", "cpu", "--quiet", NULL};
+        snprintf(env, sizeof env, "BFSHARD_TEST_SIGNAL=tmp:9:%d", nth);
+        assert_int_equal(tu_run(argv, &(tu_proc){.env = env}), 1000 + SIGKILL);
+        assert_int_equal(tu_run(argv, NULL), 0);
+        if (tu_sh("diff -r '%s' '%s' >/dev/null", ref, out) != 0)
+            fail_msg("kill -9 at temporary %d: the resumed OUTDIR differs from a clean run", nth);
+    }
+    unsetenv("BFSHARD_WRITERS");
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(many_files_many_lanes),
         cmocka_unit_test(write_error_names_file_and_offset),
         cmocka_unit_test(full_disk_mid_run),
+        cmocka_unit_test(hf_interleaved_kill9_resume),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
