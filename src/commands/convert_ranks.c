@@ -170,7 +170,9 @@ cleanup:
     return rc;
 }
 
-/* The rank file's temporary, its whole size reserved now: a full disk fails here, before any work. */
+/* The rank file's temporary; its whole size is reserved by the writer lane that owns it,
+ * before it writes any of its bytes (bfs_wjob.reserve: on tmpfs the reservation is the page
+ * allocation, a third of a run's CPU, taken off the dequantizing thread). */
 static int bfs__rank_open(bfs_run *r, const bfs_outfile *of, bfs_tmpfile *t, char *what, size_t cap)
 {
     const int rc = bfs__tmp_open(t, r->dirfd, r->outdir, of->name);
@@ -179,11 +181,6 @@ static int bfs__rank_open(bfs_run *r, const bfs_outfile *of, bfs_tmpfile *t, cha
     char path[PATH_MAX + 64]; /* what and t may be parts of one struct */
     snprintf(path, sizeof path, "%s/%s", r->outdir, t->tmp);
     snprintf(what, cap, "%s", path);
-    const int fe = posix_fallocate(t->fd, 0, (off_t)of->size);
-    if (fe == ENOSPC || fe == EFBIG || fe == EDQUOT)
-        return bfs__err(BFS_EIO, "%s: cannot reserve %llu bytes: %s", what, (unsigned long long)of->size, strerror(fe));
-    if (fe != 0 && ftruncate(t->fd, (off_t)of->size) != 0)
-        return bfs__err(BFS_EIO, "%s: cannot size to %llu bytes: %s", what, (unsigned long long)of->size, strerror(errno));
     return 0;
 }
 
@@ -527,7 +524,7 @@ int bfs__rank_begin(bfs_run *r, bfs_rank *k)
      * group's headers are built and written while its first units are dequantized (a
      * header too large for a buffer fails there, out of memory) */
     BFS_TRY(bfs__writer_push(&r->w, &(bfs_wjob){.buf = NULL, .len = (size_t)of->data_start, .off = 0, .piece = -1,
-                                                .headroom = true, .build = true,
+                                                .headroom = true, .build = true, .reserve = of->size,
                                                 .hex = r->hdr_hex ? r->hdr_hex[k->fidx] : NULL}));
 cleanup:
     return rc;

@@ -179,10 +179,26 @@ static int bfs__writer_tail(bfs_writer *w, bfs_wfile *f)
 
 static void bfs__writer_hash(bfs_writer *w, const bfs_wjob *j);
 
+/* the file's whole size reserved before its first byte (bfs_wjob.reserve) */
+static int bfs__writer_reserve(bfs_writer *w, bfs_wfile *f, uint64_t size)
+{
+    const double t0 = bfs__wnow();
+    const int fe = posix_fallocate(f->fd, 0, (off_t)size);
+    w->lanes[f->lane].wst.write += bfs__wnow() - t0;
+    if (fe == ENOSPC || fe == EFBIG || fe == EDQUOT)
+        return bfs__err(BFS_EIO, "%s: cannot reserve %llu bytes: %s", f->what, (unsigned long long)size, strerror(fe));
+    if (fe != 0 && ftruncate(f->fd, (off_t)size) != 0)
+        return bfs__err(BFS_EIO, "%s: cannot size to %llu bytes: %s", f->what, (unsigned long long)size,
+                        strerror(errno));
+    return 0;
+}
+
 static int bfs__writer_do(bfs_writer *w, const bfs_wjob *j)
 {
     int rc = 0;
     bfs_wfile *const f = &w->files[j->file];
+    if (j->reserve && (rc = bfs__writer_reserve(w, f, j->reserve)) < 0)
+        return rc;
     if (j->end)
         return bfs__writer_tail(w, f);
     if (f->zw) { /* a frame boundary before every piece (each piece of a batch) */

@@ -53,6 +53,9 @@ typedef struct bfs_wjob {
      * writer and the sha thread read it, so that the pushing thread neither builds nor
      * waits for the headers of a group's files */
     bool build;
+    /* the file's whole size, reserved (posix_fallocate, else ftruncate) by its writer before
+     * the job's bytes: a full disk fails there, before any of the file is written; 0: none */
+    uint64_t reserve;
     int file;      /* (set by push) which of the writer's files: the one bfs__writer_use chose */
     uint64_t seq;  /* (set by push) its number: jobs pushed before it */
     int hb;        /* (set by push, build) the header buffer it is built in */
