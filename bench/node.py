@@ -84,8 +84,9 @@ def busy(st):
     return {k: round(st.get(k + "_s", 0.0) / f, 3) for k in ("dequant", "hash", "write")} if f else {}
 
 
-def run(bfshard, data, python, layers=2, vocab=32000, rounds=3, shm=None, cases="w8,hf"):
-    """the node case; returns its results (ratio medians, PASS against BAR, busy fractions)"""
+def run(bfshard, data, python, layers=2, vocab=32000, rounds=3, shm=None, cases="w8,hf", before=None):
+    """the node case; returns its results (ratio medians, PASS against BAR, busy fractions);
+    before: another bfshard binary run in the same rounds, its cases named CASE-before"""
     nproc = os.cpu_count() or 1
     shm = shm or f"/dev/shm/bfshard-node-{os.getpid()}"
     inp = os.path.join(data, f"node-gptoss-L{layers}-V{vocab}")
@@ -95,6 +96,12 @@ def run(bfshard, data, python, layers=2, vocab=32000, rounds=3, shm=None, cases=
                         "--vocab", str(vocab)], check=True)
     argv = {"w8": ["--world-size", "8"], "hf": ["--layout", "hf"]}
     want = [c for c in cases.split(",") if c in argv]
+    bins = {c: bfshard for c in want}
+    if before:  # the same cases with the other binary, in the same rounds
+        for c in list(want):
+            argv[c + "-before"] = argv[c]
+            bins[c + "-before"] = before
+            want.insert(want.index(c), c + "-before")
     env = dict(os.environ, BFSHARD_STAGES="1")
     reread_cache([inp])
     os.makedirs(shm, exist_ok=True)
@@ -106,12 +113,12 @@ def run(bfshard, data, python, layers=2, vocab=32000, rounds=3, shm=None, cases=
             out = os.path.join(shm, c)
             shutil.rmtree(out, ignore_errors=True)
             warm_cache([inp])
-            r = run_timed([bfshard, "convert", inp, out, "--device", "cpu", "-q"] + argv[c], env=env)
+            r = run_timed([bins[c], "convert", inp, out, "--device", "cpu", "-q"] + argv[c], env=env)
             if r["rc"] != 0:
                 raise RuntimeError(f"node {c}: bfshard failed: {r.get('stderr', '')}")
             r["out_bytes"] = out_bytes(out)
             if rnd == rounds - 1:  # verify of the last round's output, beside nproc xxh128sum
-                v = run_timed([bfshard, "verify", out])
+                v = run_timed([bins[c], "verify", out])
                 files = sorted(os.path.join(out, f) for f in os.listdir(out) if not f.startswith("."))
                 t0 = time.monotonic()
                 ps = [subprocess.Popen(["xxh128sum"] + files[i::nproc], stdout=subprocess.DEVNULL)
@@ -156,8 +163,10 @@ def main():
     ap.add_argument("--shm", default=f"/dev/shm/bfshard-node-{os.getpid()}")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "out", "node.json"))
     ap.add_argument("--cases", default="w8,hf")
+    ap.add_argument("--before", default=None, help="another bfshard binary, run in the same rounds (before/after)")
     a = ap.parse_args()
-    res = run(os.path.join(a.build, "bfshard"), a.data, a.python, a.layers, a.vocab, a.rounds, a.shm, a.cases)
+    res = run(os.path.join(a.build, "bfshard"), a.data, a.python, a.layers, a.vocab, a.rounds, a.shm, a.cases,
+              a.before)
     nproc = res["nproc"]
     for c, x in res["cases"].items():
         print(f"node {c:3s}: {'PASS' if x['pass'] else 'FAIL'} {x['ratio_median']:.2f}x the {nproc}-writer dd floor "
@@ -168,7 +177,7 @@ def main():
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)
-    sys.exit(0 if all(x["pass"] for x in res["cases"].values()) else 3)
+    sys.exit(0 if all(x["pass"] for c, x in res["cases"].items() if not c.endswith("-before")) else 3)
 
 
 if __name__ == "__main__":
