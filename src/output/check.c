@@ -14,6 +14,7 @@
 #include "output/manifest.h"
 #include "output/parts.h"
 #include "output/slices.h"
+#include "output/writer.h" /* bfs__xxh128_update */
 
 #include <dirent.h>
 #include <errno.h>
@@ -309,6 +310,24 @@ typedef struct {
     _Atomic size_t next;
 } bfs_prehash_job;
 
+/* [0, len) of fd into both hashes (sha may be NULL), XXH3 with the fastest code this CPU runs */
+static int bfs__prehash_read(bfs_fd_hasher *h, uint64_t len, bfs_sha256 *sha)
+{
+    for (uint64_t off = 0; off < len;) {
+        const size_t n = len - off < h->bs ? (size_t)(len - off) : h->bs;
+        if (bfs__cancelled())
+            return BFS_EINTR;
+        const int rc = bfs__pread_all(h->fd, h->buf, n, off, h->path);
+        if (rc < 0)
+            return rc;
+        bfs__xxh128_update(h->st, h->buf, n);
+        if (sha)
+            bfs__sha256_update(sha, h->buf, n);
+        off += n;
+    }
+    return 0;
+}
+
 /* File i hashed ahead, when it is a regular file of its recorded size. */
 static void bfs__prehash_one(const bfs_prehash_job *pj, size_t i, bfs_fd_hasher *h)
 {
@@ -321,8 +340,9 @@ static void bfs__prehash_one(const bfs_prehash_job *pj, size_t i, bfs_fd_hasher 
     struct stat sb;
     bool ok = fd >= 0 && fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && (uint64_t)sb.st_size == mf.size;
     XXH3_128bits_reset(h->st);
-    ok = ok && (!mf.sha256 || bfs__sha256_reset(h->sha) == 0) &&
-         bfs__hash_range2(fd, 0, mf.size, h->buf, h->bs, path, h->st, mf.sha256 ? h->sha : NULL) == 0 &&
+    h->fd = fd;
+    h->path = path;
+    ok = ok && (!mf.sha256 || bfs__sha256_reset(h->sha) == 0) && bfs__prehash_read(h, mf.size, mf.sha256 ? h->sha : NULL) == 0 &&
          (!mf.sha256 || bfs__sha256_hex(h->sha, pj->pre[i].sgot) == 0);
     if (ok)
         bfs__hash_hex(XXH3_128bits_digest(h->st), pj->pre[i].got);
