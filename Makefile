@@ -80,6 +80,10 @@ TEST_COMMON := $(BUILD)/tests/testutil.o
 .PHONY: all deps test demo clean bench interop fuzz asan test-launchers check-layers
 all: deps $(BUILD)/bfshard
 
+# Every rule that compiles takes `| deps`: an order-only prerequisite, so that under make -jN
+# no compiler starts before the missing packages (their headers) are installed, and, deps
+# being phony, it is run every time (quiet and quick when all is present) but never makes
+# an object out of date.
 deps:
 	@scripts/install-deps.sh
 
@@ -103,27 +107,27 @@ $(BUILD)/libbfshard.a: $(LIB_OBJ)
 $(BUILD)/bfshard: $(CLI_OBJ) $(BUILD)/libbfshard.a
 	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libbfshard.a $(LIBS)
 
-$(BUILD)/%.o: %.c $(HDRS)
+$(BUILD)/%.o: %.c $(HDRS) | deps
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(KAVX2_SRC:%.c=$(BUILD)/%.o): $(BUILD)/%.o: %.c $(wildcard kernels/*.h)
+$(KAVX2_SRC:%.c=$(BUILD)/%.o): $(BUILD)/%.o: %.c $(wildcard kernels/*.h) | deps
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -mavx2 -mf16c -mbmi2 -c $< -o $@
 
-$(BUILD)/kernels/cpu_avx512.o: kernels/cpu_avx512.c $(wildcard kernels/*.h)
+$(BUILD)/kernels/cpu_avx512.o: kernels/cpu_avx512.c $(wildcard kernels/*.h) | deps
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mf16c -mbmi2 -c $< -o $@
 
-$(BUILD)/%.cu.o: %.cu $(wildcard kernels/*.h kernels/*.cuh)
+$(BUILD)/%.cu.o: %.cu $(wildcard kernels/*.h kernels/*.cuh) | deps
 	@mkdir -p $(@D)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
-$(BUILD)/tests/testutil.o: tests/testutil.c tests/testutil.h
+$(BUILD)/tests/testutil.o: tests/testutil.c tests/testutil.h | deps
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -Isrc -c $< -o $@
 
-$(BUILD)/tests/%: tests/%.c $(TEST_COMMON) $(BUILD)/libbfshard.a tests/testutil.h tests/tu_st.h
+$(BUILD)/tests/%: tests/%.c $(TEST_COMMON) $(BUILD)/libbfshard.a tests/testutil.h tests/tu_st.h | deps
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -Isrc -o $@ $< $(TEST_COMMON) $(BUILD)/libbfshard.a $(LIBS) -lcmocka $(LDFLAGS)
 
@@ -207,7 +211,7 @@ fuzz-lib:
 	    EXTRA_CFLAGS="$(FUZZ_SAN) -fsanitize=fuzzer-no-link -Wno-unknown-warning-option -DBFS_MF_WIN=$(FUZZ_MF_WIN)" \
 	    $(FUZZ_BUILD)/lib/libbfshard.a
 
-$(FUZZ_BUILD)/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz_common.c fuzz/fuzz_common.h $(FUZZ_BUILD)/lib/libbfshard.a
+$(FUZZ_BUILD)/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz_common.c fuzz/fuzz_common.h $(FUZZ_BUILD)/lib/libbfshard.a | deps
 	@mkdir -p $(@D)
 	$(FUZZ_CC) $(CFLAGS_BASE) -O1 -Wno-unknown-warning-option -Isrc -Itests $(FUZZ_SAN) -fsanitize=fuzzer \
 	    -o $@ $< fuzz/fuzz_common.c $(FUZZ_BUILD)/lib/libbfshard.a -ljansson -lxxhash -lzstd -lcrypto -lm
@@ -339,18 +343,18 @@ EMU_OBJ := $(filter-out $(CUDA_C_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.
            $(CUDA_C_SRC:src/backend/%.c=$(EMU_BUILD)/%.o) $(CU_SRC:kernels/%.cu=$(EMU_BUILD)/%.cu.o) $(EMU_BUILD)/fake_cudart.o
 EMU_LIBS := $(filter-out -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt,$(LIBS))
 
-$(EMU_BUILD)/%.cu.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh)
+$(EMU_BUILD)/%.cu.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh) | deps
 	@mkdir -p $(@D)
 	$(NVCC) $(EMU_NVFLAGS) -c $< -o $@
-$(CUDA_C_SRC:src/backend/%.c=$(EMU_BUILD)/%.o): $(EMU_BUILD)/%.o: src/backend/%.c $(HDRS)
+$(CUDA_C_SRC:src/backend/%.c=$(EMU_BUILD)/%.o): $(EMU_BUILD)/%.o: src/backend/%.c $(HDRS) | deps
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -DBFS_CUDA_EMULATE=1 -c $< -o $@
-$(EMU_BUILD)/fake_cudart.o: dev/cuda/emu/fake_cudart.c kernels/common.cuh
+$(EMU_BUILD)/fake_cudart.o: dev/cuda/emu/fake_cudart.c kernels/common.cuh | deps
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -c $< -o $@
 $(EMU_BUILD)/bfshard: $(CLI_OBJ) $(EMU_OBJ)
 	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(EMU_OBJ) $(EMU_LIBS)
-$(EMU_BUILD)/test_cuda: tests/test_cuda.c $(TEST_COMMON) $(EMU_OBJ) tests/testutil.h
+$(EMU_BUILD)/test_cuda: tests/test_cuda.c $(TEST_COMMON) $(EMU_OBJ) tests/testutil.h | deps
 	$(CC) $(CFLAGS) -DBFS_CUDA_EMULATE=1 -Isrc -o $@ $< $(TEST_COMMON) $(EMU_OBJ) $(EMU_LIBS) -lcmocka $(LDFLAGS)
 
 test-cuda-emu: $(EMU_BUILD)/bfshard $(EMU_BUILD)/test_cuda

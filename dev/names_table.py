@@ -6,6 +6,10 @@ Run with the interop venv's python (transformers 5.23, tests/interop/requirement
   python dev/names_table.py check     every model type of the table: its renames and packs
                                       equal get_checkpoint_conversion_mapping(type), pattern
                                       for pattern, in order (exit 1 naming the first that differs)
+  python dev/names_table.py fp32      the float32 table (src/plan/fp32.c): for every model type it
+                                      lists, of the names table, gpt_oss and the dense fixtures', its
+                                      patterns and file:line equal the class's
+                                      _keep_in_fp32_modules_strict (check runs it too)
   python dev/names_table.py vectors   tests/data/names-vectors.json: for every model type of
                                       the table, each test key and the name transformers'
                                       rename_source_key gives it (test_names.c checks the C
@@ -71,7 +75,80 @@ def upstream(model_type):
     return rows
 
 
+FP32_C = os.path.join(ROOT, "src", "plan", "fp32.c")
+
+
+def read_fp32():
+    """{model_type: (patterns, "Class (file:line ...)")} from fp32.c's table"""
+    src = open(FP32_C).read()
+    pats = {m.group(1): re.findall(r'"([^"]+)"', m.group(2))
+            for m in re.finditer(r'static const char \*const (bfs__p_\w+)\[\] = \{(.*?)\};', src, re.S)}
+    out = {}
+    for m in re.finditer(r'\{BFS_T\(((?:"\w+",?\s*)+)\), "([^"]+)", (bfs__p_\w+)\}', src):
+        for t in re.findall(r'"(\w+)"', m.group(1)):
+            out[t] = (pats[m.group(3)], m.group(2))
+    return out
+
+
+def upstream_fp32(model_type):
+    """(patterns, class name, "file:line") of the class transformers builds for model_type; the
+    DeepSeek-V3 class for kimi_k2 (its checkpoints are DeepseekV3ForCausalLM; transformers has no
+    kimi_k2 class); None when transformers has no causal-LM class for it"""
+    import importlib
+    import inspect
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as M
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES as B
+    mt = "deepseek_v3" if model_type == "kimi_k2" else model_type
+    cn = M.get(mt) or B.get(mt)
+    if cn is None:
+        return None
+    cls = getattr(importlib.import_module(f"transformers.models.{mt}.modeling_{mt}"), cn if isinstance(cn, str) else cn[0])
+    for c in cls.__mro__:
+        if "_keep_in_fp32_modules_strict" in c.__dict__:
+            v = c.__dict__["_keep_in_fp32_modules_strict"]
+            if c.__module__.startswith("transformers.modeling_utils"):
+                return [], c.__name__, ""
+            lines, l0 = inspect.getsourcelines(c)
+            ln = next(l0 + i for i, x in enumerate(lines) if "_keep_in_fp32_modules_strict" in x)
+            f = inspect.getsourcefile(c).split("transformers/", 1)[1]
+            return list(v or []), c.__name__, f"{f}:{ln}"
+    return [], cls.__name__, ""
+
+
+def check_fp32():
+    table = read_fp32()
+    names = read_table()
+    dense = set()
+    for c in glob.glob(os.path.join(ROOT, "fixtures", "*", "config.json")):
+        mt = json.load(open(c)).get("model_type")
+        if mt:
+            dense.add(mt)
+    bad = 0
+    types = sorted(set(table) | set(names) | dense | {"gpt_oss"})
+    for t in types:
+        up = upstream_fp32(t)
+        mine = table.get(t)
+        if up is None:
+            if mine:
+                bad += 1
+                print(f"fp32 table: {t}: a row, but transformers has no class for it")
+            continue
+        pats, cls, where = up
+        if not pats and not mine:
+            continue
+        if not mine or mine[0] != pats or f"{cls} ({where}" not in mine[1]:
+            bad += 1
+            print(f"fp32 table: {t}: {mine} != transformers' {cls} ({where}): {pats}")
+    print(f"fp32 table: {len(types)} model types checked ({len(table)} rows), "
+          f"{'all equal to' if not bad else f'{bad} differ from'} transformers' _keep_in_fp32_modules_strict")
+    return 1 if bad else 0
+
+
 def check():
+    return check_names() | check_fp32()
+
+
+def check_names():
     table = read_table()
     bad = 0
     for t, rows in sorted(table.items()):
@@ -143,4 +220,4 @@ def vectors():
 
 if __name__ == "__main__":
     mode = sys.argv[1] if len(sys.argv) > 1 else "check"
-    sys.exit(check() if mode == "check" else vectors() if mode == "vectors" else 2)
+    sys.exit(check() if mode == "check" else check_fp32() if mode == "fp32" else vectors() if mode == "vectors" else 2)

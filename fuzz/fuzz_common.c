@@ -261,6 +261,38 @@ void fz_fixture(const char *name, char *out, size_t cap)
     abort();
 }
 
+/* The first byte of text (len bytes) that the escaping rule (src/base/base.h, escape.c)
+ * never lets through: a C0 control but '\n' where nl is allowed, DEL, a C1 control
+ * (U+0080..U+009F) or a byte of no well-formed UTF-8 sequence; len when there is none.
+ * Decodes code points itself, so that it does not share a mistake with the rule's code. */
+static size_t fz_unescaped(const char *text, size_t len, bool nl)
+{
+    const unsigned char *t = (const unsigned char *)text;
+    for (size_t i = 0; i < len;) {
+        const unsigned c = t[i];
+        if (c < 0x80) {
+            if ((c < 0x20 && !(nl && c == '\n')) || c == 0x7f)
+                return i;
+            i++;
+            continue;
+        }
+        const size_t n = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 0;
+        if (n == 0 || c >= 0xf8 || i + n > len)
+            return i;
+        unsigned cp = c & (0x7fu >> n);
+        for (size_t k = 1; k < n; k++) {
+            if ((t[i + k] & 0xc0) != 0x80)
+                return i;
+            cp = cp << 6 | (t[i + k] & 0x3fu);
+        }
+        const unsigned least = n == 2 ? 0x80 : n == 3 ? 0x800 : 0x10000;
+        if (cp < least || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff) || cp <= 0x9f)
+            return i;
+        i += n;
+    }
+    return len;
+}
+
 void fz_check_error(int rc, const char *what)
 {
     const char *e = bfs_last_error();
@@ -268,25 +300,26 @@ void fz_check_error(int rc, const char *what)
         fprintf(stderr, "fuzz: %s failed with %d (%s) and the message \"%s\"\n", what, rc, bfs_err_name(rc), e);
         abort();
     }
-    for (const char *c = e; *c; c++)
-        if ((unsigned char)*c < 0x20 || *c == 0x7f) {
-            fprintf(stderr, "fuzz: %s: control character 0x%02x in the error message: %s\n", what, (unsigned char)*c, e);
-            abort();
-        }
+    const size_t at = fz_unescaped(e, strlen(e), false);
+    if (at < strlen(e)) {
+        fprintf(stderr, "fuzz: %s: %s 0x%02x in the error message: %s\n", what,
+                (unsigned char)e[at] < 0x80 ? "control character" : "unescaped byte", (unsigned char)e[at], e);
+        abort();
+    }
 }
 
 size_t fz_check_report(const char *text, size_t len, const char *what)
 {
     size_t lines = 0;
-    for (size_t i = 0; i < len; i++) {
-        const unsigned char c = (unsigned char)text[i];
-        if (c == '\n')
-            lines++;
-        else if (c < 0x20 || c == 0x7f) {
-            fprintf(stderr, "fuzz: %s: control character 0x%02x in the report:\n%.*s\n", what, c, (int)len, text);
-            abort();
-        }
+    const size_t at = fz_unescaped(text, len, true);
+    if (at < len) {
+        fprintf(stderr, "fuzz: %s: %s 0x%02x in the report:\n%.*s\n", what,
+                (unsigned char)text[at] < 0x80 ? "control character" : "unescaped byte", (unsigned char)text[at],
+                (int)len, text);
+        abort();
     }
+    for (size_t i = 0; i < len; i++)
+        lines += text[i] == '\n';
     if (len && text[len - 1] != '\n') {
         fprintf(stderr, "fuzz: %s: the report does not end with a line end:\n%.*s\n", what, (int)len, text);
         abort();

@@ -53,11 +53,13 @@ void fz_open_and_exercise(const char *path, const fz_opts *o);
 /* The absolute path of fixtures/NAME ($BFS_FUZZ_FIXTURES, ./fixtures, ../../fixtures), or
  * abort: the harness needs it. */
 void fz_fixture(const char *name, char *out, size_t cap);
-/* A failure of the library: rc a BFS_E* code and bfs_last_error() one non-empty line with
- * no control character; else abort naming what failed. */
+/* A failure of the library: rc a BFS_E* code and bfs_last_error() one non-empty line that
+ * the escaping rule (src/base/base.h) let through: no C0 control, DEL or C1 control, well-
+ * formed UTF-8; else abort naming what failed. */
 void fz_check_error(int rc, const char *what);
 /* A report (verify's, a check's) printed into memory: every line ends with '\n' and holds
- * no other control character (names read from files are escaped); the number of lines. */
+ * nothing else the escaping rule escapes (names read from files are escaped: no C0, DEL or
+ * C1 control, well-formed UTF-8); the number of lines. */
 size_t fz_check_report(const char *text, size_t len, const char *what);
 /* Remove a directory tree (never following a symbolic link). */
 void fz_rmrf(const char *path);

@@ -20,7 +20,8 @@
  *   - tensors[] walked again (after open, after a rewind, after a rewrite) gives exactly
  *     the elements that each() saw while opening;
  *   - the seal check reports as many lines as it counts; verify's, narrowing's and
- *     inspect's output is lines without control characters (names escaped);
+ *     inspect's output is lines escaped by the one rule (no C0, DEL or C1 control, well-
+ *     formed UTF-8: fz_check_report), text and --json alike;
  *   - narrowing reports at most one line per shard of the file;
  *   - compress's rewrite of an accepted manifest is never an internal error; what it
  *     writes is accepted, sealed, has the same head (but the seal) and the same tensors,

@@ -26,7 +26,7 @@
  *   - a refusal is BFS_EINPUT (exit 3: not a layout, no bfshard artifact) or BFS_EVERIFY
  *     (exit 7: problems found), one line saying why (fz_check_error); nothing else can
  *     happen to a layout on tmpfs;
- *   - the report is lines without control characters (names escaped), each beginning with
+ *   - the report is lines escaped by the one rule (fz_check_report), each beginning with
  *     "OCIDIR: "; none when accepted or BFS_EINPUT; with BFS_EVERIFY as many as the
  *     message's "N problem(s)";
  *   - checking twice gives the same verdict, message, report and bytes checked;

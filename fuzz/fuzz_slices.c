@@ -9,7 +9,7 @@
  * Properties (abort when broken):
  *   - the result is >= 0 (tensors reported) or BFS_EINPUT with its message set;
  *   - it equals the number of "BAD tensor" lines, and every report line is one line
- *     without control characters (names escaped);
+ *     escaped as every report is (fz_check_report);
  *   - *data_start is at most the file's size;
  *   - tensors were compared only when the header's bytes hash to the index's header hash;
  *   - the index rebuilt here from the header (when the image parses as safetensors) makes
@@ -49,17 +49,13 @@ static int fz_sl_hash(void *user, uint64_t off, uint64_t n, char hex[33])
     return 0;
 }
 
-/* the report: lines, each without a control character; the number of "BAD tensor" ones */
+/* the report: lines, each escaped (fz_check_report); the number of "BAD tensor" ones */
 static int fz_sl_lines(const char *r, size_t n)
 {
     int bad = 0;
+    fz_check_report(r, n, "slices"); /* every line ends, nothing unescaped */
     for (size_t i = 0; i < n;) {
         const char *nl = memchr(r + i, '\n', n - i);
-        if (!nl)
-            abort(); /* every line ends */
-        for (const char *c = r + i; c < nl; c++)
-            if ((unsigned char)*c < 0x20 || *c == 0x7f)
-                abort();
         bad += memmem(r + i, (size_t)(nl - (r + i)), ": BAD tensor \"", 14) != NULL;
         i = (size_t)(nl - r) + 1;
     }

@@ -52,7 +52,7 @@ enum { BFS_NAMES_AUTO = 0, BFS_NAMES_CHECKPOINT = 1, BFS_NAMES_TRANSFORMERS = 2 
 typedef struct bfs_progress {
     uint64_t bytes_done;  /* BF16 bytes written so far */
     uint64_t bytes_total; /* BF16 bytes the run writes */
-    const char *tensor;   /* the output tensor being worked on */
+    const char *tensor;   /* the output tensor being worked on (escaped: docs/ROBUSTNESS.md) */
     /* each stage's busy fraction so far (0..1): its seconds at work over the seconds since the
      * rank files began, per thread of the stage, so that the one near 1 bounds the run. read:
      * the input's identity checks, source hashes, read-ahead and page release (faults the

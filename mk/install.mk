@@ -39,19 +39,19 @@ $(BUILD)/libbfshard.map: include/bfshard.h mk/install.mk
 	@{ echo '{ global:'; grep -v '^typedef' include/bfshard.h | \
 	   sed -n 's/^[a-z][a-z0-9_ ]*[ *]\(bfs_[a-z0-9_]*\)(.*/    \1;/p'; echo '  local: *; };'; } > $@
 
-$(BUILD)/pic/%.o: %.c $(HDRS)
+$(BUILD)/pic/%.o: %.c $(HDRS) | deps
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -fPIC -c $< -o $@
 
-$(KAVX2_SRC:%.c=$(BUILD)/pic/%.o): $(BUILD)/pic/%.o: %.c $(wildcard kernels/*.h)
+$(KAVX2_SRC:%.c=$(BUILD)/pic/%.o): $(BUILD)/pic/%.o: %.c $(wildcard kernels/*.h) | deps
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -fPIC -mavx2 -mf16c -mbmi2 -c $< -o $@
 
-$(BUILD)/pic/kernels/cpu_avx512.o: kernels/cpu_avx512.c $(wildcard kernels/*.h)
+$(BUILD)/pic/kernels/cpu_avx512.o: kernels/cpu_avx512.c $(wildcard kernels/*.h) | deps
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -fPIC -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mf16c -mbmi2 -c $< -o $@
 
-$(BUILD)/pic/%.cu.o: %.cu $(wildcard kernels/*.h kernels/*.cuh)
+$(BUILD)/pic/%.cu.o: %.cu $(wildcard kernels/*.h kernels/*.cuh) | deps
 	@mkdir -p $(@D)
 	$(NVCC) $(NVFLAGS) -Xcompiler -fPIC -c $< -o $@
 
@@ -142,7 +142,7 @@ $(PY_NATIVE)/libbfshard_py.map: $(BUILD)/libbfshard.map
 	@mkdir -p $(@D)
 	sed 's/global:/global:\n    bfs_py_abi_layout;\n    bfs_py_version;/' $< > $@
 
-$(PY_NATIVE)/bfshard_abi.o: python/bfshard_abi.c include/bfshard.h
+$(PY_NATIVE)/bfshard_abi.o: python/bfshard_abi.c include/bfshard.h | deps
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -fPIC -c $< -o $@
 

@@ -146,7 +146,7 @@ static void qconfig_malformed(void **s)
     expect(mk("nullm", plain, "{\"quantization_config\": {\"quant_method\": null}}"), BFS_EINPUT, "not a string");
     /* a method read from a file is printed escaped, on one line */
     expect(mk("esc", plain, "{\"quantization_config\": {\"quant_method\": \"a\\nb\\\"c\"}}"), BFS_EINPUT,
-           "\"a\\x0ab\\\"c\"|not supported|mxfp4 (gpt-oss)|bitsandbytes 4-bit");
+           "\"a\\nb\\\"c\"|not supported|mxfp4 (gpt-oss)|bitsandbytes 4-bit");
 }
 
 static void method_case(void **s)

@@ -342,6 +342,58 @@ static void parts_and_resume_identical(void **s)
     free(tmp);
 }
 
+/* The float32 rule (src/plan/fp32.c): decided on the model's name of a checkpoint key, upstream's
+ * search semantics (anywhere in the name, `.` any character), per model type. */
+static void fp32_rule_keys(void **s)
+{
+    (void)s;
+    static const struct { const char *type, *key; int want; const char *pat; } cases[] = {
+        {"deepseek_v3", "model.layers.3.mlp.gate.e_score_correction_bias", 1, "e_score_correction_bias"},
+        {"deepseek_v3", "model.layers.3.mlp.gate.weight", 0, NULL},
+        {"kimi_k2", "model.layers.3.mlp.gate.e_score_correction_bias", 1, "e_score_correction_bias"},
+        {"glm4_moe", "model.layers.1.mlp.gate.e_score_correction_bias", 1, "e_score_correction_bias"},
+        {"qwen3_moe", "model.layers.1.mlp.gate.e_score_correction_bias", 0, NULL}, /* its class keeps none */
+        {"mixtral", "model.layers.1.block_sparse_moe.gate.weight", 0, NULL},
+        {"beam", "model.layers.1.mlp.gate.weight", 1, "mlp.gate.weight"},
+        {"beam", "model.layers.1.mlp_gate_weight", 1, "mlp.gate.weight"}, /* `.` is any character upstream */
+        {"ernie4_5_moe", "model.layers.1.mlp.moe_statics.e_score_correction_bias", 1, "moe_statics"},
+        {"ernie4_5_moe", "model.layers.1.mlp.experts.0.gate_proj.weight", 0, NULL},
+        /* DeepSeek-V4's checkpoint names, decided on the model's (renamed, prefixed) names */
+        {"deepseek_v4", "layers.0.hc_attn_fn", 1, "attn_hc"},
+        {"deepseek_v4", "hc_head_scale", 1, "hc_head"},
+        {"deepseek_v4", "layers.0.attn.attn_sink", 1, "sinks"},
+        {"deepseek_v4", "layers.0.attn.compressor.ape", 1, "position_bias"},
+        {"deepseek_v4", "layers.0.ffn.gate.bias", 1, "e_score_correction_bias"},
+        {"deepseek_v4", "layers.0.attn_norm.weight", 1, "input_layernorm"},
+        {"deepseek_v4", "layers.0.attn.wq_a.weight", 0, NULL},
+        {"deepseek_v4", "embed.weight", 0, NULL},
+        {"llama", "model.norm.weight", 0, NULL},
+        {NULL, "model.layers.0.mlp.gate.e_score_correction_bias", 0, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const char *why = NULL, *pat = NULL;
+        const int rc = bfs__fp32_key(cases[i].type, cases[i].key, &why, &pat);
+        if (rc != cases[i].want || (pat == NULL) != (cases[i].pat == NULL) || (pat && strcmp(pat, cases[i].pat) != 0))
+            fail_msg("%s %s: %d (%s), want %d (%s)", cases[i].type ? cases[i].type : "(none)", cases[i].key, rc,
+                     pat ? pat : "-", cases[i].want, cases[i].pat ? cases[i].pat : "-");
+        assert_true(!rc || (why && strstr(why, "PreTrainedModel (models/")));
+    }
+    /* the default keeps the router bias F32 under either names; --keep-dtype keeps it too, and
+     * says the same; the log says which and why */
+    char *tmp = tu_tmpdir("fp32");
+    static const char *const opts[] = {"-w 3", "-w 3 --names checkpoint", "-w 2 --keep-dtype", "--layout hf"};
+    for (size_t k = 0; k < sizeof opts / sizeof *opts; k++) {
+        assert_int_equal(tu_sh("%s convert fixtures/moe-dsv3-fp8 %s/o%zu %s --force 2>%s/log%zu", tu_bfshard(), tmp, k,
+                               opts[k], tmp, k), 0);
+        assert_int_equal(tu_sh("grep -q '1 tensor(s) written as stored (1 F32), not rounded to BF16: the model keeps them in "
+                               "float32 (DeepseekV3PreTrainedModel (models/deepseek_v3/modeling_deepseek_v3.py:550)' %s/log%zu",
+                               tmp, k), 0);
+        assert_int_equal(tu_sh("grep -q '\"keeps_float32\"' %s/o%zu/bfshard.manifest.json", tmp, k), 0);
+    }
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -349,6 +401,7 @@ int main(void)
         cmocka_unit_test(packed_equals_checkpoint),
         cmocka_unit_test(packs_refused_and_told),
         cmocka_unit_test(parts_and_resume_identical),
+        cmocka_unit_test(fp32_rule_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

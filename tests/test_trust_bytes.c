@@ -5,7 +5,8 @@
  * frame empty is checked; every --json is one parseable object with an error object;
  * unaligned float32 side tensors convert; a NUL in a dtype, a symlink loop, an oversized
  * tokenizer, a zero-element tensor and an allocation failure each get the right answer;
- * names from files are escaped; verify is linear in files x shards.
+ * names from files are escaped, by one rule (escape_rule), a hostile manifest's strings
+ * too in inspect and verify; verify is linear in files x shards.
  *
  * large_manifest_verify_linear is sized so that the quadratic verify it replaces
  * (every bad file scanned every shard of the manifest; every directory entry scanned
@@ -621,6 +622,145 @@ static void names_escaped(void **s)
     free(tmp);
 }
 
+/* ---- the escaping rule (src/base/escape.c): one rule for text from a file --------------- */
+static void escape_rule(void **s)
+{
+    (void)s;
+    char b[BFS_ESC_MAX];
+    static const struct {
+        const char *in, *name, *text;
+    } v[] = {
+        {"plain", "plain", "plain"},
+        {"a\nb\tc", "a\\nb\\tc", "a\\nb\\tc"},
+        {"q\"b\\", "q\\\"b\\\\", "q\"b\\"},            /* a name's quotes; a line's own */
+        {"\x1b[31m\x01\x7f", "\\u001b[31m\\u0001\\u007f", "\\u001b[31m\\u0001\\u007f"},
+        {"\xc2\x9b" "31m\xc2\x85", "\\u009b31m\\u0085", "\\u009b31m\\u0085"}, /* C1: CSI, NEL */
+        {"\xc2\xa0\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80", "\xc2\xa0\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80",
+         "\xc2\xa0\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"}, /* NBSP, e acute, euro, an emoji: as they are */
+        {"\x9b\xff\xfe", "\\x9b\\xff\\xfe", "\\x9b\\xff\\xfe"},  /* bytes of no UTF-8 sequence */
+        {"\xc0\xaf\xe0\x80\xaf", "\\xc0\\xaf\\xe0\\x80\\xaf", "\\xc0\\xaf\\xe0\\x80\\xaf"}, /* overlong '/' */
+        {"\xed\xa0\x80", "\\xed\\xa0\\x80", "\\xed\\xa0\\x80"},         /* a surrogate */
+        {"\xf4\x90\x80\x80", "\\xf4\\x90\\x80\\x80", "\\xf4\\x90\\x80\\x80"}, /* above U+10FFFF */
+        {"\xe2\x82", "\\xe2\\x82", "\\xe2\\x82"},                         /* cut short */
+        {"\xe2\x82x", "\\xe2\\x82x", "\\xe2\\x82x"},
+    };
+    for (size_t i = 0; i < sizeof v / sizeof *v; i++) {
+        assert_string_equal(bfs__esc(v[i].in, b, sizeof b), v[i].name);
+        assert_string_equal(bfs__esc_text(v[i].in, b, sizeof b), v[i].text);
+        assert_string_equal(bfs__esc_text(v[i].text, b, sizeof b), v[i].text); /* escaped stays escaped */
+    }
+    /* cut to fit, never inside an escape or a UTF-8 sequence */
+    assert_string_equal(bfs__esc("abcdefghij", b, 10), "abcdef...");
+    assert_string_equal(bfs__esc("ab\x1b" "cdefgh", b, 10), "ab...");
+    assert_string_equal(bfs__esc("ab\xe2\x82\xac" "cdefgh", b, 10), "ab\xe2\x82\xac" "c...");
+    /* a line: prefix and text escaped, one '\n' */
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    bfs__line(f, "%s: BAD (%s)", "out\x1b", "09feb43\x1b" "bc\n\x7f\xff");
+    fclose(f);
+    assert_string_equal(text, "out\\u001b: BAD (09feb43\\u001bbc\\n\\u007f\\xff)\n");
+    free(text);
+    /* JSON for a reader: DEL and C1 as \u escapes, the same value */
+    json_t *j = json_pack("{s:s}", "fp8-bl\x7f" "ck", "\xc2\x9b" "x\x1b");
+    char *js = bfs__json_show(j, JSON_COMPACT);
+    assert_string_equal(js, "{\"fp8-bl\\u007fck\":\"\\u009bx\\u001B\"}"); /* jansson's C0: upper case */
+    json_t *back = json_loads(js, 0, NULL);
+    assert_true(json_equal(j, back));
+    json_decref(back);
+    json_decref(j);
+    free(js);
+}
+
+/* The first byte of the file at path that the escaping rule never lets out: a C0 control
+ * but '\n', DEL, a C1 control in UTF-8; -1 when none. */
+static long raw_control_at(const char *path)
+{
+    size_t n;
+    uint8_t *b = tu_read_file(path, &n);
+    assert_non_null(b);
+    long at = -1;
+    for (size_t i = 0; i < n && at < 0; i++)
+        if ((b[i] < 0x20 && b[i] != '\n') || b[i] == 0x7f || (b[i] == 0xc2 && i + 1 < n && b[i + 1] >= 0x80 && b[i + 1] <= 0x9f))
+            at = (long)i;
+    free(b);
+    return at;
+}
+
+/* s with its first `old` after `from` replaced by `rep` (aborting the test when none) */
+static char *replace_after(char *s, const char *from, const char *old, const char *rep)
+{
+    char *f = strstr(s, from);
+    assert_non_null(f);
+    char *p = strstr(f, old);
+    assert_non_null(p);
+    const size_t a = (size_t)(p - s), lo = strlen(old), lr = strlen(rep), n = strlen(s);
+    char *t = malloc(n - lo + lr + 1);
+    assert_non_null(t);
+    memcpy(t, s, a);
+    memcpy(t + a, rep, lr);
+    memcpy(t + a + lr, p + lo, n - a - lo + 1);
+    free(s);
+    return t;
+}
+
+/* A hostile manifest, sealed as bfshard seals one (so that verify reads on): a tensor's
+ * format with DEL (the fuzzer's "fp8-bl<DEL>ck"), another's with the C1 CSI, the
+ * quant_method with ESC, and a weights file's hash with ESC (the fuzzer's "09feb43<ESC>bc..."),
+ * over a compressed OUTDIR. inspect (text and --json) and verify print every one escaped. */
+static void hostile_manifest_strings_escaped(void **s)
+{
+    (void)s;
+    char *tmp = tu_tmpdir("hostile");
+    char out[4096], mp[4096], rep[4096], *m;
+    snprintf(out, sizeof out, "%s/out", tmp);
+    snprintf(mp, sizeof mp, "%s/bfshard.manifest.json", out);
+    snprintf(rep, sizeof rep, "%s/report", tmp);
+    assert_int_equal(tu_sh("%s convert fixtures/fp8-block '%s' -w 2 -q --device cpu && %s compress '%s' -q", tu_bfshard(),
+                           out, tu_bfshard(), out), 0);
+    assert_non_null(m = tu_slurp(mp));
+    m = replace_after(m, "\"tensors\"", "\"format\": \"fp8-block\"", "\"format\": \"fp8-bl\x7f" "ck\"");
+    m = replace_after(m, "\"tensors\"", "\"format\": \"fp8-block\"", "\"format\": \"fp8-\\u009b2Jblock\"");
+    m = replace_after(m, "\"quantization_config\"", "\"quant_method\": \"fp8\"", "\"quant_method\": \"fp\\u001b[2J8\"");
+    char *h = strstr(strstr(m, "\"name\": \"shard-00002-model-00001-of-00001.safetensors\""), "\"xxh3_128\": \"");
+    assert_non_null(h);
+    char want[40], old[40]; /* the hash with its 8th digit an ESC (as JSON escapes it), and its closing '"' */
+    snprintf(old, sizeof old, "%.33s", h + 13);
+    snprintf(want, sizeof want, "%.7s\\u001b%.25s", h + 13, h + 21);
+    m = replace_after(m, "\"name\": \"shard-00002-model-00001-of-00001.safetensors\"", old, want);
+    want[strlen(want) - 1] = '\0'; /* what verify prints: the rule writes ESC as JSON did */
+    char *seal = strstr(m, "\"manifest_xxh3_128\": \"");
+    assert_non_null(seal);
+    seal += strlen("\"manifest_xxh3_128\": \"");
+    memset(seal, '0', 32);
+    char hex[33];
+    bfs__hash_hex(XXH3_128bits(m, strlen(m)), hex);
+    memcpy(seal, hex, 32);
+    assert_int_equal(tu_write_file(mp, m, strlen(m)), 0);
+    free(m);
+
+    assert_int_equal(tu_sh("%s inspect '%s' > '%s'", tu_bfshard(), out, rep), 0);
+    assert_int_equal(raw_control_at(rep), -1);
+    assert_int_equal(tu_sh("grep -qF 'fp8-bl\\u007fck 1' '%s' && grep -qF 'fp8-\\u009b2Jblock 1' '%s' && "
+                           "grep -qF 'quantization fp\\u001b[2J8' '%s' && grep -qF 'manifest seal ok' '%s'",
+                           rep, rep, rep, rep), 0);
+    assert_int_equal(tu_sh("%s inspect '%s' --json > '%s'", tu_bfshard(), out, rep), 0);
+    assert_int_equal(raw_control_at(rep), -1);
+    json_t *j = json_load_file(rep, 0, NULL); /* the same JSON values, raw bytes and all */
+    assert_non_null(j);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "formats"), "fp8-bl\x7f" "ck")), 1);
+    json_decref(j);
+    assert_int_equal(tu_sh("%s verify '%s' 2> '%s'", tu_bfshard(), out, rep), 7);
+    assert_int_equal(raw_control_at(rep), -1);
+    char *r = tu_slurp(rep);
+    assert_non_null(r);
+    assert_non_null(strstr(r, "shard-00002-model-00001-of-00001.safetensors.zst: BAD: decompressed hash "));
+    assert_non_null(strstr(r, want)); /* the manifest's hash, escaped as the rule says */
+    free(r);
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
 /* A synthetic OUTDIR of NF files, every one of the right size and the wrong bytes, and
  * a manifest of NT tensors with a shard in each file: verify reports every file, each
  * narrowed to its shards. Linear: seconds. Quadratic (the old narrowing scanned all
@@ -718,6 +858,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(zero_element_tensor_needs_no_memory),
         cmocka_unit_test(allocation_failure_is_exit_5),
         cmocka_unit_test(names_escaped),
+        cmocka_unit_test(escape_rule),
+        cmocka_unit_test(hostile_manifest_strings_escaped),
         cmocka_unit_test(large_manifest_verify_linear),
         cmocka_unit_test(duplicate_files_refused),
     };

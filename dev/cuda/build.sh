@@ -25,9 +25,16 @@ lib_support() {
     gcc $CFLAGS -c src/base/util.c -o $O/util.o
 }
 SUPPORT="$O/error.o $O/util.o -ljansson"
-# the CUDA backend's files (src/backend/backend_cuda.h) and the kernels
-BACKEND="backend_cuda backend_cuda_selftest backend_cuda_pipe backend_cuda_q backend_cuda_dev"
-KERNELS="mxfp4 bnb4 cast fp8 int4 nvfp4 ctmx"
+# The CUDA backend's files (src/backend/backend_cuda*.c but the stub) and the kernels
+# (kernels/*.cu), taken from the tree as the Makefile takes them, so that a new kernel or
+# backend file cannot be left out of these links.
+names() { for f in "$@"; do if [ -f "$f" ]; then basename "$f" ".${f##*.}"; fi; done; }
+BACKEND=$(names src/backend/backend_cuda*.c | grep -vx backend_cuda_stub)
+KERNELS=$(names kernels/*.cu)
+# the CPU kernels for the emulated test's reference, by instruction set as in the Makefile
+KCPU=$(names kernels/cpu_scalar.c kernels/cpu_dispatch.c)
+KAVX2=$(names kernels/cpu_avx2*.c)
+KAVX512=$(names kernels/cpu_avx512*.c)
 objs() { for x in $1; do printf '%s ' "$O/$x$2"; done; }
 
 case $what in
@@ -49,18 +56,15 @@ emu)
     gcc $CFLAGS -Isrc -c tests/testutil.c -o $O/testutil.o
     # the reference (bfs__ref_unit over the CPU kernels) every output is compared with
     gcc $CFLAGS -c src/backend/backend_cpu.c -o $O/backend_cpu.o
-    gcc $CFLAGS -c kernels/cpu_scalar.c -o $O/cpu_scalar.o
-    gcc $CFLAGS -c kernels/cpu_dispatch.c -o $O/cpu_dispatch.o
-    gcc $CFLAGS -mavx2 -mf16c -mbmi2 -c kernels/cpu_avx2.c -o $O/cpu_avx2.o
-    gcc $CFLAGS -mavx2 -mf16c -mbmi2 -c kernels/cpu_avx2_mxfp4.c -o $O/cpu_avx2_mxfp4.o
-    gcc $CFLAGS -mavx2 -mf16c -mbmi2 -c kernels/cpu_avx2_ctmx.c -o $O/cpu_avx2_ctmx.o
-    gcc $CFLAGS -mavx2 -mf16c -mbmi2 -c kernels/cpu_avx2_woq.c -o $O/cpu_avx2_woq.o
-    gcc $CFLAGS -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mf16c -mbmi2 -c kernels/cpu_avx512.c -o $O/cpu_avx512.o
+    for k in $KCPU; do gcc $CFLAGS -c kernels/$k.c -o $O/$k.o; done
+    for k in $KAVX2; do gcc $CFLAGS -mavx2 -mf16c -mbmi2 -c kernels/$k.c -o $O/$k.o; done
+    for k in $KAVX512; do
+        gcc $CFLAGS -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mf16c -mbmi2 -c kernels/$k.c -o $O/$k.o
+    done
     gcc $CFLAGS $E -Isrc -I"$CUDA_HOME/include" -c tests/test_cuda.c -o $O/test_cuda.emu.o
     gcc -pthread -o $O/test_cuda_emu $O/test_cuda.emu.o $O/testutil.o $(objs "$BACKEND" .emu.o) \
         $(objs "$KERNELS" .emu.o) $O/fake_cudart.o $SUPPORT \
-        $O/backend_cpu.o $O/cpu_scalar.o $O/cpu_dispatch.o $O/cpu_avx2_woq.o $O/cpu_avx2.o $O/cpu_avx2_mxfp4.o \
-        $O/cpu_avx2_ctmx.o $O/cpu_avx512.o -lcmocka -lstdc++
+        $O/backend_cpu.o $(objs "$KCPU $KAVX2 $KAVX512" .o) -lcmocka -lstdc++
     BFS_TEST_GPTOSS_ITEMS=${BFS_TEST_GPTOSS_ITEMS:-2} $O/test_cuda_emu
     ;;
 dev)

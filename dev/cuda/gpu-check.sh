@@ -8,12 +8,17 @@
 # device memory) and a 4x larger one (peak device memory against --gpu-mem); transformers'
 # convert_moe_packed_tensors on the same GPU when torch is importable; a negative control (kernels
 # built with -ftz=true must be refused by the start-up self-test, exit 6); the error messages of
-# the driver/device checks and of a device fault; a closing summary (kernel GB/s
+# the driver/device checks and of a device fault; the node's I/O (dev/cuda/io-check.sh: dd floors
+# with 1 and nproc writers on tmpfs and on the disk, then convert --device cuda and cpu, W=8 and
+# --layout hf, to both, GB/s against those floors); a closing summary (kernel GB/s
 # vs HBM, end to end vs the CPU backend and vs transformers, peak device memory vs --gpu-mem,
 # which fails above --gpu-mem + 1 GiB of context or when it grows with the input). On a machine without a GPU every GPU step
-# prints "SKIP (no GPU): ..." and the rest (build, emulated checks) still runs.
+# prints "SKIP (no GPU): ..." and the rest (build, emulated checks, the I/O step's CPU half) still runs.
+# The I/O step adds ~3 min on a 16-core node and needs ~20 GB of tmpfs and ~15 GB of disk
+# (it skips, saying so, what does not fit).
 # Knobs: OUT, JOBS (make -j, default nproc), BIG_LAYERS (the 4x input, default 8),
-#        GPU_MEM (default 1G), KEEP=1 (keep the synthetic checkpoints).
+#        GPU_MEM (default 1G), KEEP=1 (keep the synthetic checkpoints), IO=0 (skip the I/O
+#        step), and io-check.sh's own: IO_LAYERS, IO_GIB, IO_TMPFS, IO_DISK, IO_TIMEOUT.
 set -u
 export PATH=/usr/local/cuda/bin:$PATH
 OUT=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")}
@@ -225,7 +230,13 @@ if [ -x build/cuda-emu/bfshard ]; then
 fi
 rm -rf "$W/e"
 
-step "summary (issue 25: the GPU pipeline)"
+step "10 I/O: dd floors (1 and $(nproc) writers) on tmpfs and on the disk, then convert --device cuda and cpu to both"
+if [ "${IO:-1}" = 1 ]; then
+    # every command in it runs under its own timeout (IO_TIMEOUT); its output joins this report
+    OUT="$W/io" IO_REPORT= bash dev/cuda/io-check.sh || fail "the I/O step (dev/cuda/io-check.sh)"
+else echo "SKIP: the I/O step (IO=0)"; fi
+
+step "summary: the GPU pipeline"
 # --gpu-mem in MiB (K/M/G suffixes)
 gm_mib=$(echo "$GPU_MEM" | awk '{ v = $1 + 0; u = toupper(substr($1, length($1))); if (u == "K") v /= 1024; else if (u == "G") v *= 1024; else if (u != "M") v /= 1048576; printf "%d", v }')
 # MXFP4 reads 17 bytes per 64 written: the memory traffic is 1.27x the output
@@ -240,6 +251,7 @@ for l in cuda2 cuda_big; do
     echo "peak device memory, $l: +$p MiB (nvidia-smi) vs --gpu-mem $GPU_MEM = $gm_mib MiB (+ the context)"
     [ "$p" -le $((gm_mib + 1024)) ] || fail "peak device memory of $l: $p MiB, more than --gpu-mem ($gm_mib MiB) + 1 GiB of context"
 done
+[ -f "$W/io/io-summary.txt" ] && sed 's/^/I\/O, GB\/s: /' "$W/io/io-summary.txt"
 [ -n "${PEAK_cuda2:-}" ] && [ -n "${PEAK_cuda_big:-}" ] && [ "$PEAK_cuda_big" -gt $((PEAK_cuda2 + 256)) ] && \
     fail "peak device memory grew with the input: $PEAK_cuda2 MiB (2 layers) -> $PEAK_cuda_big MiB ($BIG_LAYERS layers)"
 

@@ -16,7 +16,8 @@ load() checks everything before it copies a byte and raises bfshard.torch.LoadEr
 bfshard.Error, code EINPUT) with one line naming the tensor: the mesh's shard dimension against
 the manifest's `options.world_size`; the placement (`Shard(0)`, over a 1-D mesh or HSDP's 2-D
 mesh; `Replicate` only for a 0-d tensor); each local shard's shape against `torch.chunk` and
-against the file's entry, and its dtype (no casts but BF16 into a float32-kept module); names in the model and not in the checkpoint
+against the file's entry, and its dtype (no casts but BF16 into a float32 tensor, exact, and F32 into a bfloat16 one, rounded as
+dcp.load's copy_ rounds it, with a warning); names in the model and not in the checkpoint
 (always an error, as for `dcp.load`) and the reverse (an error when strict); a rank file shorter
 than its header says (truncated). verify=True also re-hashes this rank's file against the
 manifest (XXH3-128, narrowed to the tensor through its slice index) and raises
@@ -46,6 +47,7 @@ import stat
 import struct
 import tempfile
 import time
+import warnings
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple, Union
 
 try:
@@ -532,9 +534,12 @@ def _placement1(v, name: str, problems: List[str]) -> Optional[Tuple[int, int]]:
 
 
 def _upcast(file_dtype: str, dtype: "torch.dtype") -> bool:
-    """BF16 in the file into a float32 tensor: exact (a module the model keeps in float32, e.g.
-    a router's correction bias, from a checkpoint cast to BF16), as dcp.load's copy does it."""
-    return file_dtype == "BF16" and dtype == torch.float32
+    """The two casts load() makes, both as dcp.load's `copy_` makes them: BF16 in the file into a
+    float32 tensor (exact: a module the model keeps in float32, from a checkpoint cast to BF16),
+    and F32 in the file into a bfloat16 tensor (rounded to nearest even: a tensor the model keeps
+    in float32, which bfshard writes as stored, loaded into a model built all in bfloat16;
+    load() warns, naming it: keep those modules in float32, README's recipe)."""
+    return (file_dtype == "BF16" and dtype == torch.float32) or (file_dtype == "F32" and dtype == torch.bfloat16)
 
 
 def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = True) -> LoadResult:
@@ -722,6 +727,12 @@ def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = T
     if verify and zero_d_rank0 and 0 in files and files[0] is not mine:
         files[0].verify(zero_d_rank0)
 
+    rounded = [k for k, local, src in plan if src.dtype == torch.float32 and local.dtype == torch.bfloat16]
+    if rounded:
+        warnings.warn("bfshard.torch.load: %d float32 tensor(s) of the checkpoint (e.g. %s) go into bfloat16 tensors of "
+                      "the model, rounded as dcp.load rounds them; the model keeps them in float32 upstream "
+                      "(_keep_in_fp32_modules_strict): build it so (README, 'Load the dcp output')"
+                      % (len(rounded), rounded[0]), stacklevel=2)
     nbytes = 0
     with torch.no_grad():
         for k, local, src in plan:

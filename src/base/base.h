@@ -1,6 +1,6 @@
 /* src/base/ -- the leaves every other folder stands on: errors and the per-thread message
  * (error.c), the public structs' sizes (abi.c), checked arithmetic, dtypes, strings and
- * paths (util.c), checked positioned I/O and XXH3 (io.c, bfs_io.h), the build's revision
+ * paths (util.c), the escaping rule for text from a file (escape.c), checked positioned I/O and XXH3 (io.c, bfs_io.h), the build's revision
  * (version.c), and the run's cancellation, clock and progress reports (run.c). It uses
  * nothing of bfshard but the public header. Prefix bfs__ for everything here. */
 #ifndef BFS_BASE_H
@@ -64,7 +64,7 @@ double bfs__now(void);
  * faults, readahead included, not page-cache hits); UINT64_MAX where the kernel has no count. */
 uint64_t bfs__device_read_bytes(void);
 /* One progress report to o->progress (nothing when it is NULL): p's bytes_done is clamped
- * to its bytes_total. */
+ * to its bytes_total, its tensor name escaped (bfs__esc). */
 void bfs__progress_report(const bfs_convert_opts *o, bfs_progress *p);
 
 /* ---- the public structs' sizes (abi.c) ---------------------------------------------
@@ -120,15 +120,30 @@ char *bfs__strdup(const char *s);
  * (from 16) as needed. 0, or BFS_ENOMEM (no message set) with *p and *cap unchanged. */
 int bfs__grow(void **p, size_t *cap, size_t need, size_t size);
 char *bfs__path_join(const char *a, const char *b);
-/* A name read from a file, printable on one line: control bytes, '"', '\\' and DEL
- * escaped as JSON does (\n, \u001b, ...); cut with "..." to fit cap. Returns buf. */
-const char *bfs__esc(const char *s, char *buf, size_t cap);
-#define BFS_ESC_MAX 1024
 /* json_dumps(j, flags) plus a final newline; *len excludes the NUL. NULL when out of memory. */
 struct json_t;
 char *bfs__json_text(const struct json_t *j, size_t flags, size_t *len);
 /* json_dumps(j, flags) that fails instead of dropping a character when out of memory */
 char *bfs__json_dump(const struct json_t *j, size_t flags);
+/* bfs__json_dump for a reader (inspect --json): DEL and C1 too, which JSON allows raw, as
+ * \u escapes (the escaping rule below); the same JSON value. NULL when out of memory. */
+char *bfs__json_show(const struct json_t *j, size_t flags);
 int bfs__read_small_file(const char *path, size_t max, char **out, size_t *len);
+
+/* ---- text from a file on its way to a terminal, a log or a report (escape.c) ----------- */
+/* The one rule (docs/ROBUSTNESS.md): \n and \t as such, every other C0 control and DEL as
+ * \u00XX, C1 (U+0080..U+009F, well-formed UTF-8) as \u0080..\u009f, each byte of no
+ * well-formed UTF-8 sequence as \xXX; the rest as it is. What comes out is printable ASCII
+ * and well-formed UTF-8 of U+00A0 and above, which bfs__esc_text leaves as it is. */
+/* A name read from a file (the rule, and '"' and '\\' as \" and \\), cut with "..." to fit
+ * cap (BFS_ESC_MAX: the buffer every caller uses). Returns buf. */
+const char *bfs__esc(const char *s, char *buf, size_t cap);
+#define BFS_ESC_MAX 1024
+/* The same for a whole line, whose quotes are its own: '"' and '\\' as they are. */
+const char *bfs__esc_text(const char *s, char *buf, size_t cap);
+/* One line to out (nothing when out is NULL): prefix and the formatted text escaped by the
+ * rule, then '\n'. Every report and log line goes through here. */
+void bfs__vline(FILE *out, const char *prefix, const char *fmt, va_list ap);
+void bfs__line(FILE *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif

@@ -58,17 +58,17 @@ bool bfs__err_is_set(void) { return bfs__msg_set; }
 
 static void bfs__vset(const char *fmt, va_list ap, const char *suffix)
 {
+    char raw[sizeof bfs__msg];
     if (bfs__msg_set)
         return;
-    int n = vsnprintf(bfs__msg, sizeof bfs__msg, fmt, ap);
+    int n = vsnprintf(raw, sizeof raw, fmt, ap);
     if (n < 0)
         n = 0;
-    if (suffix && (size_t)n < sizeof bfs__msg)
-        snprintf(bfs__msg + n, sizeof bfs__msg - (size_t)n, ": %s", suffix);
-    /* one line, always, and no terminal control sequences from names read in a file */
-    for (char *p = bfs__msg; *p; p++)
-        if ((unsigned char)*p < 0x20 || *p == 0x7f)
-            *p = ' ';
+    if (suffix && (size_t)n < sizeof raw)
+        snprintf(raw + n, sizeof raw - (size_t)n, ": %s", suffix);
+    /* one line, always, and no byte a terminal acts on from a name read in a file: the
+     * rule of escape.c, like every report line */
+    bfs__esc_text(raw, bfs__msg, sizeof bfs__msg);
     bfs__msg_set = true;
 }
 

@@ -38,6 +38,8 @@ void bfs__progress_report(const bfs_convert_opts *o, bfs_progress *p)
 {
     if (!o->progress)
         return;
+    char et[BFS_ESC_MAX]; /* a name from the input, on its way to a terminal: escaped */
     p->bytes_done = p->bytes_done < p->bytes_total ? p->bytes_done : p->bytes_total;
+    p->tensor = p->tensor ? bfs__esc(p->tensor, et, sizeof et) : NULL;
     o->progress(p, o->progress_user);
 }

@@ -45,42 +45,6 @@ char *bfs__strdup(const char *s)
     return d;
 }
 
-const char *bfs__esc(const char *s, char *buf, size_t cap)
-{
-    size_t k = 0;
-    if (cap < 8) {
-        if (cap)
-            buf[0] = '\0';
-        return buf;
-    }
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        char e[8];
-        size_t n;
-        if (*p == '"' || *p == '\\') {
-            e[0] = '\\', e[1] = (char)*p, n = 2;
-        } else if (*p == '\n') {
-            memcpy(e, "\\n", 2), n = 2;
-        } else if (*p == '\t') {
-            memcpy(e, "\\t", 2), n = 2;
-        } else if (*p < 0x20 || *p == 0x7f) {
-            n = (size_t)snprintf(e, sizeof e, "\\u%04x", *p);
-        } else if (*p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f) { /* C1 controls, U+0080..U+009F */
-            n = (size_t)snprintf(e, sizeof e, "\\u%04x", p[1]);
-            p++;
-        } else {
-            e[0] = (char)*p, n = 1;
-        }
-        if (k + n + 4 > cap) {
-            memcpy(buf + k, "...", 4);
-            return buf;
-        }
-        memcpy(buf + k, e, n);
-        k += n;
-    }
-    buf[k] = '\0';
-    return buf;
-}
-
 int bfs__grow(void **p, size_t *cap, size_t need, size_t size)
 {
     if (need <= *cap)
@@ -201,6 +165,36 @@ char *bfs__json_dump(const json_t *j, size_t flags)
     }
     b.buf[b.n] = '\0';
     return b.buf;
+}
+
+char *bfs__json_show(const json_t *j, size_t flags)
+{
+    char *s = bfs__json_dump(j, flags);
+    if (!s)
+        return NULL;
+    /* jansson writes DEL and C1 as they are; each is at most 2 bytes, its escape 6 */
+    size_t extra = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        extra += *p == 0x7f ? 5 : *p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f ? 4 : 0;
+    if (!extra)
+        return s;
+    const size_t len = strlen(s);
+    char *t = malloc(len + extra + 1);
+    if (!t) {
+        free(s);
+        return NULL;
+    }
+    size_t k = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        if (*p == 0x7f)
+            k += (size_t)sprintf(t + k, "\\u%04x", *p);
+        else if (*p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f)
+            k += (size_t)sprintf(t + k, "\\u%04x", *++p);
+        else
+            t[k++] = (char)*p;
+    t[k] = '\0';
+    free(s);
+    return t;
 }
 
 char *bfs__json_text(const json_t *j, size_t flags, size_t *len)

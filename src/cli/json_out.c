@@ -54,10 +54,16 @@ int cli_json_end_to(json_t *o, int rc, const char *msg, FILE *out)
         json_object_set_new(o, "error", json_pack("{s:i, s:s, s:o}", "code", -rc, "name", bfs_err_name(rc), "message",
                                                   cli_json_text(m && *m ? m : bfs_strerror(rc))));
     }
-    /* JSON_ENSURE_ASCII: names read from files (control bytes, odd UTF-8) come out as \u escapes */
+    /* JSON_ENSURE_ASCII: names read from files (control bytes, odd UTF-8) come out as \u escapes;
+     * DEL, which jansson writes raw, as \u007f below (docs/ROBUSTNESS.md: the escaping rule) */
     text = json_dumps(o, JSON_PRESERVE_ORDER | JSON_ENSURE_ASCII);
-    if (text && fprintf(out, "%s\n", text) >= 0 && fflush(out) == 0)
-        ret = 0;
+    if (text) {
+        int w = 0;
+        for (const char *p = text; *p && w >= 0; p++)
+            w = *p == 0x7f ? fputs("\\u007f", out) : fputc(*p, out) == EOF ? -1 : 0;
+        if (w >= 0 && fputc('\n', out) != EOF && fflush(out) == 0)
+            ret = 0;
+    }
 done:
     if (ret < 0) /* the one fallback: a fixed text that needs no allocation */
         fprintf(out, "{\"schema\": %d, \"ok\": false, \"exit_code\": 5, \"error\": {\"code\": 5, \"name\": \"BFS_ENOMEM\", "

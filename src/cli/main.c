@@ -69,7 +69,7 @@ static const char *const usage_convert =
     "  --gpu-mem BYTES       device buffer budget (default 1G)\n"
     "  --mxfp4-layout L      hf: transposed [E, in, out] as transformers >= 4.56 (default);\n"
     "                        openai: untransposed [E, out, in] as openai/gpt-oss\n"
-    "  --keep-dtype          keep F32/F16/F64 tensors that are not quantized (default: cast to BF16)\n"
+    "  --keep-dtype          keep F32/F16/F64 tensors that are not quantized (default: cast to BF16, but those the model keeps in float32)\n"
     "  --sha256              also the SHA-256 of every file, in the same pass (a thread beside the\n"
     "                        writer): files[].sha256 in the manifest and sha256sums.txt\n"
     "                        (`sha256sum -c`), the digests `bfshard pack` then need not re-read\n"

@@ -60,9 +60,7 @@ static void bfs__log(const bfs_run *r, const char *fmt, ...)
         return;
     va_list ap;
     va_start(ap, fmt);
-    fputs("bfshard: ", r->o->log);
-    vfprintf(r->o->log, fmt, ap);
-    fputc('\n', r->o->log);
+    bfs__vline(r->o->log, "bfshard: ", fmt, ap); /* escaped: names come from the input */
     va_end(ap);
     fflush(r->o->log);
 }
@@ -550,12 +548,11 @@ static int bfs__run_start(bfs_run *r, const char *input)
         bfs__log(r, "names: transformers 5's state_dict (the table's row \"%s\"): experts packed, keys renamed", r->plan->names_family);
     if (r->plan->names_unmapped)
         bfs__log(r, "warning: %zu per-expert tensor(s) keep checkpoint names: DCP will not load them into a transformers 5 model", r->plan->names_unmapped);
-    size_t nfp32 = 0; /* float32 upstream (DeepSeek-V4's _keep_in_fp32_modules_strict) */
-    for (size_t i = 0; i < r->plan->nt; i++)
-        nfp32 += r->plan->t[i].keep_fp32;
-    if (nfp32)
-        bfs__log(r, "%zu float32 tensor(s) the model keeps in float32 upstream (DeepSeek-V4: hc_*, attn_sink, ape, gate bias, norms) %s",
-                 nfp32, o->keep_dtype ? "kept as float32 (--keep-dtype)" : "cast to BF16 like every F32 tensor (--keep-dtype keeps them)");
+    {
+        char line[1024]; /* float32 upstream (src/plan/fp32.c) */
+        if (bfs__fp32_summary(r->plan, line, sizeof line))
+            bfs__log(r, "%s", line);
+    }
     if (r->be->device_bytes)
         bfs__log(r, "GPU memory: %llu bytes allocated once from --gpu-mem %llu (the peak; it does not grow with the model)",
                  (unsigned long long)r->be->device_bytes,

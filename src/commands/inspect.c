@@ -96,15 +96,12 @@ static int bfs__inspect_part(const bfs_input *in, const bfs_plan *p, const bfs_c
     return rc;
 }
 
-/* The float32 tensors upstream keeps in float32 (DeepSeek-V4, src/formats/dsv4.c): one note line. */
-static void bfs__fp32_note(FILE *out, const bfs_plan *p, const bfs_convert_opts *o)
+/* The tensors the model keeps in float32 (src/plan/fp32.c): one note line. */
+static void bfs__fp32_note(FILE *out, const bfs_plan *p)
 {
-    size_t n = 0;
-    for (size_t i = 0; i < p->nt; i++)
-        n += p->t[i].keep_fp32;
-    if (n)
-        fprintf(out, "\nnote: %zu float32 tensor(s) the model keeps in float32 upstream (DeepSeek-V4: hc_*, attn_sink, ape, gate bias, norms) are %s\n",
-                n, o->keep_dtype ? "kept as float32 (--keep-dtype)" : "cast to BF16 like every F32 tensor (--keep-dtype keeps them)");
+    char line[1024];
+    if (bfs__fp32_summary(p, line, sizeof line))
+        fprintf(out, "\nnote: %s\n", line);
 }
 
 /* One tensor of inspect --json: what it is, and its sources (a packed tensor: its members'). */
@@ -124,6 +121,8 @@ static json_t *bfs__tensor_json(const bfs_input *in, const bfs_ltensor *t)
                           bfs__shape_j(t->shape, t->ndim), "transform", t->transform, "sources", src);
     if (e && t->rule)
         json_object_set_new(e, "rule", json_string(t->rule));
+    if (e && t->keep_fp32) /* as the manifest says it (src/plan/fp32.c) */
+        json_object_set_new(e, "dtype_rule", json_pack("{s:s, s:s}", "keeps_float32", t->fp32_why, "pattern", t->fp32_pat));
     return e;
 }
 
@@ -255,14 +254,14 @@ int bfs_inspect(const char *input_arg, const bfs_convert_opts *o_arg, int as_jso
                                   (json_int_t)mm.fixed, "process", (json_int_t)(rss ? rss - mm.buffers - mm.input - mm.fixed : 0)));
 
     if (as_json) {
-        char *s = bfs__json_dump(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+        char *s = bfs__json_show(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER); /* DEL, C1 escaped too */
         if (!s)
             BFS_FAIL(BFS_ENOMEM, "out of memory");
         fprintf(out, "%s\n", s);
         free(s);
     } else {
-        char shp[256];
-        fprintf(out, "input: %s (%d file%s, %.3f MB)\n", input, in->nfiles, in->nfiles == 1 ? "" : "s", (double)in_bytes / 1e6);
+        char shp[256], ei[BFS_ESC_MAX];
+        fprintf(out, "input: %s (%d file%s, %.3f MB)\n", bfs__esc_text(input, ei, sizeof ei), in->nfiles, in->nfiles == 1 ? "" : "s", (double)in_bytes / 1e6);
         fprintf(out, "%-60s %-14s %-11s %-6s %s\n", "tensor", "format", "action", "dtype", "shape");
         for (size_t i = 0; i < p->nt; i++) {
             const bfs_ltensor *t = &p->t[i];
@@ -276,7 +275,7 @@ int bfs_inspect(const char *input_arg, const bfs_convert_opts *o_arg, int as_jso
             fprintf(out, "%-60s %-14s %-11s (activation or KV-cache scale: no meaning in BF16)\n",
                     bfs__esc(p->dropped[i], en, sizeof en), "-", "dropped");
         }
-        bfs__fp32_note(out, p, o);
+        bfs__fp32_note(out, p);
         json_decref(bfs__names_info(p, o, out));
         fprintf(out, "\nplan: --layout %s --world-size %d, %.3f MB of output\n", o->layout == BFS_LAYOUT_HF ? "hf" : "dcp",
                 o->world_size, (double)p->total_bytes / 1e6);
@@ -285,10 +284,12 @@ int bfs_inspect(const char *input_arg, const bfs_convert_opts *o_arg, int as_jso
                     "its ranks' rows; ~%llu from the storage, in whole pages), of which its terms of the source hashes cover %llu\n",
                     pp.list, pp.how[0] ? pp.how : "--ranks", (unsigned long long)pp.write, (unsigned long long)pp.read,
                     (unsigned long long)in_bytes, (unsigned long long)pp.device, (unsigned long long)pp.hashed);
-        for (int f = 0; f < p->nfiles; f++)
+        for (int f = 0; f < p->nfiles; f++) {
+            char en[BFS_ESC_MAX]; /* made of the input's file names: escaped */
             if (!pp.mine || pp.mine[f])
                 fprintf(out, "  %s %-50s %5zu tensors %14llu bytes\n", o->layout == BFS_LAYOUT_HF ? "file" : "rank",
-                    p->files[f].name, p->files[f].npieces, (unsigned long long)p->files[f].size);
+                        bfs__esc(p->files[f].name, en, sizeof en), p->files[f].npieces, (unsigned long long)p->files[f].size);
+        }
         fprintf(out, "\nmemory: host buffers %llu bytes (a ring of %d x %llu: units of ~%llu bytes, at most --mem/2 = "
                 "%llu); smallest unit %llu bytes%s\n", (unsigned long long)peak, ring.n, (unsigned long long)ring.slot,
                 (unsigned long long)ring.unit, (unsigned long long)(mem / 2), (unsigned long long)p->max_row_bytes,

@@ -29,7 +29,7 @@ static bool bfs__exists(const char *dir, const char *name)
 
 static int bfs__print_json(FILE *out, const json_t *root)
 {
-    char *s = bfs__json_dump(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+    char *s = bfs__json_show(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER); /* DEL, C1 escaped too */
     if (!s)
         return bfs__err(BFS_ENOMEM, "out of memory");
     fprintf(out, "%s\n", s);
@@ -72,6 +72,21 @@ static int bfs__inspect_tensor(void *user, size_t i, const json_t *t)
         y->shard_hashes += bfs__manifest_hash(json_array_get(sh, s)) != NULL;
     }
     return 0;
+}
+
+/* "tensors: N (format count, ...)": the format names are the manifest's, escaped */
+static void bfs__print_formats(FILE *out, size_t ntensors, json_t *formats)
+{
+    const char *k;
+    json_t *v;
+    int first = 1;
+    char ek[BFS_ESC_MAX];
+    fprintf(out, "tensors: %zu (", ntensors);
+    json_object_foreach(formats, k, v) {
+        fprintf(out, "%s%s %lld", first ? "" : ", ", bfs__esc(k, ek, sizeof ek), (long long)json_integer_value(v));
+        first = 0;
+    }
+    fprintf(out, ")\n");
 }
 
 int bfs__inspect_outdir(const char *dir, int as_json, FILE *out)
@@ -173,23 +188,17 @@ int bfs__inspect_outdir(const char *dir, int as_json, FILE *out)
         BFS_TRY(bfs__print_json(out, root));
         goto cleanup;
     }
-    fprintf(out, "%s: bfshard output, made by bfshard %s (%s)\n", dir, made ? made : "?", rev ? rev : "revision unknown");
+    /* every string below that the manifest holds is printed escaped (base.h, escape.c) */
+    const char *mx = json_string_value(json_object_get(opts, "mxfp4_layout"));
+    char e1[BFS_ESC_MAX], e2[BFS_ESC_MAX], e3[BFS_ESC_MAX];
+    fprintf(out, "%s: bfshard output, made by bfshard %s (%s)\n", bfs__esc_text(dir, e1, sizeof e1),
+            bfs__esc(made ? made : "?", e2, sizeof e2), bfs__esc(rev ? rev : "revision unknown", e3, sizeof e3));
     fprintf(out, "options: --world-size %lld --layout %s --mxfp4-layout %s%s\n",
-            (long long)json_integer_value(json_object_get(opts, "world_size")), layout ? layout : "?",
-            json_string_value(json_object_get(opts, "mxfp4_layout")) ? json_string_value(json_object_get(opts, "mxfp4_layout"))
-                                                                      : "?",
-            json_is_true(json_object_get(opts, "keep_dtype")) ? " --keep-dtype" : "");
+            (long long)json_integer_value(json_object_get(opts, "world_size")), bfs__esc(layout ? layout : "?", e1, sizeof e1),
+            bfs__esc(mx ? mx : "?", e2, sizeof e2), json_is_true(json_object_get(opts, "keep_dtype")) ? " --keep-dtype" : "");
     fprintf(out, "source: %zu file(s), %.3f MB%s%s\n", json_array_size(srcfiles), (double)src_bytes / 1e6,
-            qm ? ", quantization " : "", qm ? qm : "");
-    fprintf(out, "tensors: %zu (", ntensors);
-    const char *k;
-    json_t *v;
-    int first = 1;
-    json_object_foreach(json_object_get(root, "formats"), k, v) {
-        fprintf(out, "%s%s %lld", first ? "" : ", ", k, (long long)json_integer_value(v));
-        first = 0;
-    }
-    fprintf(out, ")\n");
+            qm ? ", quantization " : "", qm ? bfs__esc(qm, e1, sizeof e1) : "");
+    bfs__print_formats(out, ntensors, json_object_get(root, "formats"));
     fprintf(out, "hashes: %zu file(s), %zu of %zu shard(s), xxh128sums.txt %s; manifest seal %s (`bfshard verify` re-hashes)\n",
             file_hashes, shard_hashes, nshards, bfs__exists(dir, BFS_SUMS_NAME) ? "present" : "MISSING",
             seal_ok ? "ok" : "BAD");
@@ -206,10 +215,11 @@ int bfs__inspect_outdir(const char *dir, int as_json, FILE *out)
         char rbuf[24] = "";
         if (rk)
             snprintf(rbuf, sizeof rbuf, "%lld", (long long)json_integer_value(rk));
-        char en[BFS_ESC_MAX], ez[BFS_ESC_MAX]; /* names read from the manifest: escaped */
+        char en[BFS_ESC_MAX], ez[BFS_ESC_MAX], ek[BFS_ESC_MAX]; /* names read from the manifest: escaped */
         const char *nm = json_string_value(json_object_get(e, "name")), *zn = json_string_value(json_object_get(z, "name"));
+        const char *kind = json_string_value(json_object_get(e, "kind"));
         fprintf(out, "%-4s %-52s %14lld  %s%s", rbuf, nm ? bfs__esc(nm, en, sizeof en) : "(null)",
-                (long long)json_integer_value(json_object_get(e, "size")), json_string_value(json_object_get(e, "kind")),
+                (long long)json_integer_value(json_object_get(e, "size")), kind ? bfs__esc(kind, ek, sizeof ek) : "?",
                 json_is_true(json_object_get(e, "present")) ? "" : " (absent)");
         if (z)
             fprintf(out, "; %s %lld bytes (%.3fx)%s", zn ? bfs__esc(zn, ez, sizeof ez) : "(null)",

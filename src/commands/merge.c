@@ -114,8 +114,7 @@ int bfs_merge(const char *outdir, FILE *log)
         const bool merged = mp && stat(mp, &sb) == 0;
         free(mp);
         if (merged) {
-            if (log)
-                fprintf(log, "bfshard: %s: already merged (no parts left; bfshard verify checks it)\n", outdir);
+            bfs__line(log, "bfshard: %s: already merged (no parts left; bfshard verify checks it)", outdir);
             goto cleanup;
         }
         BFS_FAIL(BFS_EINCOMPLETE, "%s: no part manifests (" BFS_PART_PREFIX "RANKS" BFS_PART_SUFFIX
@@ -124,8 +123,7 @@ int bfs_merge(const char *outdir, FILE *log)
     BFS_TRY(bfs__manifest_merge(dirfd, parts, (const char *const *)names, n, outdir, bfs__merge_pre_commit, &mc));
     BFS_TRY(bfs__manifest_write_sums(dirfd, outdir, mc.files));
     for (int i = 0; i < n; i++) {
-        if (log)
-            fprintf(log, "bfshard: merged %s/%s\n", outdir, names[i]);
+        bfs__line(log, "bfshard: merged %s/%s", outdir, names[i]); /* a part's name, from the directory */
         unlinkat(dirfd, names[i], 0);
     }
     bfs__outdir_remove_debris(dirfd); /* what killed parts left: temporaries, part locks */

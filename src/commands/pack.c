@@ -49,9 +49,7 @@ static void bfs__plog(const bfs_pack_run *p, const char *fmt, ...)
         return;
     va_list ap;
     va_start(ap, fmt);
-    fputs("bfshard: pack: ", p->o->log);
-    vfprintf(p->o->log, fmt, ap);
-    fputc('\n', p->o->log);
+    bfs__vline(p->o->log, "bfshard: pack: ", fmt, ap); /* escaped: names come from the OUTDIR */
     va_end(ap);
     fflush(p->o->log);
 }

@@ -119,8 +119,7 @@ static int bfs__zst_compress_entry(const bfs_zst_odir *od, json_t *f, const bfs_
         if (!bfs__outdir_is_ours(od->own, zname))
             return bfs__outdir_check_foreign(dirfd, outdir, od->own, zname);
         if (od->resume && is_recorded && bfs__zst_recorded_intact(dirfd, mf->zst, zname, o)) {
-            if (o->log)
-                fprintf(o->log, "bfshard: %s: kept from the interrupted run (hash verified)\n", zname);
+            bfs__line(o->log, "bfshard: %s: kept from the interrupted run (hash verified)", zname);
             return 0;
         }
         if (bfs__cancelled())
@@ -146,10 +145,9 @@ static int bfs__zst_compress_entry(const bfs_zst_odir *od, json_t *f, const bfs_
     json_object_set_new(f, "zst", z);
     /* recorded now, so a rerun after a crash keeps it */
     BFS_TRY(bfs__mf_write_copy(dirfd, outdir, BFS_MANIFEST_NAME, bfs__mf_head(od->mr), od->mr));
-    if (o->log)
-        fprintf(o->log, "bfshard: %s -> %s: %llu -> %llu bytes (%.3fx), %llu frames\n", mf->name, zname,
-                (unsigned long long)isz, (unsigned long long)w->out_off,
-                w->out_off ? (double)isz / (double)w->out_off : 0.0, (unsigned long long)w->nent);
+    bfs__line(o->log, "bfshard: %s -> %s: %llu -> %llu bytes (%.3fx), %llu frames", mf->name, zname,
+              (unsigned long long)isz, (unsigned long long)w->out_off, w->out_off ? (double)isz / (double)w->out_off : 0.0,
+              (unsigned long long)w->nent);
     if (res) {
         res->bytes_in += isz;
         res->bytes_out += w->out_off;

@@ -44,27 +44,6 @@ void bfs__supported_list(char *buf, size_t cap)
         snprintf(buf + k, cap - k, "%sunquantized checkpoints", k ? " and " : "");
 }
 
-/* s as one printable line for a message: quotes, backslashes and bytes outside
- * printable ASCII escaped, cut after 64 characters. */
-static void bfs__esc64(const char *s, char *buf, size_t cap)
-{
-    size_t k = 0, n = 0;
-    for (; *s && k + 8 < cap; s++, n++) {
-        const unsigned char ch = (unsigned char)*s;
-        if (n == 64) {
-            k += (size_t)snprintf(buf + k, cap - k, "...");
-            break;
-        }
-        if (ch == '"' || ch == '\\')
-            k += (size_t)snprintf(buf + k, cap - k, "\\%c", ch);
-        else if (ch < 0x20 || ch > 0x7e)
-            k += (size_t)snprintf(buf + k, cap - k, "\\x%02x", ch);
-        else
-            buf[k++] = (char)ch;
-    }
-    buf[k < cap ? k : cap - 1] = '\0';
-}
-
 static bool bfs__json_true(const json_t *o, const char *key) { return json_is_true(json_object_get(o, key)); }
 
 /* quantize_config.json beside the weights: *out parsed (an object) or NULL when absent. */
@@ -100,7 +79,7 @@ void bfs__qclaim_free(bfs_qclaim *own)
 int bfs__quant_claim(bfs_fctx *c, bfs_qclaim *own)
 {
     int rc = 0;
-    char sup[1024], m[300];
+    char sup[1024], m[72]; /* the method, escaped and cut (bfs__esc) */
     const json_t *q = c->config ? json_object_get(c->config, "quantization_config") : NULL;
     const char *what = "quantization_config";
     own->file = NULL;
@@ -145,7 +124,7 @@ int bfs__quant_claim(bfs_fctx *c, bfs_qclaim *own)
         for (const char *const *k = (*f)->methods; k && *k && !c->claim; k++)
             if (strcasecmp(*k, c->method) == 0)
                 c->claim = *f;
-    bfs__esc64(c->method, m, sizeof m);
+    bfs__esc(c->method, m, sizeof m);
     if (!c->claim)
         BFS_FAIL(BFS_EINPUT, "%s: %s \"%s\"%s is not supported (bfshard converts: %s)", c->qsource,
                  own->file ? "quant_method" : "quantization_config.quant_method", m,
@@ -171,10 +150,10 @@ static bool bfs__lists(const bfs_format *f, const char *m)
 
 int bfs__quant_check_groups(const bfs_fctx *c, const bfs_ltensor *t, size_t nt)
 {
-    char sup[1024], m[300];
+    char sup[1024], m[72]; /* the method, escaped and cut (bfs__esc) */
     size_t took = 0;
     bfs__supported_list(sup, sizeof sup);
-    bfs__esc64(c->method ? c->method : "", m, sizeof m);
+    bfs__esc(c->method ? c->method : "", m, sizeof m);
     for (size_t i = 0; i < nt; i++) {
         const bfs_format *f = t[i].by ? t[i].by : bfs__format_of(t[i].kind);
         if (!f || !f->methods)

@@ -12,9 +12,8 @@
  * when stored U8 (transformers' exp2(s - 127.0)); byte 0 is 2^-127 in both.
  * Everything that looks like this layout but is not exactly it is refused (exit 3, naming
  * file and tensor): scale dtype or shape, I8 outside the routed experts, config vs tensors.
- * The leftover row marks the F32 tensors V4 keeps in float32 (_keep_in_fp32_modules_strict:
- * hc_*, attn_sink, ape, gate bias, norms): cast to BF16 like any F32 tensor (kept with
- * --keep-dtype), and counted for the run summary and inspect.
+ * The F32 tensors V4 keeps in float32 (hc_*, attn_sink, ape, gate bias, norms) are the plan's
+ * float32 rule's (src/plan/fp32.c), as every model type's.
  */
 #include "format.h"
 
@@ -165,59 +164,6 @@ cleanup:
     return rc;
 }
 
-/* The checkpoint is DeepSeek-V4 (config.json model_type "deepseek_v4"). */
-static bool bfs__dsv4_model(const bfs_fctx *c)
-{
-    const char *mt = c->config ? bfs__qc_str(c->config, "model_type") : NULL;
-    return mt && strcmp(mt, "deepseek_v4") == 0;
-}
-
-/* A V4 checkpoint name of a module transformers keeps in float32 (_keep_in_fp32_modules_strict
- * of DeepseekV4PreTrainedModel, through the checkpoint's names in conversion_mapping.py):
- * hc_{attn,ffn,head}_{fn,base,scale}, attn_sink, ape, gate.bias, the norms. */
-static bool bfs__dsv4_fp32_name(const char *name)
-{
-    static const char *const comp[] = {"hc_head_fn", "hc_head_base", "hc_head_scale", "hc_attn_fn", "hc_attn_base",
-                                       "hc_attn_scale", "hc_ffn_fn", "hc_ffn_base", "hc_ffn_scale", "attn_sink",
-                                       "ape", "q_norm", "kv_norm", "norm", "attn_norm", "ffn_norm"};
-    const size_t n = strlen(name);
-    if (n >= 10 && strcmp(name + n - 10, ".gate.bias") == 0)
-        return true;
-    for (const char *p = name; *p;) {
-        const char *e = strchr(p, '.');
-        const size_t len = e ? (size_t)(e - p) : strlen(p);
-        for (size_t k = 0; k < sizeof comp / sizeof *comp; k++)
-            if (strlen(comp[k]) == len && strncmp(p, comp[k], len) == 0)
-                return true;
-        p += len + (e != NULL);
-    }
-    return false;
-}
-
-/* Pass 2: an F32 tensor V4 keeps in float32 becomes BF16 as passthrough would make it (or
- * stays F32 with --keep-dtype), marked keep_fp32 for the summary; everything else is not ours. */
-static int bfs__dsv4_leftover(const bfs_fctx *c, bfs_raw *r, bfs_ltensor *t)
-{
-    if (r->st->dtype != BFS_DT_F32 || !bfs__dsv4_model(c) || !bfs__dsv4_fp32_name(r->st->name))
-        return 0;
-    t->name = bfs__strdup(r->st->name);
-    if (!t->name)
-        return bfs__err(BFS_ENOMEM, "out of memory");
-    t->src[0] = r;
-    t->nsrc = 1;
-    t->src_dtype = r->st->dtype;
-    t->ndim = r->st->ndim;
-    memcpy(t->shape, r->st->shape, sizeof t->shape);
-    t->kind = c->o->keep_dtype ? BFS_K_PASS : BFS_K_CAST;
-    t->out_dtype = c->o->keep_dtype ? BFS_DT_F32 : BFS_DT_BF16;
-    t->transform = c->o->keep_dtype ? "copy (float32 upstream: DeepSeek-V4 keeps it)"
-                                    : "cast f32->bf16 (float32 upstream: DeepSeek-V4 keeps it; --keep-dtype keeps it)";
-    t->keep_fp32 = true;
-    r->used = 1;
-    bfs__finish_shape(t);
-    return 1;
-}
-
 static const char *const bfs__dsv4_methods[] = {"fp8", NULL};
 
 /* Plans BFS_K_FP8 and BFS_K_CTMX tensors but declares no kind: fp8.c and ctmx.c name them
@@ -234,7 +180,7 @@ const bfs_format bfs__format_dsv4 = {
     .claim_optional = false,
     .detect = bfs__dsv4_detect,
     .claim = bfs__dsv4_claim,
-    .leftover = bfs__dsv4_leftover,
+    .leftover = NULL,
     .sources = NULL,
     .kind_name = NULL,
 };

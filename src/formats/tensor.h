@@ -32,7 +32,10 @@ typedef struct bfs_ltensor {
     bfs_dtype src_dtype;  /* PASS/CAST: input dtype; BNB4: the blob's dtype */
     const char *qname;    /* FP8/INT4/NVFP4/CTMX/WOQ: the name inspect and the manifest give it (static) */
     const struct bfs_format *by; /* the format whose claim made it (pass 1; NULL for leftovers) */
-    bool keep_fp32;       /* a float32 tensor upstream keeps in float32 (DeepSeek-V4: dsv4.c) */
+    /* the model keeps it in float32 (src/plan/fp32.c): written as stored, never rounded;
+     * fp32_why: the class and upstream file:line, fp32_pat: its pattern that matched (static) */
+    bool keep_fp32;
+    const char *fp32_why, *fp32_pat;
     /* A packed tensor (transformers 5's fused experts, src/plan/names.c): dim 0 is E experts,
      * and expert e's rows are those of members[e * npack + j], j = 0 .. npack-1, one after
      * the other (gate then up). Each member is a logical tensor of its own format, all of one

@@ -39,7 +39,7 @@ typedef struct {
 } bfs_oci_chk;
 
 /* One problem, one line: the names and values it quotes come from the layout's files, so
- * every control character (C0, DEL, C1) is written escaped as JSON writes it (\n, \u001b). */
+ * the line is written escaped (bfs__line: \n, \u001b, \xff). */
 static void bfs__bad(bfs_oci_chk *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void bfs__bad(bfs_oci_chk *c, const char *fmt, ...)
 {
@@ -51,21 +51,9 @@ static void bfs__bad(bfs_oci_chk *c, const char *fmt, ...)
     va_start(ap, fmt);
     const int n = vasprintf(&line, fmt, ap);
     va_end(ap);
-    fprintf(c->report, "%s: ", c->ocidir);
-    for (const unsigned char *p = (const unsigned char *)line; n >= 0 && *p; p++) {
-        if (*p == '\n')
-            fputs("\\n", c->report);
-        else if (*p == '\t')
-            fputs("\\t", c->report);
-        else if (*p < 0x20 || *p == 0x7f)
-            fprintf(c->report, "\\u%04x", *p);
-        else if (*p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f)
-            fprintf(c->report, "\\u%04x", *++p);
-        else
-            fputc(*p, c->report);
-    }
-    fputs(n >= 0 ? "\n" : "(out of memory)\n", c->report);
-    free(line);
+    bfs__line(c->report, "%s: %s", c->ocidir, n >= 0 ? line : "(out of memory)");
+    if (n >= 0)
+        free(line);
 }
 
 bool bfs__oci_is_layout(const char *path)

@@ -640,11 +640,9 @@ static int bfs__verify_parts(const char *outdir, char **names, int n, FILE *repo
         bfs__err_clear();
         snprintf(list, 4096, "(a long list)");
     }
-    if (report && list[0]) {
-        char eo[BFS_ESC_MAX];
-        fprintf(report, "%s: ranks %s are elsewhere (this OUTDIR holds %d part(s) of a --world-size %d conversion, "
-                "not merged)\n", bfs__esc(outdir, eo, sizeof eo), list, n, W);
-    }
+    if (list[0])
+        bfs__report(report, "%s: ranks %s are elsewhere (this OUTDIR holds %d part(s) of a --world-size %d conversion, "
+                    "not merged)", outdir, list, n, W);
 cleanup:
     free(here);
     free(list);

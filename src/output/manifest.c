@@ -161,6 +161,9 @@ static json_t *bfs__manifest_tensor(const bfs_manifest_in *mi, size_t i)
     whole = e && json_object_set_new(e, "action", json_string(bfs__kind_action(t))) == 0;
     if (whole && t->rule) /* the target-name rule that made its name (and a pack, its shape) */
         whole = json_object_set_new(e, "rule", json_string(t->rule)) == 0;
+    if (whole && t->keep_fp32) /* written as stored: the model keeps it in float32 (src/plan/fp32.c) */
+        whole = json_object_set_new(e, "dtype_rule", json_pack("{s:s, s:s}", "keeps_float32", t->fp32_why, "pattern",
+                                                               t->fp32_pat)) == 0;
     if (whole && t->whole) /* a model buffer: whole on rank 0 (docs/NAMES.md) */
         whole = json_object_set_new(e, "placement", json_string("whole on rank 0 (a buffer of the model)")) == 0;
     if (whole &&

@@ -11,13 +11,10 @@
 
 void bfs__report(FILE *out, const char *fmt, ...)
 {
-    if (!out)
-        return;
     va_list ap;
     va_start(ap, fmt);
-    vfprintf(out, fmt, ap);
+    bfs__vline(out, NULL, fmt, ap); /* escaped: the values it quotes come from files */
     va_end(ap);
-    fputc('\n', out);
 }
 
 const char *bfs__manifest_hash(const json_t *entry) { return json_string_value(json_object_get(entry, BFS_MF_HASH)); }

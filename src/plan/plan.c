@@ -148,7 +148,9 @@ int bfs__plan_tensors(const bfs_input *in, const bfs_convert_opts *o, bfs_plan *
     }
     {
         const json_t *mt = cfg ? json_object_get(cfg, "model_type") : NULL;
-        BFS_TRY(bfs__plan_names(p, json_is_string(mt) ? json_string_value(mt) : NULL, o->names, o->layout));
+        const char *mts = json_is_string(mt) ? json_string_value(mt) : NULL;
+        BFS_TRY(bfs__plan_fp32(p, mts, o->keep_dtype != 0)); /* on checkpoint names, before the names pass */
+        BFS_TRY(bfs__plan_names(p, mts, o->names, o->layout));
     }
     qsort(p->t, p->nt, sizeof *p->t, bfs__cmp_lt);
     for (size_t i = 1; i < p->nt; i++)

@@ -66,6 +66,18 @@ int bfs__plan_names(bfs_plan *p, const char *model_type, int mode, int layout);
 int bfs__names_key(const char *model_type, const char *key, char **out, uint64_t *expert, int *member);
 /* The table's row for a model type ("qwen2_moe" for deepseek_v3), or NULL. */
 const char *bfs__names_family(const char *model_type);
+/* Float tensors the model keeps in float32 (fp32.c): before bfs__plan_names, each cast or
+ * copied tensor whose model name matches model_type's rule is written as stored (keep_fp32,
+ * fp32_why, fp32_pat set). */
+int bfs__plan_fp32(bfs_plan *p, const char *model_type, bool keep_dtype);
+/* Whether model_type's model keeps checkpoint tensor `key` in float32: 1 (*why: the class and
+ * file:line, *pat: the pattern), 0, or a negative error. */
+int bfs__fp32_key(const char *model_type, const char *key, const char **why, const char **pat);
+/* model_type's float32 rule (the class and file:line), NULL when it keeps none. */
+const char *bfs__fp32_rule(const char *model_type);
+/* The plan's tensors written as stored for the model's float32 rule: their number, and one
+ * line saying so and why into buf (the log, inspect). */
+size_t bfs__fp32_summary(const bfs_plan *p, char *buf, size_t cap);
 /* Lay out the output files for o->world_size / o->layout (headers, offsets). */
 int bfs__plan_layout(bfs_plan *p, const bfs_convert_opts *o);
 /* The same, for a part (DCP layout): only[r] rank files laid out in full; every other

@@ -383,14 +383,39 @@ def upstream_reference(fixture_dir, layout="hf"):
             x = bnbF.int8_vectorwise_dequant(sd[P + "weight"], sd[k]).to(torch.bfloat16).contiguous()
             ref[P + "weight"] = (x, "bnb-int8", None)
             consumed |= {k, P + "weight", P + "weight_format"}
+    kept = kept_fp32_of(fixture_dir, [k for k in sd if k not in consumed])
     for k, v in sd.items():
         if k in consumed:
             continue
-        if v.dtype in (torch.float32, torch.float16, torch.float64):
+        if k in kept:  # the model keeps it in float32: as stored, never rounded
+            ref[k] = (v.contiguous(), "copy", None)
+        elif v.dtype in (torch.float32, torch.float16, torch.float64):
             ref[k] = (v.to(torch.bfloat16).contiguous(), "cast", None)
         else:
             ref[k] = (v.contiguous(), "copy", None)
     return ref
+
+
+def kept_fp32_of(fixture_dir, keys):
+    """The keys the model of fixture_dir keeps in float32 at bfloat16 load, as transformers decides
+    it (fixtures/fxlib.py kept_fp32: the class's dtype plan on each key's model name). A config
+    transformers cannot build a model of (a toy checkpoint of a type it has no class for) keeps none;
+    one whose model type bfshard has a float32 rule for must build."""
+    fx = os.path.dirname(os.path.abspath(fixture_dir))
+    if fx not in sys.path:
+        sys.path.insert(0, fx)
+    from fxlib import kept_fp32
+    try:
+        return kept_fp32(fixture_dir, keys)
+    except Exception:  # noqa: BLE001
+        if model_type_of(fixture_dir) in FP32_RULE_TYPES:
+            raise
+        return set()
+
+
+# model types src/plan/fp32.c has a float32 rule for (dev/names_table.py fp32 reads the table)
+FP32_RULE_TYPES = ("deepseek_v3", "kimi_k2", "deepseek_v32", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "glm4v_moe",
+                   "dots1", "solar_open", "exaone_moe", "hy_v3", "mimo_v2_flash", "beam", "ernie4_5_moe", "deepseek_v4")
 
 
 def expected_reference(fixtures, f):
@@ -624,6 +649,7 @@ def _build_model(job):
             raise RuntimeError(f"{job['config_dir']}/config.json still has quantization_config")
         torch.manual_seed(0)
         m = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).to(torch.bfloat16)
+        keep_fp32_like_from_pretrained(m)
         return m, list(m.model.layers)
     # plain module from the reference names (dotted: nested modules): >=1-d -> parameters, 0-d -> buffers
     ref = load_reference(job["ref"])
@@ -640,6 +666,16 @@ def _build_model(job):
         else:
             sub.register_parameter(leaf, nn.Parameter(torch.zeros_like(t)))
     return m, []
+
+
+def keep_fp32_like_from_pretrained(m):
+    """The buffers from_pretrained(dtype=bfloat16) keeps in float32 (_keep_in_fp32_modules_strict,
+    searched in each name: the routers' correction bias), made float32 as the README recipe makes
+    them (from_config does not). Parameters stay bfloat16: FSDP2 wants one dtype per group."""
+    keep = list(m._keep_in_fp32_modules_strict or ())
+    for name, t in m.named_buffers():
+        if any(re.search(k, name) for k in keep):
+            t.data = t.data.float()
 
 
 def _sharded_state_dict(job, mesh):
@@ -678,6 +714,10 @@ def _check_local(m, ref, W, rank, res, label):
                 res["errors"].append(f"{label}: rank {rank} {k}: float32 is not an exact bf16 upcast")
                 continue
             local = local.to(torch.bfloat16)
+        elif local.dtype == torch.bfloat16 and R.dtype == torch.float32:
+            # a float32 parameter of the model in a bfloat16 FSDP2 group: dcp.load rounds the
+            # checkpoint's exact F32 (bfshard writes it as stored) with copy_
+            R, kind = R.to(torch.bfloat16), "cast"
         ok, msg, tl = compare(local, R, kind, c8)
         if not ok:
             res["errors"].append(f"{label}: rank {rank} {k}: {msg}")
@@ -729,7 +769,9 @@ def _check_forward(m, ref, job, res):
     from torch.distributed.tensor import DTensor
     torch.manual_seed(0)
     rm = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(job["dir"]), dtype=torch.bfloat16)
-    rm.load_state_dict({k: t for k, (t, _, _) in ref.items()}, strict=True)
+    keep_fp32_like_from_pretrained(rm)
+    rsd = rm.state_dict()
+    rm.load_state_dict({k: t.to(rsd[k].dtype) for k, (t, _, _) in ref.items()}, strict=True)
     rb = dict(rm.named_buffers())
     for n, b in m.named_buffers():
         if n not in rb or not torch.equal(b, rb[n]):
@@ -751,6 +793,45 @@ def _check_forward(m, ref, job, res):
         else:
             res["notes"].append(f"FSDP2 forward: logits {list(a.shape)} bit-identical to the unsharded model with the "
                                 f"upstream weights (as loaded, NaN pattern included, and with huge/non-finite weights zeroed)")
+
+
+def _check_original(m, job, W, rank, res):
+    """Every parameter and buffer of the FSDP2-loaded model == from_pretrained(dtype=bfloat16) of the
+    ORIGINAL quantized checkpoint (transformers dequantizes it itself, on the CPU), in value and in
+    dtype: the tensors it keeps in float32 (the router's correction bias, DeepSeek-V4's hc_*, sinks,
+    norms) float32 with the checkpoint's exact values. Non-persistent buffers included (named_buffers)."""
+    from transformers import AutoModelForCausalLM
+    from torch.distributed.tensor import DTensor
+    om = AutoModelForCausalLM.from_pretrained(job["orig"], dtype=torch.bfloat16)
+    want = {**dict(om.named_parameters()), **dict(om.named_buffers())}
+    got = {**dict(m.named_parameters()), **dict(m.named_buffers())}
+    if set(got) != set(want):
+        res["errors"].append(f"{job['id']}: names differ from from_pretrained(original): "
+                             f"{sorted(set(got) ^ set(want))[:4]}")
+        return
+    n32, nround, bad = 0, 0, []
+    for k, v in got.items():
+        R = want[k].detach()
+        if isinstance(v, DTensor):
+            s, e = rows_of(R.shape[0], W, rank)
+            R, v = R[s:e], v.to_local()
+        v = v.detach()
+        if k in dict(om.named_parameters()) and R.dtype == torch.float32 and v.dtype == torch.bfloat16:
+            # a float32 parameter upstream in a bfloat16 FSDP2 group (one dtype per group): dcp.load
+            # rounds the checkpoint's exact F32 as from_pretrained's value rounds
+            R, nround = R.to(torch.bfloat16), nround + 1
+        if v.dtype != R.dtype or tuple(v.shape) != tuple(R.shape) or not torch.equal(int_view(v), int_view(R)):
+            if not (R.is_floating_point() and v.dtype == R.dtype and torch.equal(v.isnan(), R.isnan()) and
+                    torch.equal(v.nan_to_num(0.0), R.nan_to_num(0.0))):  # NaN payloads aside
+                bad.append(f"{k} ({v.dtype} vs {R.dtype})")
+        n32 += R.dtype == torch.float32
+    if bad:
+        res["errors"].append(f"{job['id']}: rank {rank}: != from_pretrained(original) for {len(bad)}: {bad[:4]}")
+    else:
+        res["notes"].append(f"every parameter and buffer == from_pretrained(dtype=bfloat16) of the original "
+                            f"quantized checkpoint, dtypes included ({n32} float32"
+                            + (f"; {nround} float32 parameters upstream in bfloat16 FSDP2 groups, == its rounding)"
+                               if nround else ")"))
 
 
 def _fill_sentinel(m):
@@ -791,6 +872,8 @@ def _dist_worker(rank, W, port, jobs, resdir):
             _check_local(m, ref, W, rank, res, job["id"])
             if job["model"] == "readme":
                 _check_forward(m, ref, job, res)
+            if job.get("orig"):
+                _check_original(m, job, W, rank, res)
             res["meta_opens"] = sorted(set(rd.meta_opens))
             res["data_opens"] = sorted(set(rd.data_opens))
             res["plan_files"] = {f: sorted(v) for f, v in rd.plan_files.items()}
@@ -958,7 +1041,8 @@ def check_from_pretrained(name, hfdir, ref, work):
             continue
         v = msd[k]
         ok, msg, tl = compare(v.to(torch.bfloat16) if v.dtype != R.dtype else v, R, kind, c8)
-        if v.dtype == torch.float32 and not torch.equal(v.to(torch.bfloat16).float(), v) and not torch.isnan(v).any():
+        if (v.dtype == torch.float32 and R.dtype == torch.bfloat16 and not torch.equal(v.to(torch.bfloat16).float(), v)
+                and not torch.isnan(v).any()):
             ok, msg = False, f"fp32 parameter is not an exact bf16 upcast"
         if not ok:
             problems.append(f"{k}: {msg}")
@@ -1405,11 +1489,9 @@ def main():
         e = os.path.join(args.fixtures, "expected", f + ".model.safetensors")
         if not os.path.exists(e):
             continue
-        with safe_open(e, framework="pt") as fh:
-            def bf(t):  # the .model file keeps float32-kept modules in float32 (bf16-rounded values)
-                return t.to(torch.bfloat16) if t.is_floating_point() else t
-            diff = [k for k in fh.keys() if k not in tref[f] or not torch.equal(
-                int_view(bf(fh.get_tensor(k))), int_view(tref[f][k][0]))]
+        with safe_open(e, framework="pt") as fh:  # dtypes too: float32-kept modules are F32 in both
+            diff = [k for k in fh.keys() if k not in tref[f] or fh.get_tensor(k).dtype != tref[f][k][0].dtype or
+                    not torch.equal(int_view(fh.get_tensor(k)), int_view(tref[f][k][0]))]
             extra = sorted(set(tref[f]) - set(fh.keys()))
         record(f"0 names: {f}: the reference under transformers' names == from_pretrained's state_dict", not diff and not extra,
                f"differ {diff[:4]}, not in the model {extra[:4]}")
@@ -1502,6 +1584,8 @@ def main():
         if j is None or code is None:
             return None
         j["id"] += " (README recipe: meta init, to_empty)"
+        if f.startswith("moe-"):  # transformers loads these quantized originals itself, on the CPU
+            j["orig"] = inputs[f]
         return j
 
     plans = {
