@@ -4,7 +4,7 @@
  * manifest's source hashes are of the bytes that were read; a seek table that calls a
  * frame empty is checked; every --json is one parseable object with an error object;
  * unaligned float32 side tensors convert; a NUL in a dtype, a symlink loop, an oversized
- * tokenizer, a zero-element tensor and an allocation failure each get the right answer;
+ * tokenizer (refused) or other side file (skipped), a zero-element tensor and an allocation failure each get the right answer;
  * names from files are escaped, by one rule (escape_rule), a hostile manifest's strings
  * too in inspect and verify; verify is linear in files x shards.
  *
@@ -509,22 +509,30 @@ static void symlink_loop_is_bad_input(void **s)
     free(tmp);
 }
 
-static void oversized_tokenizer_refused_first(void **s)
+static void oversized_side_files(void **s)
 {
     (void)s;
     char *tmp = tu_tmpdir("aux");
-    char in[4096], out[4096], tok[4096];
+    char in[4096], out[4096], tok[4096], card[4096], path[4200];
     snprintf(in, sizeof in, "%s/in", tmp);
     snprintf(out, sizeof out, "%s/out", tmp);
     assert_int_equal(tu_sh("cp -r fixtures/bnb-nf4 '%s'", in), 0);
     snprintf(tok, sizeof tok, "%s/tokenizer.json", in);
+    snprintf(card, sizeof card, "%s/README.md", in);
+    snprintf(path, sizeof path, "%s/README.md", out);
+    /* a file the model needs over the limit: refused, before any rank file */
     assert_int_equal(truncate(tok, (64 << 20) + 1), 0); /* sparse: no disk used */
     bfs_convert_opts o = cpu_opts(2);
     assert_int_equal(bfs_convert(in, out, &o, NULL), BFS_EINPUT);
     assert_non_null(strstr(bfs_last_error(), "tokenizer.json"));
-    assert_false(dir_has(out, ".safetensors")); /* refused before any rank file */
+    assert_false(dir_has(out, ".safetensors"));
     assert_int_equal(truncate(tok, 64 << 20), 0); /* at the cap: copied */
+    /* any other side file over the limit: skipped (never read), said in the log and the manifest */
+    assert_int_equal(tu_sh("truncate -s %d '%s'", (64 << 20) + 1, card), 0);
+    o.force = 1;
     assert_int_equal(bfs_convert(in, out, &o, NULL), 0);
+    assert_int_not_equal(access(path, F_OK), 0);
+    assert_int_equal(tu_sh("grep -q '\"README.md\"' '%s/bfshard.manifest.json'", out), 0);
     tu_rmrf(tmp);
     free(tmp);
 }
@@ -854,7 +862,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(unaligned_float32_tensors),
         cmocka_unit_test(nul_in_dtype_refused),
         cmocka_unit_test(symlink_loop_is_bad_input),
-        cmocka_unit_test(oversized_tokenizer_refused_first),
+        cmocka_unit_test(oversized_side_files),
         cmocka_unit_test(zero_element_tensor_needs_no_memory),
         cmocka_unit_test(allocation_failure_is_exit_5),
         cmocka_unit_test(names_escaped),

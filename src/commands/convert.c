@@ -8,7 +8,7 @@
  *   thread) -> the writer thread writes the ring in order (O_DIRECT where it can) while
  *   the next units are dequantized, across tensors and rank files -> durable commit
  *   (durable.c) + journal line, once the writer has ended the file, while it writes the
- *   next one (bfs__rank_poll). Then config.json, copied tokenizer files, the manifest
+ *   next one (bfs__rank_poll). Then config.json, the side files copied (convert_side.c), the manifest
  *   (manifest.c; last, atomically).
  *   The rank-file stage (units, commits, reuse): convert_ranks.c; the run's state: convert.h.
  *
@@ -95,6 +95,7 @@ static void bfs__fingerprint(bfs_run *r)
     }
     if (r->in->config_json)
         XXH3_128bits_update(st, r->in->config_json, strlen(r->in->config_json));
+    bfs__side_fingerprint(r, st);
     bfs__hash_hex(XXH3_128bits_digest(st), r->fingerprint);
     XXH3_freeState(st);
 }
@@ -116,9 +117,9 @@ static void bfs__count_kinds(const bfs_input *in, const bfs_plan *p, bfs_convert
     res->tensors_dropped = in->nraw > p->nt ? in->nraw - p->nt : 0;
 }
 
-/* ---- small files: config.json, tokenizer files, index, manifest ------------------------- */
+/* ---- small files: config.json, side files, index, manifest ------------------------- */
 /* Written durably; kind != NULL: recorded in the manifest's files[]. */
-static int bfs__write_small(bfs_run *r, const char *name, const void *data, size_t len, const char *kind)
+int bfs__write_small(bfs_run *r, const char *name, const void *data, size_t len, const char *kind)
 {
     char hex[33], sha[65];
     /* parts in one OUTDIR write the same small files, maybe at once */
@@ -166,51 +167,6 @@ cleanup:
     return rc;
 }
 
-/* Tokenizer and other files copied beside the weights: at most BFS_MAX_AUX bytes each,
- * checked before any rank file is written (and again as each is read). */
-#define BFS_MAX_AUX (64u << 20)
-static int bfs__check_aux(const bfs_input *in)
-{
-    for (size_t i = 0; i < bfs__naux; i++) {
-        char *p = bfs__path_join(in->root, bfs__aux_files[i]);
-        struct stat sb;
-        if (!p)
-            return bfs__err(BFS_ENOMEM, "out of memory");
-        const bool big = stat(p, &sb) == 0 && S_ISREG(sb.st_mode) && (uint64_t)sb.st_size > BFS_MAX_AUX;
-        if (big)
-            bfs__err(BFS_EINPUT, "%s: %llu bytes, larger than the %u bytes (64 MiB) bfshard copies beside the weights",
-                     p, (unsigned long long)sb.st_size, BFS_MAX_AUX);
-        free(p);
-        if (big)
-            return BFS_EINPUT;
-    }
-    return 0;
-}
-
-static int bfs__copy_aux(bfs_run *r)
-{
-    for (size_t i = 0; i < bfs__naux; i++) {
-        char *p = bfs__path_join(r->in->root, bfs__aux_files[i]);
-        char *data = NULL;
-        size_t len = 0;
-        struct stat sb;
-        if (!p)
-            return bfs__err(BFS_ENOMEM, "out of memory");
-        if (stat(p, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-            free(p);
-            continue;
-        }
-        int rc = bfs__read_small_file(p, BFS_MAX_AUX, &data, &len);
-        free(p);
-        if (rc == 0)
-            rc = bfs__write_small(r, bfs__aux_files[i], data, len, "copy");
-        free(data);
-        if (rc < 0)
-            return rc;
-    }
-    return 0;
-}
-
 /* The manifest, then the sums files (completion is one event). The manifest's
  * rename is the moment the run is complete; a sums file never stands in OUTDIR without the
  * manifest it agrees with, so a pipeline's `xxh128sum -c xxh128sums.txt` cannot pass on an
@@ -227,7 +183,7 @@ static int bfs__write_manifest(bfs_run *r)
                                 .src_hex = (const char (*)[33])r->src_hex, .file_hex = (const char (*)[33])r->file_hex,
                                 .file_sha = (const char (*)[65])r->file_sha,
                                 .slices_hex = (const char (*)[33])r->slices_hex,
-                                .slices_sha = (const char (*)[65])r->slices_sha, .zst = r->zst, .aux = r->aux,
+                                .slices_sha = (const char (*)[65])r->slices_sha, .zst = r->zst, .aux = r->aux, .skipped = r->skipped,
                                 .mine = r->mine, .part = r->mine ? r->part : NULL};
     BFS_TRY(bfs__manifest_build_head(&mi, &m));
     /* a part: its manifest only; bfs_merge writes the manifest and the sums */
@@ -378,7 +334,7 @@ static int bfs__run_setup(bfs_run *r, const char *input)
         r->prefetch = !r->mine[f]; /* a part (not every rank): exact reads, no readahead */
     if (r->prefetch)
         bfs__input_random(r->in);
-    BFS_TRY(bfs__check_aux(r->in));
+    BFS_TRY(bfs__side_plan(r)); /* before any rank file: a side file never fails a finished run */
     if (!(r->unit_read = calloc(r->in->nraw + 1, sizeof *r->unit_read)))
         BFS_FAIL(BFS_ENOMEM, "out of memory");
     bfs__sources_read(r->plan->t, r->plan->nt, r->in->raw, r->unit_read);
@@ -444,7 +400,7 @@ static void bfs__outputs_free(char **names, size_t n)
 
 static int bfs__outputs(const bfs_run *r, char ***out, size_t *nout)
 {
-    const size_t cap = 3 * (size_t)r->plan->nfiles + bfs__naux + 5;
+    const size_t cap = 3 * (size_t)r->plan->nfiles + r->sides.n + 5;
     char **v = calloc(cap, sizeof *v);
     size_t n = 0;
     if (!v)
@@ -461,13 +417,9 @@ static int bfs__outputs(const bfs_run *r, char ***out, size_t *nout)
     }
     if (r->in->config_json)
         v[n++] = bfs__strdup("config.json");
-    for (size_t i = 0; i < bfs__naux; i++) {
-        char *p = bfs__path_join(r->in->root, bfs__aux_files[i]);
-        struct stat sb;
-        if (p && stat(p, &sb) == 0 && S_ISREG(sb.st_mode))
-            v[n++] = bfs__strdup(bfs__aux_files[i]);
-        free(p);
-    }
+    for (size_t i = 0; i < r->sides.n; i++)
+        if (!r->sides.v[i].why)
+            v[n++] = bfs__strdup(r->sides.v[i].name);
     if (r->plan->layout == BFS_LAYOUT_HF)
         v[n++] = bfs__strdup("model.safetensors.index.json");
     if (r->mine) { /* a part: its own manifest; merge writes the sums and the manifest */
@@ -630,7 +582,7 @@ static int bfs__run_finish(bfs_run *r)
     if (bfs__cancelled())
         BFS_FAIL(BFS_EINTR, "interrupted");
     BFS_TRY(bfs__write_config(r));
-    BFS_TRY(bfs__copy_aux(r));
+    BFS_TRY(bfs__side_copy(r));
     if (r->plan->layout == BFS_LAYOUT_HF)
         BFS_TRY(bfs__write_hf_index(r));
     const double t = bfs__now();
@@ -679,6 +631,8 @@ static void bfs__run_free(bfs_run *r, int rc)
     free(r->pr);
     free(r->fstamp);
     json_decref(r->aux);
+    json_decref(r->skipped);
+    bfs__sides_free(&r->sides);
     if (r->dirfd >= 0)
         close(r->dirfd);
     bfs__plan_free(r->plan);
@@ -694,6 +648,7 @@ int bfs_convert(const char *input_arg, const char *outdir, const bfs_convert_opt
     char *input = NULL;
     memset(r, 0, sizeof *r);
     r->dirfd = -1;
+    r->sides.dfd = r->sides.bfd = -1;
     r->lock.fd = r->lock.dirfd = -1;
     for (int i = 0; i < 2; i++)
         r->rank[i].t = r->rank[i].zt = (bfs_tmpfile){.fd = -1, .dirfd = -1};

@@ -69,6 +69,8 @@ typedef struct bfs_run {
     bool *unit_read;           /* per input tensor (in->raw): some unit reads it (bfs__sources_read) */
     bfs_srchash *sh;           /* the source hashes, from the bytes the kernels read (srchash.c) */
     json_t *aux;               /* extra files written: manifest files[] entries */
+    bfs_sides sides;           /* the input folder's side files: copied or skipped (convert_side.c) */
+    json_t *skipped;           /* the manifest's skipped[]: those not copied, and why */
     /* a part; mine == NULL for a whole run */
     bool *mine;                /* per output file: this part writes it */
     bool prefetch;             /* a part: input maps MADV_RANDOM, its ranges read ahead by hand */
@@ -162,5 +164,13 @@ int bfs__piece_dig_alloc(bfs_run *r, int fidx);
 
 /* BFSHARD_STAGES=1: the run's seconds per stage, one JSON line on stderr (make bench). */
 void bfs__stages_print(const bfs_run *r, double total);
+/* A small file written durably into OUTDIR (convert.c); kind != NULL: recorded in the
+ * manifest's files[] with that kind. */
+int bfs__write_small(bfs_run *r, const char *name, const void *data, size_t len, const char *kind);
+/* The side files (convert_side.c): listed, skipped ones logged and recorded, auto_map
+ * checked, before any rank file; their identities into the fingerprint; copied at the end. */
+int bfs__side_plan(bfs_run *r);
+void bfs__side_fingerprint(const bfs_run *r, XXH3_state_t *st);
+int bfs__side_copy(bfs_run *r);
 
 #endif

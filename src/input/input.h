@@ -60,6 +60,31 @@ typedef struct {
     uint64_t off, len; /* relative to r->data */
 } bfs_srange;
 
+/* ---- the side files (sidefiles.c) ------------------------------------------------------
+ * Every top-level entry of the input folder that is not read as input (its weights files,
+ * config.json, model.safetensors.index.json), sorted by name: to be copied unchanged beside
+ * the weights (why NULL), or skipped, why says why (a static string). A side file is a
+ * regular file of at most BFS_MAX_SIDE bytes with a plain name, opened with O_NOFOLLOW;
+ * a link is read only in a Hugging Face cache snapshot, to a file of the cache's blobs/. */
+#define BFS_MAX_SIDE (64u << 20)
+typedef struct bfs_side {
+    char *name;      /* in the input folder, and in OUTDIR */
+    const char *why; /* NULL: copied */
+    char *blob;      /* a cache snapshot's link: its target's name in blobs/ */
+    uint64_t size;
+    uint64_t id[5];  /* st_dev, st_ino, size, mtime s/ns of the file read, when listed */
+} bfs_side;
+typedef struct bfs_sides {
+    bfs_side *v;
+    size_t n;
+    int dfd, bfd;              /* the input folder; the cache's blobs/ (-1: not a cache snapshot) */
+    char blobs[4096];          /* its real path */
+} bfs_sides;
+int bfs__sides_list(const bfs_input *in, bfs_sides *out);
+void bfs__sides_free(bfs_sides *s);
+/* A copied side file's bytes (malloc'ed, NUL after them): BFS_EINPUT when it is not the file listed. */
+int bfs__side_read(const bfs_sides *ss, const bfs_side *s, const char *root, char **data, size_t *len);
+
 /* ---- the Hugging Face cache (hfcache.c) ------------------------------------------------
  * INPUT as bfs_hf_resolve() finds it, into a new string (free it). */
 int bfs__hf_resolve_dup(const char *input, const char *revision, char **out);

@@ -33,6 +33,7 @@
 #define BFS_MP_MT_WEIGHT "application/vnd.cncf.model.weight.v1.raw"
 #define BFS_MP_MT_WCONFIG "application/vnd.cncf.model.weight.config.v1.raw"
 #define BFS_MP_MT_DOC "application/vnd.cncf.model.doc.v1.raw"
+#define BFS_MP_MT_CODE "application/vnd.cncf.model.code.v1.raw"
 #define BFS_MP_ANN_FILEPATH "org.cncf.model.filepath"
 /* bfshard's own facts, reverse-domain as OCI annotations must be */
 #define BFS_OCI_ANN "org.bfshard."

@@ -281,7 +281,8 @@ static int bfs__layer_get(bfs_oci_chk *c, const json_t *e, size_t i, const char 
     else if (rank)
         L->rank = atoi(rank);
     if (!bfs__plain(L->name) || !L->hex || !L->mt || !json_is_integer(js) || json_integer_value(js) < 0 ||
-        (strcmp(L->mt, BFS_MP_MT_WEIGHT) && strcmp(L->mt, BFS_MP_MT_WCONFIG) && strcmp(L->mt, BFS_MP_MT_DOC))) {
+        (strcmp(L->mt, BFS_MP_MT_WEIGHT) && strcmp(L->mt, BFS_MP_MT_WCONFIG) && strcmp(L->mt, BFS_MP_MT_DOC) &&
+         strcmp(L->mt, BFS_MP_MT_CODE))) {
         bfs__bad(c, "%s: layers[%zu]: BAD descriptor (a ModelPack raw media type, digest, size, a plain %s, a "
                  "decimal %s)", tag, i, BFS_MP_ANN_FILEPATH, BFS_OCI_ANN_RANK);
         return 0;

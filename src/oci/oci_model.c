@@ -30,6 +30,9 @@ const char *bfs__oci_media_type(const char *name, const char *kind)
     if (bfs__doc_name(name, "README") || bfs__doc_name(name, "LICENSE") || bfs__doc_name(name, "LICENCE") ||
         bfs__doc_name(name, "NOTICE") || bfs__doc_name(name, "USE_POLICY"))
         return BFS_MP_MT_DOC;
+    const size_t n = strlen(name);
+    if (n > 3 && !strcmp(name + n - 3, ".py")) /* remote code: a config's or tokenizer's auto_map names it */
+        return BFS_MP_MT_CODE;
     return BFS_MP_MT_WCONFIG;
 }
 

@@ -196,6 +196,8 @@ int bfs__manifest_build_head(const bfs_manifest_in *mi, json_t **out)
         if (json_object_set_new(m, "dropped", d) != 0)
             whole = false;
     }
+    if (json_array_size(mi->skipped) && json_object_set(m, "skipped", (json_t *)mi->skipped) != 0)
+        whole = false; /* the input folder's files not copied beside the weights, and why */
     if (mi->part && json_object_set_new(m, "part", json_pack("{s:s, s:i, s:I}", "ranks", mi->part, "world_size",
                                                              mi->o->world_size, BFS_MF_PART_TENSORS,
                                                              (json_int_t)mi->plan->nt)) != 0)

@@ -37,6 +37,7 @@ typedef struct bfs_manifest_in {
     const char (*slices_sha)[65];  /* per output file: its SHA-256 (convert --sha256), or NULL */
     json_t *const *zst;            /* per output file: files[].zst entry or NULL (may be NULL) */
     const json_t *aux;             /* extra files written, bfs__manifest_aux_entry()s */
+    const json_t *skipped;         /* the input folder's files not copied: [{name, why}], or NULL */
     /* A part: NULL for a whole run. Hashes of output files not mine[] are null,
      * each source's content hash too, its terms' sum beside it (content_xxh3_128_part);
      * "part": {"ranks": part, "world_size": W}. */

@@ -1370,7 +1370,8 @@ def main():
     fixtures = ["mxfp4-tiny"] + sorted(os.path.basename(d) for d in glob.glob(os.path.join(args.fixtures, "bnb-*")))
     # docs/FORMATS.md s6-8: every fixture whose config.json names an FP8 / compressed-tensors / ModelOpt quantization
     qfix = sorted(os.path.basename(os.path.dirname(c)) for c in glob.glob(os.path.join(args.fixtures, "*", "config.json"))
-                  if quant_config(os.path.dirname(c)).get("quant_method") in QUANT_METHODS)
+                  if quant_config(os.path.dirname(c)).get("quant_method") in QUANT_METHODS
+                  and os.path.basename(os.path.dirname(c)) not in SIDE_FIXTURES)
     fixtures += qfix
     # GPTQ and AWQ: GPTQModel (what transformers hands them to) does not install in this venv, so
     # their reference is fixtures/expected/<f>.safetensors, written by fixtures/gen_gptq_fixtures.py
@@ -1384,7 +1385,7 @@ def main():
                     if woq_method(os.path.dirname(c)) in ("gptq", "awq"))
     fixtures += woqfix
     if only:
-        missing = only - set(fixtures)
+        missing = only - set(fixtures) - set(SIDE_FIXTURES)
         if missing:
             say(f"interop: --only names no such fixture: {sorted(missing)}")
             return 2
@@ -1672,10 +1673,54 @@ def main():
                            ok, msg)
         info(f"W={W}: {secs:.1f} s (spawn of {W} processes included)")
 
+    # ---- 7. side files: a folder laid out like Kimi-K2's repo --------------------------------
+    if not only or only & set(SIDE_FIXTURES):
+        for f in SIDE_FIXTURES:
+            try:
+                check_side_files(args, f)
+            except Exception as e:  # noqa: BLE001
+                record(f"7 side files: {f}: the check ran", False, f"{type(e).__name__}: {e} {traceback.format_exc(limit=4)}")
+
     # ---- 6. W=1024 ------------------------------------------------------------------------
     if run6:
         run_w1024(args)
     return summary(t_start)
+
+
+# fixtures for the side files' check (7), not for the dequantization ones: kimi-k2-tiny
+# holds moe-dsv3-fp8's weights, checked there
+SIDE_FIXTURES = ("kimi-k2-tiny",)
+
+
+def check_side_files(args, f):
+    """The input folder's license, card, remote code and tokenizer reach the output: after a
+    dcp and an hf conversion, AutoConfig and AutoTokenizer load from OUTDIR with
+    trust_remote_code (the classes config.json's and tokenizer_config.json's auto_map name),
+    the tokenizer encodes as it does from the input folder, and every side file is the
+    input's, byte for byte."""
+    from transformers import AutoConfig, AutoTokenizer
+    src = os.path.join(args.fixtures, f)
+    side = sorted(n for n in os.listdir(src) if n not in ("config.json", "model.safetensors"))
+    ref_tok = AutoTokenizer.from_pretrained(src, trust_remote_code=True)
+    text = "hello world[EOS] the ring"
+    for layout, extra in (("dcp", ["-w", "2"]), ("hf", ["--layout", "hf"])):
+        out = os.path.join(args.work, "out", f"{f}.side.{layout}")
+        shutil.rmtree(out, ignore_errors=True)
+        subprocess.run([args.bfshard, "convert", src, out, "--device", args.device, "--quiet", "--force"] + extra,
+                       check=True)
+        same = [n for n in side if open(os.path.join(src, n), "rb").read() == open(os.path.join(out, n), "rb").read()]
+        record(f"7 side files: {f}.{layout}: {', '.join(side)} byte-identical in OUTDIR (LICENSE among them)",
+               same == side and "LICENSE" in side, f"differ or missing: {sorted(set(side) - set(same))}")
+        cfg = AutoConfig.from_pretrained(out, trust_remote_code=True)
+        ok = type(cfg).__name__ == "DeepseekV3Config" and cfg.model_type == "kimi_k2" and \
+            getattr(cfg, "quantization_config", None) is None
+        record(f"7 side files: {f}.{layout}: AutoConfig.from_pretrained(OUTDIR, trust_remote_code=True) is the remote "
+               f"DeepseekV3Config, without quantization_config", ok, f"{type(cfg).__name__} {cfg.model_type}")
+        tok = AutoTokenizer.from_pretrained(out, trust_remote_code=True)
+        ids, rids = tok.encode(text), ref_tok.encode(text)
+        ok = type(tok).__name__ == "TikTokenTokenizer" and ids == rids and tok.decode(ids) == text
+        record(f"7 side files: {f}.{layout}: AutoTokenizer.from_pretrained(OUTDIR, trust_remote_code=True) is the remote "
+               f"TikTokenTokenizer and encodes as from the input", ok, f"{type(tok).__name__} {ids} vs {rids}")
 
 
 def run_w1024(args):

@@ -2,7 +2,7 @@
 # tests/oci/roundtrip.sh BUILD — `make test-oci`: a bfshard artifact through a
 # real OCI registry and back, with stock tools only.
 #
-#   convert two fixtures (one with --sha256, one without: pack hashes it) -> bfshard pack
+#   convert three fixtures (one with --sha256, one without: pack hashes it) -> bfshard pack
 #   -> the config validated against ModelPack's JSON schema (tests/oci/) -> Debian's
 #   docker-registry on 127.0.0.1:<free port>, filesystem storage in a temp dir (a config
 #   file) -> skopeo copy --preserve-digests oci:DIR:TAG docker://... -> the registry's
@@ -79,7 +79,7 @@ roundtrip() {
     digest=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["manifest_digest"])' "$T/$n-pack.json")
     "$BF" verify "$oci" --quiet
     # the config against ModelPack's own JSON schema (vendored: tests/oci/README.md)
-    "$PY" - "$oci" tests/oci/modelpack-config-schema.json <<'EOF'
+    "$PY" - "$oci" tests/oci/modelpack-config-schema.json "$n" <<'EOF'
 import json, sys
 from jsonschema import Draft202012Validator
 oci, schema = sys.argv[1], json.load(open(sys.argv[2]))
@@ -91,6 +91,15 @@ assert man["artifactType"] == "application/vnd.cncf.model.manifest.v1+json", man
 paths = [l["annotations"]["org.cncf.model.filepath"] for l in man["layers"]]
 assert paths == sorted(paths), paths
 assert cfg["modelfs"]["diffIds"] == [l["digest"] for l in man["layers"]]
+mt = {l["annotations"]["org.cncf.model.filepath"]: l["mediaType"] for l in man["layers"]}
+DOC, CODE = "application/vnd.cncf.model.doc.v1.raw", "application/vnd.cncf.model.code.v1.raw"
+for p, t in mt.items():  # the license and card as doc layers, the remote code as code layers
+    assert (t == DOC) == (p.split(".")[0].upper() in ("LICENSE", "README", "NOTICE", "USE_POLICY")), (p, t)
+    assert (t == CODE) == p.endswith(".py"), (p, t)
+if sys.argv[3] == "kimi":
+    assert [p for p in mt if mt[p] == DOC] == ["LICENSE", "README.md"], mt
+    assert [p for p in mt if mt[p] == CODE] == ["configuration_deepseek.py", "modeling_deepseek.py",
+                                                "tokenization_kimi.py"], mt
 EOF
     skopeo copy --quiet --preserve-digests --dest-tls-verify=false "oci:$oci:t1" "docker://$REG/bfshard/$n:t1"
     remote=$(skopeo inspect --raw --tls-verify=false "docker://$REG/bfshard/$n:t1" | sha256sum | cut -d' ' -f1)
@@ -122,4 +131,5 @@ EOF
 
 roundtrip mxfp4 fixtures/mxfp4-tiny --world-size 3 --sha256
 roundtrip nf4 fixtures/bnb-nf4 --world-size 2
+roundtrip kimi fixtures/kimi-k2-tiny --world-size 2   # license and card: doc layers; remote code: code layers
 echo "test-oci: OK"
