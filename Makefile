@@ -301,6 +301,13 @@ bench: all
 	    --scale-layers $(SCALE_LAYERS) --scale-worlds "$(SCALE_WORLDS)" \
 	    --docs docs/bench-results.md --readme README.md
 
+# only the node case of make bench (bench/node.py): W=8 and --layout hf to tmpfs against
+# nproc concurrent dd writers, median of 3 interleaved rounds, PASS at >= 0.6x
+.PHONY: bench-node
+bench-node: all
+	@bench/setup.sh $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python bench/node.py --build $(BUILD) --python $(BENCH_VENV)/bin/python
+
 # ---- interop: `make interop` proves the output loads in the real consumers
 # (safetensors, FSDP2 + torch.distributed.checkpoint, transformers, torch's own
 # consolidation) against the upstream dequant. Creates $(BUILD)/interop-venv from PyPI

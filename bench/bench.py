@@ -64,6 +64,9 @@ TARGETS = {
     "loader_w64_s": 5.0,           # <= 5 s at W=64
     "loader_w64_rss_mb": 300.0,    # <= 300 MB of peak RSS above its own tensors
     "loader_w256_vs_w64": 1.5,     # W=256 within 1.5x of W=64
+    # the whole node (bench/node.py): output on tmpfs, W=8 and --layout hf each >= 0.6x the
+    # time of nproc concurrent dd writers of the same bytes (median of interleaved rounds)
+    "node_vs_dd": 0.6,
 }
 # reported, not bars: near-linear thread scaling would be >= 0.8; the project's
 # own aim for many tiny tensors (--tiny) is >= 50k tensors/s end to end at W = 1 and 8;
@@ -97,6 +100,7 @@ TARGET_DESC = {"kernel_vs_memcpy": ">= %.1fx memcpy (best level, 1 thread)",
                "loader_w64_s": "load one rank at W=64 <= %.0f s",
                "loader_w64_rss_mb": "load: peak RSS above its tensors <= %.0f MB",
                "loader_w256_vs_w64": "load: W=256 <= %.1fx W=64",
+               "node_vs_dd": "tmpfs: >= %.1fx nproc dd writers",
                "tiny_tensors_per_s": "(info) tiny tensors, aim >= %.0f tensors/s"}
 
 
@@ -1129,6 +1133,18 @@ class Bench:
                 targ["part_device_vs_share"] = [{"what": "W64", "ratio": med[64]["device_bytes"] / max(1, med[64]["share_bytes"])}]
             if 8 in med and 64 in med:
                 targ["part_w64_vs_w8"] = [{"what": "W64/W8", "ratio": med[64]["wall_s"] / med[8]["wall_s"]}]
+        nd = R.get("node")
+        if nd and nd.get("cases"):
+            P("")
+            P(f"node: gpt-oss {nd['layers']} layers to tmpfs vs {nd['nproc']} concurrent dd writers of the same bytes, "
+              f"medians of {nd['rounds']} interleaved rounds (bench/node.py)")
+            for c, x in nd["cases"].items():
+                P(f"    {c:3s} {x['ratio_median']:.2f}x dd, {x['gbps_median']:.2f} GB/s vs dd {x['dd_gbps']:.2f} GB/s, "
+                  f"peak RSS {x['peak_rss_mb']:.0f} MB, CPU {x['cpu_percent']}%, {x['writers']} writer(s), busy "
+                  + " ".join(f"{k} {v:.2f}" for k, v in x["busy"].items())
+                  + (f"; verify {x['verify_s']:.2f} s vs {nd['nproc']} xxh128sum {x['xxh128sum_s']:.2f} s"
+                     if x.get("verify_s") is not None else ""))
+            targ["node_vs_dd"] = [{"what": c, "ratio": x["ratio_median"]} for c, x in nd["cases"].items()]
         for key, lim in list(TARGETS.items()) + list(INFO_ONLY.items()):
             items = targ.get(key)
             if not items:
@@ -1149,6 +1165,14 @@ class Bench:
         for n in R["notes"]:
             P(f"note: {n}")
         return "\n".join(lines)
+
+    def node(self):
+        """the node case (bench/node.py): W=8 and --layout hf to tmpfs vs nproc dd writers"""
+        import node
+        log(f"node: gpt-oss {self.a.node_layers} layers, {self.a.node_rounds} rounds")
+        self.res["node"] = node.run(bfshard=self.bfshard, data=self.data, python=self.py, layers=self.a.node_layers,
+                                    vocab=self.a.vocab or 32000, rounds=self.a.node_rounds,
+                                    shm=os.path.join(self.shm, "node"))
 
     def run(self):
         a = self.a
@@ -1177,6 +1201,8 @@ class Bench:
                 self.partio()
             if a.loader:
                 self.loader()
+            if a.node:
+                self.node()
         finally:
             for d in self.shm_inputs:
                 rmtree(d)
@@ -1237,6 +1263,9 @@ def main():
     ap.add_argument("--loader", type=int, default=1, help="0 skips loading one rank (bfshard.torch vs torch's reader)")
     ap.add_argument("--loader-timeout", type=int, default=900, help="seconds for torch's read_metadata at W=256")
     ap.add_argument("--kernels", type=int, default=1)
+    ap.add_argument("--node", type=int, default=1, help="0 skips the node case (bench/node.py)")
+    ap.add_argument("--node-layers", type=int, default=2, help="gpt-oss layers of the node case")
+    ap.add_argument("--node-rounds", type=int, default=3, help="interleaved rounds of the node case")
     ap.add_argument("--kreps", type=int, default=5, help="threads_bench repetitions")
     ap.add_argument("--kb-reps", type=int, default=25, help="kernels_bench repetitions (best of)")
     ap.add_argument("--kb-runs", type=int, default=3, help="kernels_bench processes (the median one is held to the bar)")

@@ -25,7 +25,7 @@ BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 # the README's rows, in this order (the page lists every bar)
 README_KEYS = ("kernel_vs_memcpy", "disk_vs_dd", "vs_python_speed", "vs_python_rss", "rss_growth",
                "rss_predicted", "scale_w64_vs_w8", "parts_vs_whole", "merge_vs_whole",
-               "part_device_vs_share", "loader_w64_s", "loader_w64_rss_mb")
+               "part_device_vs_share", "loader_w64_s", "loader_w64_rss_mb", "node_vs_dd")
 # bench.py arguments that say where, not what: left out of the command shown
 PATH_ARGS = ("--build", "--python", "--data", "--disk-dir", "--shm", "--out", "--docs", "--readme")
 

@@ -53,6 +53,14 @@ typedef struct bfs_progress {
     uint64_t bytes_done;  /* BF16 bytes written so far */
     uint64_t bytes_total; /* BF16 bytes the run writes */
     const char *tensor;   /* the output tensor being worked on (escaped: docs/ROBUSTNESS.md) */
+    /* each stage's busy fraction so far (0..1): its seconds at work over the seconds since the
+     * rank files began, per thread of the stage, so that the one near 1 bounds the run. read:
+     * the input's identity checks, source hashes, read-ahead and page release (faults the
+     * kernels take count as dequant); dequant: the backend's kernels; hash: the writers' hash
+     * threads (XXH3, and SHA-256 with sha256); write: the writer threads (write(2), the
+     * compressed copy, the last blocks). */
+    double busy_read, busy_dequant, busy_hash, busy_write;
+    int writers;          /* the writer threads (lanes) of the run */
 } bfs_progress;
 
 typedef void (*bfs_progress_fn)(const bfs_progress *p, void *user);
@@ -122,8 +130,11 @@ typedef struct bfs_convert_result {
     uint64_t tensors_copied;      /* passed through unchanged */
     uint64_t tensors_dropped;     /* input tensors with no output of their own: the scales and
                                      quantization state folded into a dequantized tensor */
-    double write_seconds;         /* the writer thread's time in write(2) and the page-cache bound:
-                                     write_seconds / seconds is how busy the disk was kept */
+    double write_seconds;         /* the writer threads' time in write(2) and the page-cache bound,
+                                     summed over them */
+    /* each stage's busy fraction over the run's rank files (as bfs_progress's) */
+    double busy_read, busy_dequant, busy_hash, busy_write;
+    int writers;                  /* the writer threads (lanes) of the run */
 } bfs_convert_result;
 
 void bfs_convert_result_init(bfs_convert_result *r);

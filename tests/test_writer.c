@@ -70,7 +70,9 @@ static uint64_t write_one(const char *path, bool direct, const uint8_t *want, si
     assert_int_equal(bfs__writer_wait_file(&w, ws), 0);
     assert_int_equal(fsync(fd), 0);
     close(fd);
-    const uint64_t d = w.st.direct_bytes;
+    bfs_wstages st;
+    bfs__writer_stages(&w, &st);
+    const uint64_t d = st.direct_bytes;
     bfs__writer_stop(&w);
     free(buf[0]);
     free(buf[1]);

@@ -90,6 +90,10 @@ class ConvertResult:
     tensors_cast: int = 0         # F32/F16/F64 -> BF16
     tensors_copied: int = 0       # passed through unchanged
     tensors_dropped: int = 0      # input tensors folded into a dequantized one (scales, quant state)
+    # each stage's busy fraction over the rank files ("read", "dequant", "hash", "write"): the
+    # one near 1 bounds the run; and the writer threads
+    busy: Optional[Dict[str, float]] = None
+    writers: int = 1
 
 
 @dataclass(frozen=True)
@@ -237,7 +241,9 @@ def convert(input: Union[str, os.PathLike], outdir: Union[str, os.PathLike], wor
         raise _error(rc)
     return ConvertResult(res.bytes_written, res.files_written, res.files_reused, res.tensors, res.seconds,
                          res.host_buffer_bytes, res.gpu_buffer_bytes, res.backend.decode(errors="replace"),
-                         res.tensors_dequantized, res.tensors_cast, res.tensors_copied, res.tensors_dropped)
+                         res.tensors_dequantized, res.tensors_cast, res.tensors_copied, res.tensors_dropped,
+                         {"read": res.busy_read, "dequant": res.busy_dequant, "hash": res.busy_hash,
+                          "write": res.busy_write}, res.writers)
 
 
 def inspect(input: Union[str, os.PathLike], world_size: int = 1, **options: Any) -> Dict[str, Any]:

@@ -30,6 +30,11 @@ class Progress(Structure):
         ("bytes_done", c_uint64),
         ("bytes_total", c_uint64),
         ("tensor", c_char_p),
+        ("busy_read", c_double),
+        ("busy_dequant", c_double),
+        ("busy_hash", c_double),
+        ("busy_write", c_double),
+        ("writers", c_int),
     ]
 
 
@@ -83,6 +88,11 @@ class ConvertResult(Structure):
         ("tensors_copied", c_uint64),
         ("tensors_dropped", c_uint64),
         ("write_seconds", c_double),
+        ("busy_read", c_double),
+        ("busy_dequant", c_double),
+        ("busy_hash", c_double),
+        ("busy_write", c_double),
+        ("writers", c_int),
     ]
 
 

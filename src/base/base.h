@@ -63,9 +63,9 @@ double bfs__now(void);
 /* Bytes this process has had the storage deliver (/proc/self/io read_bytes: its reads and
  * faults, readahead included, not page-cache hits); UINT64_MAX where the kernel has no count. */
 uint64_t bfs__device_read_bytes(void);
-/* One progress report to o->progress (nothing when it is NULL): done bytes of total
- * (done is clamped to total), at tensor. */
-void bfs__progress_report(const bfs_convert_opts *o, uint64_t done, uint64_t total, const char *tensor);
+/* One progress report to o->progress (nothing when it is NULL): p's bytes_done is clamped
+ * to its bytes_total, its tensor name escaped (bfs__esc). */
+void bfs__progress_report(const bfs_convert_opts *o, bfs_progress *p);
 
 /* ---- the public structs' sizes (abi.c) ---------------------------------------------
  * bfs__struct_in: dst (dst_size bytes, holding the defaults) gets the fields of the

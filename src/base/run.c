@@ -34,12 +34,12 @@ uint64_t bfs__device_read_bytes(void)
     return (uint64_t)v;
 }
 
-void bfs__progress_report(const bfs_convert_opts *o, uint64_t done, uint64_t total, const char *tensor)
+void bfs__progress_report(const bfs_convert_opts *o, bfs_progress *p)
 {
     if (!o->progress)
         return;
     char et[BFS_ESC_MAX]; /* a name from the input, on its way to a terminal: escaped */
-    const bfs_progress p = {.bytes_done = done < total ? done : total, .bytes_total = total,
-                            .tensor = tensor ? bfs__esc(tensor, et, sizeof et) : NULL};
-    o->progress(&p, o->progress_user);
+    p->bytes_done = p->bytes_done < p->bytes_total ? p->bytes_done : p->bytes_total;
+    p->tensor = p->tensor ? bfs__esc(p->tensor, et, sizeof et) : NULL;
+    o->progress(p, o->progress_user);
 }

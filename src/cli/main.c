@@ -407,6 +407,15 @@ static int cmd_convert(cli_args *a)
         json_object_set_new(o, "tensors_dropped", json_integer((json_int_t)res.tensors_dropped));
         json_object_set_new(o, "write_seconds", json_real(res.write_seconds));
         json_object_set_new(o, "writer_busy", json_real(res.seconds > 0 ? res.write_seconds / res.seconds : 0.0));
+        json_object_set_new(o, "writers", json_integer(res.writers));
+        json_t *busy = json_object(); /* which stage bounds the run: the one near 1 */
+        if (busy) {
+            json_object_set_new(busy, "read", json_real(res.busy_read));
+            json_object_set_new(busy, "dequant", json_real(res.busy_dequant));
+            json_object_set_new(busy, "hash", json_real(res.busy_hash));
+            json_object_set_new(busy, "write", json_real(res.busy_write));
+            json_object_set_new(o, "busy", busy);
+        }
         cli_json_end(o, rc, NULL);
     }
     if (rc < 0)

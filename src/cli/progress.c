@@ -76,7 +76,11 @@ static void draw_bar(const cli_progress *p, const bfs_progress *bp, double frac,
     fmt_bytes(done_s, sizeof done_s, (double)bp->bytes_done);
     fmt_bytes(total_s, sizeof total_s, (double)bp->bytes_total);
     fmt_eta(eta_s, sizeof eta_s, done ? (now_s() - p->t0) : eta);
-    int n = snprintf(tail, sizeof tail, " %5.1f%% %s/%s %.1f MB/s %s %s", frac * 100, done_s, total_s, rate / 1e6,
+    int n = snprintf(tail, sizeof tail, " %5.1f%% %s/%s %.1f MB/s %s %s busy r%.0f d%.0f h%.0f w%.0f%%", frac * 100,
+                     done_s, total_s, rate / 1e6, done ? "in" : "ETA", eta_s, bp->busy_read * 100,
+                     bp->busy_dequant * 100, bp->busy_hash * 100, bp->busy_write * 100);
+    if (n >= cols) /* narrower: without the stages' busy fractions */
+        n = snprintf(tail, sizeof tail, " %5.1f%% %s/%s %.1f MB/s %s %s", frac * 100, done_s, total_s, rate / 1e6,
                      done ? "in" : "ETA", eta_s);
     if (n >= cols) /* a narrow terminal: the numbers alone, cut */
         n = snprintf(tail, sizeof tail, " %5.1f%%", frac * 100);
@@ -131,16 +135,20 @@ void cli_progress_fn(const bfs_progress *bp, void *user)
     case CLI_PROGRESS_JSON:
         fprintf(stderr,
                 "{\"progress\": {\"bytes_done\": %llu, \"bytes_total\": %llu, \"percent\": %.1f, \"seconds\": %.3f, "
-                "\"bytes_per_s\": %.0f, \"eta_s\": %.1f, \"tensor\": ",
-                (unsigned long long)bp->bytes_done, (unsigned long long)bp->bytes_total, frac * 100, el, rate, eta);
+                "\"bytes_per_s\": %.0f, \"eta_s\": %.1f, \"busy\": {\"read\": %.3f, \"dequant\": %.3f, \"hash\": %.3f, "
+                "\"write\": %.3f}, \"writers\": %d, \"tensor\": ",
+                (unsigned long long)bp->bytes_done, (unsigned long long)bp->bytes_total, frac * 100, el, rate, eta,
+                bp->busy_read, bp->busy_dequant, bp->busy_hash, bp->busy_write, bp->writers);
         json_str(stderr, bp->tensor);
         fputs("}}\n", stderr);
         break;
     default:
-        fprintf(stderr, "bfshard: %.1f%% %.1f/%.1f MB %.1f MB/s %s %.0fs%s%s%s\n", frac * 100,
+        fprintf(stderr, "bfshard: %.1f%% %.1f/%.1f MB %.1f MB/s %s %.0fs, busy: read %.0f%% dequant %.0f%% hash %.0f%% "
+                "write %.0f%% (%d writer%s)%s%s%s\n", frac * 100,
                 (double)bp->bytes_done / 1e6, (double)bp->bytes_total / 1e6, rate / 1e6, done ? "in" : "ETA",
-                done ? el : eta, bp->tensor && *bp->tensor ? " (" : "", bp->tensor ? bp->tensor : "",
-                bp->tensor && *bp->tensor ? ")" : "");
+                done ? el : eta, bp->busy_read * 100, bp->busy_dequant * 100, bp->busy_hash * 100,
+                bp->busy_write * 100, bp->writers, bp->writers == 1 ? "" : "s", bp->tensor && *bp->tensor ? " (" : "",
+                bp->tensor ? bp->tensor : "", bp->tensor && *bp->tensor ? ")" : "");
         break;
     }
     fflush(stderr);

@@ -533,7 +533,8 @@ static int bfs__run_start(bfs_run *r, const char *input)
                  (unsigned long long)r->be->device_bytes,
                  (unsigned long long)(o->gpu_mem ? o->gpu_mem : BFS_DEFAULT_GPU_MEM));
 
-    r->w.sha = o->sha256 != 0; /* SHA-256 in a thread beside the writer (writer.h) */
+    r->w.sha = o->sha256 != 0; /* SHA-256 in a thread beside each writer (writer.h) */
+    r->w.nlanes = bfs__writer_lanes(r->group, o->threads); /* a group's files on several writers */
     BFS_TRY(bfs__writer_start(&r->w));
 cleanup:
     bfs__outputs_free(outputs, nout);
@@ -547,7 +548,9 @@ static int bfs__flush_group(bfs_run *r, const int *grp, int *ng, bfs_convert_res
     *ng = 0;
     if (n == 0)
         return 0;
-    const int rc = n == 1 ? bfs__write_file(r, grp[0]) : bfs__write_group(r, grp, n);
+    const int rc = n == 1                                ? bfs__write_file(r, grp[0])
+                   : r->plan->layout == BFS_LAYOUT_DCP ? bfs__write_group(r, grp, n)
+                                                       : bfs__write_interleaved(r, grp, n);
     if (rc == 0 && res)
         res->files_written += n;
     return rc;
@@ -723,6 +726,7 @@ int bfs_convert(const char *input_arg, const char *outdir, const bfs_convert_opt
     }
     BFS_TRY(bfs__run_start(r, input));
     const double tf = bfs__now();
+    r->t_files0 = tf;
     BFS_TRY(bfs__run_files(r, res));
     r->t_files = bfs__now() - tf;
     BFS_TRY(bfs__run_finish(r));
@@ -734,11 +738,16 @@ int bfs_convert(const char *input_arg, const char *outdir, const bfs_convert_opt
         res->source_bytes_hashed = r->src_read;
         res->tensors = r->plan->nt;
         res->host_buffer_bytes = (uint64_t)r->ring.n * r->ring.slot;
-        res->write_seconds = r->w.st.write;
+        bfs_wstages ws;
+        bfs__writer_stages(&r->w, &ws);
+        res->write_seconds = ws.write;
+        bfs__busy(r, r->t_files, &res->busy_read, &res->busy_dequant, &res->busy_hash, &res->busy_write);
+        res->writers = r->w.nlanes;
         res->gpu_buffer_bytes = r->be->device_bytes;
         snprintf(res->backend, sizeof res->backend, "%s", r->be->name);
     }
-    bfs__progress_report(r->o, r->part_bytes, r->part_bytes, ""); /* the last report: every byte written */
+    if (r->o->progress)
+        bfs__progress_run(r, "", true); /* the last report: every byte written */
 cleanup:
     if (r->plan)
         bfs__count_kinds(r->in, r->plan, res);

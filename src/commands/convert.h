@@ -18,6 +18,15 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/* a piece being cut into units (bfs__piece_begin, bfs__piece_step) */
+typedef struct bfs_pcur {
+    size_t pi;
+    const bfs_ltensor *t;
+    uint64_t rows_per_unit, off; /* off: the next unit's offset in the file */
+    bfs_ucur cur, span;
+    bool more;
+} bfs_pcur;
+
 /* a rank file between its open and its commit (bfs__write_file, bfs__rank_finish) */
 typedef struct bfs_rank {
     bool active;                 /* not yet committed (or aborted) */
@@ -28,6 +37,9 @@ typedef struct bfs_rank {
     char zname[NAME_MAX + 1];
     char what[PATH_MAX + 64];    /* the temporary's path, for messages (the writer's too) */
     size_t pf;                   /* pieces [0, pf) read ahead (bfs__prefetch_pieces) */
+    size_t pi;                   /* (interleaved files) the next piece, and the one being cut */
+    bool in_piece;
+    bfs_pcur pc;
 } bfs_rank;
 
 typedef struct bfs_run {
@@ -70,6 +82,8 @@ typedef struct bfs_run {
     uint64_t dev_read0;        /* bfs__device_read_bytes() when the run began */
     bfs_outdir_lock lock;      /* one writer per OUTDIR */
     double t_dequant, t_commit; /* stage times (BFSHARD_STAGES=1) */
+    double t_read;             /* the input's identity checks, source hashes, read-ahead, release */
+    double t_files0;           /* bfs__now() when the rank files began (0: not yet) */
     double t_input, t_plan, t_layout, t_setup, t_files, t_manifest; /* and the phases around the rank files */
     int slot;                  /* the unit buffer to fill next (bfs__slot_next) */
     int live;                  /* buffers used so far: [0, live) (bfs__slot_next) */
@@ -89,19 +103,43 @@ typedef struct bfs_run {
 } bfs_run;
 
 /* convert.c */
-/* Progress: bytes the writer has written (not merely queued); the run's last report,
- * once every file is written, has bytes_done == bytes_total (convert.c). */
+/* Progress: bytes the writer has written (not merely queued), with each stage's busy
+ * fraction so far (convert_stages.c); the run's last report, once every file is written, has
+ * bytes_done == bytes_total (convert.c: done). */
+void bfs__progress_run(bfs_run *r, const char *tensor, bool done);
 static inline void bfs__progress(bfs_run *r, const char *tensor)
 {
-    bfs__progress_report(r->o, atomic_load(&r->w.total), r->part_bytes, tensor);
+    if (r->o->progress)
+        bfs__progress_run(r, tensor, false);
 }
+/* Each stage's busy fraction over el seconds (0: since the rank files began; bfs_progress's busy_*). */
+void bfs__busy(bfs_run *r, double el, double *read, double *dequant, double *hash, double *write);
 
 /* convert_ranks.c */
 void bfs__rank_free(bfs_rank *k);
+/* k zeroed for file fidx */
+void bfs__rank_reset(bfs_rank *k, int fidx);
+/* The rank file's temporary opened, given to the writer, its header queued. */
+int bfs__rank_begin(bfs_run *r, bfs_rank *k);
+/* Its commit once the writer has ended it: fdatasync, rename, journal line, slice index. */
+int bfs__rank_finish(bfs_run *r, bfs_rank *k);
+/* Pieces [p0, p1) of a file as one unit (bfs__batch_end); carve: in a group's window buffer. */
+int bfs__write_batch(bfs_run *r, bfs_rank *rk, const bfs_outfile *of, size_t p0, size_t p1, bool carve);
+/* Piece pi of a file begun (*done: nothing more to do, an empty piece pushed), then cut into
+ * units, one a step (*done after its last). */
+int bfs__piece_begin(bfs_run *r, bfs_rank *rk, const bfs_outfile *of, size_t pi, bfs_pcur *pc, bool *done);
+int bfs__piece_step(bfs_run *r, bfs_rank *rk, const bfs_outfile *of, bfs_pcur *pc, bool *done);
 int bfs__write_file(bfs_run *r, int fidx);
 /* Files fidx[0..n) (2 <= n <= BFS_GROUP_MAX, consecutive, none reused) written together
  * (units.h: groups), each committed in order at the end. */
 int bfs__write_group(bfs_run *r, const int *fidx, int n);
+/* A group's files begun (the files before committed first), and at its end ended and
+ * committed in file order. */
+int bfs__group_open(bfs_run *r, const int *fidx, int n);
+int bfs__group_close(bfs_run *r, const int *fidx, int n);
+/* convert_inter.c: the same for files that hold different tensors (the HF layout): their
+ * units interleaved, one each in turn, so that the writer's lanes write them at once. */
+int bfs__write_interleaved(bfs_run *r, const int *fidx, int n);
 /* Bytes up to `end` of the current buffer (r->slot) filled: what BFSHARD_STAGES reports
  * as the buffers' touched bytes, beside the memory model's count (units.h). */
 static inline void bfs__slot_touch(bfs_run *r, const uint8_t *end)

@@ -107,7 +107,7 @@ void bfs__rank_free(bfs_rank *k)
 }
 
 /* k zeroed for file fidx */
-static void bfs__rank_reset(bfs_rank *k, int fidx)
+void bfs__rank_reset(bfs_rank *k, int fidx)
 {
     memset(k, 0, sizeof *k);
     k->t = k->zt = (bfs_tmpfile){.fd = -1, .dirfd = -1};
@@ -170,7 +170,9 @@ cleanup:
     return rc;
 }
 
-/* The rank file's temporary, its whole size reserved now: a full disk fails here, before any work. */
+/* The rank file's temporary; its whole size is reserved by the writer lane that owns it,
+ * before it writes any of its bytes (bfs_wjob.reserve: on tmpfs the reservation is the page
+ * allocation, a third of a run's CPU, taken off the dequantizing thread). */
 static int bfs__rank_open(bfs_run *r, const bfs_outfile *of, bfs_tmpfile *t, char *what, size_t cap)
 {
     const int rc = bfs__tmp_open(t, r->dirfd, r->outdir, of->name);
@@ -179,11 +181,6 @@ static int bfs__rank_open(bfs_run *r, const bfs_outfile *of, bfs_tmpfile *t, cha
     char path[PATH_MAX + 64]; /* what and t may be parts of one struct */
     snprintf(path, sizeof path, "%s/%s", r->outdir, t->tmp);
     snprintf(what, cap, "%s", path);
-    const int fe = posix_fallocate(t->fd, 0, (off_t)of->size);
-    if (fe == ENOSPC || fe == EFBIG || fe == EDQUOT)
-        return bfs__err(BFS_EIO, "%s: cannot reserve %llu bytes: %s", what, (unsigned long long)of->size, strerror(fe));
-    if (fe != 0 && ftruncate(t->fd, (off_t)of->size) != 0)
-        return bfs__err(BFS_EIO, "%s: cannot size to %llu bytes: %s", what, (unsigned long long)of->size, strerror(errno));
     return 0;
 }
 
@@ -319,13 +316,17 @@ static int bfs__run_span(bfs_run *r, bfs_ucur *span, uint8_t *out, uint64_t *len
             n++;
         }
         if (n == BFS_SPAN_BATCH || (!more && n > 0)) {
+            double t0 = bfs__now();
             rc = bfs__check_units(r, u, n);
+            r->t_read += bfs__now() - t0;
             if (rc == 0)
                 rc = bfs__run_units(r, u, ua, ub, n);
+            t0 = bfs__now();
             if (rc == 0)
                 rc = bfs__check_units(r, u, n);
             for (int i = 0; i < n && rc == 0; i++)
                 bfs__advise_sources(r->in, &u[i], true);
+            r->t_read += bfs__now() - t0;
             n = 0;
         }
     }
@@ -347,7 +348,8 @@ static int bfs__run_units(bfs_run *r, const bfs_unit *u, const uint64_t *ua, con
         rc = r->be->run_batch(r->be, u, n);
     for (int i = 0; i < n && rc >= 0 && !r->be->run_batch; i++)
         rc = r->be->run(r->be, &u[i]);
-    r->t_dequant += bfs__now() - t0;
+    const double t1 = bfs__now();
+    r->t_dequant += t1 - t0;
     for (int i = 0; i < n && rc >= 0; i++) {
         bfs_srange sr[BFS_UNIT_MAX_SRC], blk[BFS_UNIT_MAX_SRC];
         const int ns = bfs__unit_hash_blocks(&u[i], ua[i], ub[i], sr, blk);
@@ -355,6 +357,7 @@ static int bfs__run_units(bfs_run *r, const bfs_unit *u, const uint64_t *ua, con
         if (hr < 0)
             return hr;
     }
+    r->t_read += bfs__now() - t1; /* the source hashes read the input again */
     return rc;
 }
 
@@ -384,52 +387,76 @@ static int bfs__hash_piece(bfs_run *r, const bfs_piece *pc)
     return rc;
 }
 
-/* Units of one piece through the backend into the writer; r->slot is the buffer to fill
- * next (round the ring over the whole run: the writer may still be on the last file's
- * last units when the next file's first ones are filled). */
-static int bfs__write_piece(bfs_run *r, bfs_rank *rk, const bfs_outfile *of, size_t pi)
+/* A piece begun (bfs__piece_begin), cut into units one at a time (bfs__piece_step): its units
+ * through the backend into the writer; r->slot is the buffer to fill next (round the ring over
+ * the whole run: the writer may still be on the last file's last units when the next file's
+ * first ones are filled). An empty piece is done at its begin (the hash of nothing). */
+int bfs__piece_begin(bfs_run *r, bfs_rank *rk, const bfs_outfile *of, size_t pi, bfs_pcur *pc, bool *done)
 {
-    int rc = 0;
-    const bfs_piece *pc = &of->pieces[pi];
-    const bfs_ltensor *t = &r->plan->t[pc->tensor];
-    const uint64_t row_bytes = bfs__sub_row_bytes(t); /* a packed tensor: its members' rows */
-    const uint64_t rows_per_unit = bfs__unit_rows(&r->ring, row_bytes);
-    uint64_t off = pc->offset;
-    if (pc->row0 == pc->row1 || row_bytes == 0) { /* empty piece: hash of nothing */
-        BFS_TRY(bfs__hash_piece(r, pc));
-        return bfs__unit_push(r, rk, &(bfs_wjob){.buf = "", .len = 0, .off = off, .piece = (int)pi, .piece_end = true},
-                              false);
+    const bfs_piece *p = &of->pieces[pi];
+    pc->pi = pi;
+    pc->t = &r->plan->t[p->tensor];
+    const uint64_t row_bytes = bfs__sub_row_bytes(pc->t); /* a packed tensor: its members' rows */
+    pc->rows_per_unit = bfs__unit_rows(&r->ring, row_bytes);
+    pc->off = p->offset;
+    *done = p->row0 == p->row1 || row_bytes == 0;
+    if (*done) { /* empty piece: hash of nothing */
+        const int rc = bfs__hash_piece(r, p);
+        return rc < 0 ? rc
+                      : bfs__unit_push(r, rk, &(bfs_wjob){.buf = "", .len = 0, .off = pc->off, .piece = (int)pi,
+                                                          .piece_end = true},
+                                       false);
     }
     /* a buffer's worth of rows at a time: one unit of t, or of a packed tensor as many of its
      * members' units as fill one (small experts: one writer job for many, as batches are) */
-    bfs_ucur cur = bfs__ucur(t, pc->row0, pc->row1), span, nspan;
-    bool more = bfs__ucur_span(&cur, rows_per_unit, &span);
-    while (more) {
-        if (bfs__cancelled())
-            BFS_FAIL(BFS_EINTR, "interrupted while writing %s (tensor \"%s\")", of->name, t->name);
-        /* at buffer + off % 4096: the writer writes it O_DIRECT from there (writer.h) */
-        uint8_t *buf;
-        BFS_TRY(bfs__slot_take(r, &buf)); /* the writer is done with it */
-        uint8_t *const out = buf + off % BFS_DIO_ALIGN;
-        more = bfs__ucur_span(&cur, rows_per_unit, &nspan);
-        bfs_ucur peek = nspan;
-        bfs_unit next;
-        uint64_t na, nb;
-        if (more && bfs__ucur_next(&peek, UINT64_MAX, &next, &na, &nb))
-            bfs__advise_sources(r->in, &next, false);
-        uint64_t len = 0;
-        BFS_TRY(bfs__run_span(r, &span, out, &len));
-        const bfs_wjob j = {.buf = out, .len = (size_t)len, .off = off, .piece = (int)pi, .piece_end = !more,
-                            .headroom = true};
-        bfs__slot_touch(r, out + j.len);
-        /* a file's first units are dequantized while the writer writes the last file's last
-         * ones: this one is begun once that one is committed (bfs__unit_push) */
-        BFS_TRY(bfs__unit_push(r, rk, &j, true));
-        off += len;
-        bfs__progress(r, t->name);
-        span = nspan;
+    pc->cur = bfs__ucur(pc->t, p->row0, p->row1);
+    pc->more = bfs__ucur_span(&pc->cur, pc->rows_per_unit, &pc->span);
+    *done = !pc->more;
+    return 0;
+}
+
+int bfs__piece_step(bfs_run *r, bfs_rank *rk, const bfs_outfile *of, bfs_pcur *pc, bool *done)
+{
+    int rc = 0;
+    bfs_ucur nspan;
+    if (bfs__cancelled())
+        BFS_FAIL(BFS_EINTR, "interrupted while writing %s (tensor \"%s\")", of->name, pc->t->name);
+    /* at buffer + off % 4096: the writer writes it O_DIRECT from there (writer.h) */
+    uint8_t *buf;
+    BFS_TRY(bfs__slot_take(r, &buf)); /* the writer is done with it */
+    uint8_t *const out = buf + pc->off % BFS_DIO_ALIGN;
+    pc->more = bfs__ucur_span(&pc->cur, pc->rows_per_unit, &nspan);
+    bfs_ucur peek = nspan;
+    bfs_unit next;
+    uint64_t na, nb;
+    if (pc->more && bfs__ucur_next(&peek, UINT64_MAX, &next, &na, &nb)) {
+        const double t0 = bfs__now();
+        bfs__advise_sources(r->in, &next, false);
+        r->t_read += bfs__now() - t0;
     }
+    uint64_t len = 0;
+    BFS_TRY(bfs__run_span(r, &pc->span, out, &len));
+    const bfs_wjob j = {.buf = out, .len = (size_t)len, .off = pc->off, .piece = (int)pc->pi, .piece_end = !pc->more,
+                        .headroom = true};
+    bfs__slot_touch(r, out + j.len);
+    /* a file's first units are dequantized while the writer writes the last file's last
+     * ones: this one is begun once that one is committed (bfs__unit_push) */
+    BFS_TRY(bfs__unit_push(r, rk, &j, true));
+    pc->off += len;
+    bfs__progress(r, pc->t->name);
+    pc->span = nspan;
 cleanup:
+    *done = !pc->more;
+    return rc;
+}
+
+static int bfs__write_piece(bfs_run *r, bfs_rank *rk, const bfs_outfile *of, size_t pi)
+{
+    bfs_pcur pc;
+    bool done = false;
+    int rc = bfs__piece_begin(r, rk, of, pi, &pc, &done);
+    while (rc == 0 && !done)
+        rc = bfs__piece_step(r, rk, of, &pc, &done);
     return rc;
 }
 
@@ -437,7 +464,7 @@ cleanup:
  * next file's first ones were dequantized), the compressed copy, fdatasync, rename,
  * journal line. From bfs__rank_poll once the writer has ended it, from bfs__write_file
  * two files later at the latest, or at the end of the run: always in file order. */
-static int bfs__rank_finish(bfs_run *r, bfs_rank *k)
+int bfs__rank_finish(bfs_run *r, bfs_rank *k)
 {
     int rc = 0;
     if (!k->active)
@@ -471,7 +498,7 @@ cleanup:
  * ring is full of this one's units (bfs__unit_push), so that the writer writes the last
  * file's last units meanwhile, and a file is never begun before the one before it is
  * committed. */
-static int bfs__rank_begin(bfs_run *r, bfs_rank *k);
+
 static int bfs__rank_start(bfs_run *r, bfs_rank *k)
 {
     const int rc = bfs__rank_finish(r, &r->rank[r->rank_cur ^ 1]);
@@ -480,7 +507,7 @@ static int bfs__rank_start(bfs_run *r, bfs_rank *k)
 
 /* The rank file's temporary opened, given to the writer (a slot of its own), its header
  * queued for the writer to build. */
-static int bfs__rank_begin(bfs_run *r, bfs_rank *k)
+int bfs__rank_begin(bfs_run *r, bfs_rank *k)
 {
     int rc = 0;
     const bfs_outfile *of = &r->plan->files[k->fidx];
@@ -497,7 +524,7 @@ static int bfs__rank_begin(bfs_run *r, bfs_rank *k)
      * group's headers are built and written while its first units are dequantized (a
      * header too large for a buffer fails there, out of memory) */
     BFS_TRY(bfs__writer_push(&r->w, &(bfs_wjob){.buf = NULL, .len = (size_t)of->data_start, .off = 0, .piece = -1,
-                                                .headroom = true, .build = true,
+                                                .headroom = true, .build = true, .reserve = of->size,
                                                 .hex = r->hdr_hex ? r->hdr_hex[k->fidx] : NULL}));
 cleanup:
     return rc;
@@ -568,7 +595,7 @@ static int bfs__carve(bfs_run *r, const bfs_outfile *of, size_t p0, size_t p1, u
  * unit: one identity check before their kernels and one after their source bytes were
  * hashed, one writer job (the writer hashes and cuts each piece), one release of their
  * input pages. The bytes are those bfs__write_piece writes for each piece. */
-static int bfs__write_batch(bfs_run *r, bfs_rank *rk, const bfs_outfile *of, size_t p0, size_t p1, bool carve)
+int bfs__write_batch(bfs_run *r, bfs_rank *rk, const bfs_outfile *of, size_t p0, size_t p1, bool carve)
 {
     int rc = 0;
     const uint64_t off0 = of->pieces[p0].offset;
@@ -584,7 +611,9 @@ static int bfs__write_batch(bfs_run *r, bfs_rank *rk, const bfs_outfile *of, siz
         BFS_TRY(bfs__slot_take(r, &buf)); /* the writer is done with it */
         out = buf + off0 % BFS_DIO_ALIGN;
     }
+    double t0 = bfs__now();
     BFS_TRY(bfs__check_batch(r, of, p0, p1));
+    r->t_read += bfs__now() - t0;
     bfs_unit u[BFS_RUN_BATCH];
     uint64_t ua[BFS_RUN_BATCH], ub[BFS_RUN_BATCH];
     int n = 0;
@@ -605,10 +634,12 @@ static int bfs__write_batch(bfs_run *r, bfs_rank *rk, const bfs_outfile *of, siz
         }
     }
     BFS_TRY(bfs__run_units(r, u, ua, ub, n));
+    t0 = bfs__now();
     BFS_TRY(bfs__check_batch(r, of, p0, p1));
     bfs__slot_touch(r, out + len);
     if (!carve) /* a window's pages go after the window (bfs__write_group) */
         bfs__release_batch(r, of, p0, p1);
+    r->t_read += bfs__now() - t0;
     BFS_TRY(bfs__unit_push(r, rk, &(bfs_wjob){.buf = out, .len = (size_t)len, .off = off0, .piece = (int)p0,
                                               .piece_last = (int)(p1 - 1), .piece_end = true, .headroom = true},
                            !carve));
@@ -662,24 +693,15 @@ int bfs__write_group(bfs_run *r, const int *fidx, int n)
     int rc = 0;
     bfs_gwalk gw;
     bfs_gstep s;
-    BFS_TRY(bfs__ranks_finish(r)); /* the files before, written one at a time, committed */
-    if (!r->grp) { /* off the stack: BFS_GROUP_MAX paths */
-        if (!(r->grp = calloc(BFS_GROUP_MAX, sizeof *r->grp)))
-            BFS_FAIL(BFS_ENOMEM, "out of memory");
-        for (int i = 0; i < BFS_GROUP_MAX; i++)
-            r->grp[i].t = r->grp[i].zt = (bfs_tmpfile){.fd = -1, .dirfd = -1};
-    }
-    for (int g = 0; g < n; g++) {
-        BFS_TRY(bfs__plan_pieces(r->plan, fidx[g])); /* dropped at its commit */
-        bfs__rank_reset(&r->grp[g], fidx[g]);
-        BFS_TRY(bfs__rank_begin(r, &r->grp[g]));
-    }
+    BFS_TRY(bfs__group_open(r, fidx, n));
     bfs__gwalk_init(&gw, r->plan, fidx, n, &r->ring);
     while (bfs__gwalk_next(&gw, &s)) {
         if (s.window_end || !s.batch)
             bfs__carve_close(r);
         if (s.window_end) {
+            const double t0 = bfs__now();
             BFS_TRY(bfs__release_window(r, &gw));
+            r->t_read += bfs__now() - t0;
             continue;
         }
         bfs_rank *const k = &r->grp[s.g];
@@ -694,6 +716,33 @@ int bfs__write_group(bfs_run *r, const int *fidx, int n)
             BFS_FAIL(BFS_ENOMEM, "out of memory");
         r->wsteps[r->nwsteps++] = s;
     }
+    BFS_TRY(bfs__group_close(r, fidx, n));
+cleanup:
+    return rc; /* on failure, bfs__ranks_abort */
+}
+
+int bfs__group_open(bfs_run *r, const int *fidx, int n)
+{
+    int rc = 0;
+    BFS_TRY(bfs__ranks_finish(r)); /* the files before, written one at a time, committed */
+    if (!r->grp) { /* off the stack: BFS_GROUP_MAX paths */
+        if (!(r->grp = calloc(BFS_GROUP_MAX, sizeof *r->grp)))
+            BFS_FAIL(BFS_ENOMEM, "out of memory");
+        for (int i = 0; i < BFS_GROUP_MAX; i++)
+            r->grp[i].t = r->grp[i].zt = (bfs_tmpfile){.fd = -1, .dirfd = -1};
+    }
+    for (int g = 0; g < n; g++) {
+        BFS_TRY(bfs__plan_pieces(r->plan, fidx[g])); /* dropped at its commit */
+        bfs__rank_reset(&r->grp[g], fidx[g]);
+        BFS_TRY(bfs__rank_begin(r, &r->grp[g]));
+    }
+cleanup:
+    return rc;
+}
+
+int bfs__group_close(bfs_run *r, const int *fidx, int n)
+{
+    int rc = 0;
     for (int g = 0; g < n; g++) {
         BFS_TRY(bfs__writer_use(&r->w, r->grp[g].wslot));
         BFS_TRY(bfs__writer_end_file(&r->w, r->file_hex[fidx[g]]));
@@ -701,7 +750,7 @@ int bfs__write_group(bfs_run *r, const int *fidx, int n)
     for (int g = 0; g < n; g++) /* in file order, as one at a time */
         BFS_TRY(bfs__rank_finish(r, &r->grp[g]));
 cleanup:
-    return rc; /* on failure, bfs__ranks_abort */
+    return rc;
 }
 
 /* both rank files in flight committed, the older first */
@@ -714,7 +763,7 @@ int bfs__ranks_finish(bfs_run *r)
 /* after a failure: the writer idle, both rank files' temporaries removed */
 void bfs__ranks_abort(bfs_run *r)
 {
-    if (r->w.started)
+    if (r->w.mu_init)
         bfs__writer_wait(&r->w, 0); /* the writer may still hold our buffers and files */
     r->npend = 0; /* units that waited for their file: never queued */
     for (int i = 0; i < 2; i++) {
@@ -737,61 +786,5 @@ int bfs__hash_reused_sources(bfs_run *r, int fidx)
         if (rc < 0)
             return rc;
     }
-    return 0;
-}
-
-/* Re-hash a reused file's pieces (the manifest needs them), and with --sha256 the whole
- * file's SHA-256 (its XXH3 the journal recorded and resume checked). */
-int bfs__rehash_pieces(bfs_run *r, int fidx)
-{
-    const bfs_outfile *of = &r->plan->files[fidx];
-    int rc = bfs__plan_pieces(r->plan, fidx); /* dropped by the caller when done with the file */
-    if (rc == 0)
-        rc = bfs__piece_dig_alloc(r, fidx);
-    if (rc < 0)
-        return rc;
-    const int fd = openat(r->dirfd, of->name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0)
-        return bfs__errno(BFS_EIO, errno, "%s/%s: cannot open", r->outdir, of->name);
-    XXH3_state_t *st = XXH3_createState();
-    bfs_sha256 *sha = r->file_sha ? bfs__sha256_new() : NULL;
-    if (!st || (r->file_sha && !sha))
-        rc = bfs__err(BFS_ENOMEM, "out of memory");
-    for (size_t pi = 0; pi < of->npieces && rc == 0; pi++) {
-        XXH3_128bits_reset(st);
-        rc = bfs__hash_range(fd, of->pieces[pi].offset, of->pieces[pi].nbytes, r->buf[0], (size_t)r->ring.slot,
-                             of->name, st);
-        bfs__dig16_of(XXH3_128bits_digest(st), &r->piece_dig[fidx][pi]);
-    }
-    if (rc == 0 && sha)
-        rc = bfs__hash_range2(fd, 0, of->size, r->buf[0], (size_t)r->ring.slot, of->name, NULL, sha);
-    if (rc == 0 && sha)
-        rc = bfs__sha256_hex(sha, r->file_sha[fidx]);
-    bfs__sha256_free(sha);
-    XXH3_freeState(st);
-    close(fd);
-    return rc;
-}
-
-int bfs__piece_dig_alloc(bfs_run *r, int fidx)
-{
-    if (!r->piece_dig[fidx] && !(r->piece_dig[fidx] = calloc(r->plan->files[fidx].npieces + 1, sizeof **r->piece_dig)))
-        return bfs__err(BFS_ENOMEM, "%s: out of memory for its piece hashes", r->plan->files[fidx].name);
-    return 0;
-}
-
-int bfs__file_slices(bfs_run *r, int fidx)
-{
-    if (r->slices_hex[fidx][0])
-        return 0; /* written already */
-    if (!r->piece_dig[fidx])
-        return bfs__err(BFS_EINTERNAL, "%s: its slice index before its pieces were hashed", r->plan->files[fidx].name);
-    const int rc = bfs__slices_write(r->dirfd, r->outdir, r->plan, fidx, r->piece_dig[fidx],
-                                     r->hdr_hex && r->hdr_hex[fidx][0] ? r->hdr_hex[fidx] : NULL, r->mine != NULL,
-                                     r->slices_hex[fidx], r->slices_sha ? r->slices_sha[fidx] : NULL);
-    if (rc < 0)
-        return rc;
-    free(r->piece_dig[fidx]);
-    r->piece_dig[fidx] = NULL;
     return 0;
 }

@@ -212,8 +212,6 @@ size_t bfs__batch_pages(const bfs_plan *p, const bfs_outfile *of, size_t p0, siz
 /* ---- groups of rank files (units.h) ------------------------------------------------ */
 int bfs__group_size(const bfs_plan *p, const bool *mine, const bfs_ring *rg, uint64_t mem)
 {
-    if (p->layout != BFS_LAYOUT_DCP)
-        return 1; /* HF files hold different tensors: nothing is read twice */
     if (!mem)
         mem = BFS_DEFAULT_MEM;
     int n = 0;
@@ -224,6 +222,10 @@ int bfs__group_size(const bfs_plan *p, const bool *mine, const bfs_ring *rg, uin
             header = p->files[f].data_start > header ? p->files[f].data_start : header;
         }
     int g = n < BFS_GROUP_MAX ? n : BFS_GROUP_MAX;
+    if (p->layout != BFS_LAYOUT_DCP) { /* files interleaved unit by unit: each needs buffers in flight */
+        const int hg = rg->n / 2 > 2 ? rg->n / 2 : 2;
+        g = g < hg ? g : hg;
+    }
     const char *env = getenv("BFSHARD_GROUP");
     if (env && *env) {
         const long v = strtol(env, NULL, 10);
@@ -233,9 +235,25 @@ int bfs__group_size(const bfs_plan *p, const bool *mine, const bfs_ring *rg, uin
      * turns: writer.h) and every file's carry */
     while (g > 1 && 2 * header + (uint64_t)g * BFS_CARRY_BYTES > mem / 2)
         g--;
-    while (g > 1 && rg->slot < (uint64_t)g * (BFS_GROUP_MIN_SHARE + 2 * BFS_DIO_ALIGN))
-        g--;
+    while (g > 1 && p->layout == BFS_LAYOUT_DCP && rg->slot < (uint64_t)g * (BFS_GROUP_MIN_SHARE + 2 * BFS_DIO_ALIGN))
+        g--; /* a DCP window's shares of one buffer */
     return g < 1 ? 1 : g;
+}
+
+int bfs__writer_lanes(int group, int threads)
+{
+    if (threads <= 0) {
+        const long n = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = n > 0 ? (int)n : 1;
+    }
+    int n = group < threads ? group : threads;
+    const char *env = getenv("BFSHARD_WRITERS"); /* tests and bench: N lanes whatever the CPUs */
+    if (env && *env) {
+        const long v = strtol(env, NULL, 10);
+        n = v < 1 ? 1 : v < group ? (int)v : group;
+    }
+    n = n < BFS_WRITER_LANES ? n : BFS_WRITER_LANES;
+    return n < 1 ? 1 : n;
 }
 
 /* A tensor's place in every rank file's order (plan.c's bfs__file_order: alignment
@@ -515,7 +533,7 @@ int bfs__mem_model(const bfs_plan *p, const bool *mine, uint64_t mem, int nthrea
             continue; /* only the files this run writes, as convert walks them */
         if (f < p->nfiles) {
             header = p->files[f].data_start > header ? p->files[f].data_start : header;
-            if (m->group < 2) {
+            if (m->group < 2 || p->layout != BFS_LAYOUT_DCP) { /* interleaved: the same units */
                 BFS_TRY(bfs__mw_make(p, &f, 1));
                 bfs__mw_file(&w, p, &p->files[f]);
                 bfs__mw_drop(p, &f, 1);
@@ -538,8 +556,9 @@ int bfs__mem_model(const bfs_plan *p, const bool *mine, uint64_t mem, int nthrea
     const uint64_t files = m->group < 2 ? 2 : (uint64_t)m->group;
     /* two headers either way (the writer's two header buffers, writer.h); bfs__base_rss
      * counts one */
+    /* stacks: + main, and each lane's writer and hash threads */
     m->fixed = files * carry + (header + 4095) / 4096 * 4096 + BFS_SRC_HASH_WINDOW +
-               (uint64_t)(nthreads + 3) * (64u << 10); /* stacks: + main, the writer, its hash thread */
+               (uint64_t)(nthreads + 1 + 2 * bfs__writer_lanes(m->group, nthreads)) * (64u << 10);
 cleanup:
     free(w.pr);
     return rc;

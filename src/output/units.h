@@ -99,7 +99,10 @@ static inline uint64_t bfs__pranges_bytes(const bfs_prange *pr, size_t n)
  * alignment, then name), each file's small pieces a batch carved from ONE ring buffer
  * (each file a share `cap` of it), so a window's input pages are faulted once for the
  * group and released after it. Large pieces are cut into units as bfs__write_piece does.
- * bfs__group_size picks G (1: one file at a time, as before): the DCP layout only, the
+ * In the HF layout (files of different tensors) a group's files are interleaved unit by
+ * unit instead (convert_inter.c), so that the writer's lanes write them at once: at most
+ * half the ring's buffers of them (at least 2), each unit as written alone.
+ * bfs__group_size picks G (1: one file at a time, as before): the
  * files this run writes, two headers (a group takes turns with two buffers) and every file's
  * carry within --mem / 2, a share of at
  * least BFS_GROUP_MIN_SHARE; BFSHARD_GROUP=N caps it (bench and tests). Convert and the
@@ -150,6 +153,15 @@ typedef struct bfs_wscratch {
 size_t bfs__window_pages(const bfs_gwalk *gw, const bfs_gstep *steps, size_t n, uint64_t pg, bool inward,
                          bfs_wscratch *ws);
 void bfs__wscratch_free(bfs_wscratch *ws);
+
+/* The writer's lanes (writer.h: a writer thread and a hash thread each, owning whole files):
+ * files written at once spread over min(files, threads) lanes, at most BFS_WRITER_LANES, so
+ * that a group's files are written and hashed on as many threads as the run has; files
+ * written one at a time (a group of 1) take one lane, as each file begins only once the one
+ * before is committed. threads <= 0: one per online CPU. BFSHARD_WRITERS=N sets the lanes
+ * (up to the group) whatever the CPUs (tests and bench). */
+#define BFS_WRITER_LANES 16
+int bfs__writer_lanes(int group, int threads);
 
 /* The unit buffers' page: BFS_HUGE_PAGE where transparent huge pages may back them
  * (/sys/kernel/mm/transparent_hugepage/enabled not "never"; BFSHARD_HUGEPAGES=0 turns

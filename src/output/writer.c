@@ -1,6 +1,6 @@
 /*
- * The writer (see writer.h): hashes in one thread, writes in another, the ring's unit
- * buffers in order while the backend fills the next ones.
+ * The writer (see writer.h): a pool of lanes, each owning whole files; in a lane one thread
+ * hashes and another writes, the lane's jobs in order while the backend fills the next ones.
  *
  * O_DIRECT: safetensors has no gaps between tensors, so a unit's file offset is
  * rarely block-aligned. convert puts each unit's output at buffer + off % 4096 (the
@@ -78,6 +78,7 @@ static bool bfs__writer_set_direct(bfs_wfile *f, bool on)
  * it off for the rest of the file and the bytes go buffered), else buffered. */
 static int bfs__writer_out(bfs_writer *w, bfs_wfile *f, const uint8_t *p, size_t n, uint64_t off)
 {
+    bfs_wstages *const st = &w->lanes[f->lane].wst;
     const double t0 = bfs__wnow();
     while (n > 0) {
         const size_t chunk = n > (1u << 30) ? (1u << 30) : n;
@@ -96,9 +97,9 @@ static int bfs__writer_out(bfs_writer *w, bfs_wfile *f, const uint8_t *p, size_t
             return bfs__err(BFS_EIO, "%s: write at offset %llu wrote nothing (disk full?)", f->what,
                             (unsigned long long)off);
         if (f->direct)
-            w->st.direct_bytes += (uint64_t)k;
+            st->direct_bytes += (uint64_t)k;
         else
-            w->st.buffered_bytes += (uint64_t)k;
+            st->buffered_bytes += (uint64_t)k;
         p += k;
         off += (uint64_t)k;
         n -= (size_t)k;
@@ -106,7 +107,7 @@ static int bfs__writer_out(bfs_writer *w, bfs_wfile *f, const uint8_t *p, size_t
     }
     if (!f->direct)
         bfs__writer_flush(f);
-    w->st.write += bfs__wnow() - t0;
+    st->write += bfs__wnow() - t0;
     return 0;
 }
 
@@ -172,16 +173,32 @@ static int bfs__writer_tail(bfs_writer *w, bfs_wfile *f)
         f->carry_off += f->carry_len;
         f->carry_len = 0;
     }
-    w->st.tail += bfs__wnow() - t0;
+    w->lanes[f->lane].wst.tail += bfs__wnow() - t0;
     return 0;
 }
 
 static void bfs__writer_hash(bfs_writer *w, const bfs_wjob *j);
 
+/* the file's whole size reserved before its first byte (bfs_wjob.reserve) */
+static int bfs__writer_reserve(bfs_writer *w, bfs_wfile *f, uint64_t size)
+{
+    const double t0 = bfs__wnow();
+    const int fe = posix_fallocate(f->fd, 0, (off_t)size);
+    w->lanes[f->lane].wst.write += bfs__wnow() - t0;
+    if (fe == ENOSPC || fe == EFBIG || fe == EDQUOT)
+        return bfs__err(BFS_EIO, "%s: cannot reserve %llu bytes: %s", f->what, (unsigned long long)size, strerror(fe));
+    if (fe != 0 && ftruncate(f->fd, (off_t)size) != 0)
+        return bfs__err(BFS_EIO, "%s: cannot size to %llu bytes: %s", f->what, (unsigned long long)size,
+                        strerror(errno));
+    return 0;
+}
+
 static int bfs__writer_do(bfs_writer *w, const bfs_wjob *j)
 {
     int rc = 0;
     bfs_wfile *const f = &w->files[j->file];
+    if (j->reserve && (rc = bfs__writer_reserve(w, f, j->reserve)) < 0)
+        return rc;
     if (j->end)
         return bfs__writer_tail(w, f);
     if (f->zw) { /* a frame boundary before every piece (each piece of a batch) */
@@ -204,7 +221,7 @@ static int bfs__writer_do(bfs_writer *w, const bfs_wjob *j)
             if (k >= last)
                 break;
         }
-        w->st.zst += bfs__wnow() - t0;
+        w->lanes[f->lane].wst.zst += bfs__wnow() - t0;
         if (rc < 0)
             return rc;
     }
@@ -216,50 +233,63 @@ static int bfs__writer_do(bfs_writer *w, const bfs_wjob *j)
     return 0;
 }
 
-/* Under mu: retire the jobs at the head that every thread is done with (the writer wrote
- * them, the hash thread hashed them, the sha thread too when on). A file's end job
- * retired: the file ended. */
-static void bfs__writer_retire(bfs_writer *w)
+/* Under mu: retire the lane's jobs at its head that every thread of the lane is done with
+ * (the writer wrote them, the hash thread hashed them, the sha thread too when on). A
+ * file's end job retired: the file ended. */
+static void bfs__writer_retire(bfs_writer *w, bfs_wlane *l)
 {
-    while (w->count > 0 && w->nwrite > 0 && w->nxxh > 0 && (!w->sha || w->nsha > 0)) {
-        const bfs_wjob *j = &w->q[w->head];
+    while (l->count > 0 && l->nwrite > 0 && l->nxxh > 0 && (!w->sha || l->nsha > 0)) {
+        const bfs_wjob *j = &l->q[l->head];
         if (j->end)
             w->files[j->file].ended = true;
-        w->head = (w->head + 1) % BFS_WQ_MAX;
-        w->count--;
-        w->retired++;
-        w->nwrite--;
-        w->nxxh--;
+        l->head = (l->head + 1) % BFS_WQ_MAX;
+        l->count--;
+        l->nwrite--;
+        l->nxxh--;
         if (w->sha)
-            w->nsha--;
+            l->nsha--;
     }
     pthread_cond_broadcast(&w->cv);
 }
 
-/* Under mu: whether job `i` from head may be read by the writer or the sha thread, the
- * hash thread having built it first when it is a header to build (bfs_wjob.build) */
-static bool bfs__built(const bfs_writer *w, int i)
+/* Under mu: how many of the first jobs are done with, on every lane: the number of the
+ * oldest job still queued on any lane (lanes queue their jobs in push order) */
+static uint64_t bfs__retired_all(const bfs_writer *w)
 {
-    return !w->q[(w->head + i) % BFS_WQ_MAX].build || w->nxxh > i;
+    uint64_t n = w->pushed;
+    for (int i = 0; i < w->nlanes; i++) {
+        const bfs_wlane *l = &w->lanes[i];
+        if (l->count > 0 && l->q[l->head].seq < n)
+            n = l->q[l->head].seq;
+    }
+    return n;
 }
 
-/* Under mu: wait until job *done from head can be read (`built`: once built), or until
- * stop with none left; false then */
-static bool bfs__next_job(bfs_writer *w, const int *done, bool built)
+/* Under mu: whether job `i` from the lane's head may be read by the writer or the sha
+ * thread, the hash thread having built it first when it is a header to build (bfs_wjob.build) */
+static bool bfs__built(const bfs_wlane *l, int i)
 {
-    while (*done == w->count ? !w->stop : built && !bfs__built(w, *done))
+    return !l->q[(l->head + i) % BFS_WQ_MAX].build || l->nxxh > i;
+}
+
+/* Under mu: wait until the lane's job *done from head can be read (`built`: once built), or
+ * until stop with none left; false then */
+static bool bfs__next_job(bfs_writer *w, bfs_wlane *l, const int *done, bool built)
+{
+    while (*done == l->count ? !w->stop : built && !bfs__built(l, *done))
         pthread_cond_wait(&w->cv, &w->mu);
-    return *done < w->count;
+    return *done < l->count;
 }
 
 static void *bfs__writer_main(void *p)
 {
-    bfs_writer *w = p;
+    bfs_wlane *const l = p;
+    bfs_writer *const w = l->w;
     pthread_mutex_lock(&w->mu);
     for (;;) {
-        if (!bfs__next_job(w, &w->nwrite, true))
+        if (!bfs__next_job(w, l, &l->nwrite, true))
             break;
-        const bfs_wjob j = w->q[(w->head + w->nwrite) % BFS_WQ_MAX];
+        const bfs_wjob j = l->q[(l->head + l->nwrite) % BFS_WQ_MAX];
         const bool failed = w->rc < 0;
         pthread_mutex_unlock(&w->mu);
         int rc = 0;
@@ -272,8 +302,13 @@ static void *bfs__writer_main(void *p)
         pthread_mutex_lock(&w->mu);
         if (rc < 0 && w->rc == 0)
             w->rc = rc;
-        w->nwrite++;
-        bfs__writer_retire(w);
+        l->nwrite++;
+        l->st.write = l->wst.write; /* published for bfs__writer_stages */
+        l->st.zst = l->wst.zst;
+        l->st.tail = l->wst.tail;
+        l->st.direct_bytes = l->wst.direct_bytes;
+        l->st.buffered_bytes = l->wst.buffered_bytes;
+        bfs__writer_retire(w, l);
     }
     pthread_mutex_unlock(&w->mu);
     return NULL;
@@ -311,15 +346,15 @@ static int bfs__sha_job(bfs_writer *w, const bfs_wjob *j)
     return 0;
 }
 
-/* Under mu, the hash thread's: job i from head, a header to build, given the header buffer
- * the writer wrote the oldest header from (the two take turns: waits until it has), grown
- * to len + 1 bytes; buf stays NULL when out of memory */
-static void bfs__header_buf(bfs_writer *w, int i)
+/* Under mu, a hash thread's: job i from the lane's head, a header to build, given the header
+ * buffer push chose for it (the two take turns in push order) once every job up to the last
+ * header built in it is done with (it waits until they are: those jobs come before it, so
+ * the lanes never wait in a circle), grown to len + 1 bytes; buf stays NULL when out of memory */
+static void bfs__header_buf(bfs_writer *w, bfs_wlane *l, int i)
 {
-    bfs_wjob *const j = &w->q[(w->head + i) % BFS_WQ_MAX];
-    const uint64_t n = w->retired + (uint64_t)i; /* its number: head moves while it waits */
-    const int b = (int)(w->hnext++ % 2);
-    while (w->retired < w->hjob[b])
+    bfs_wjob *const j = &l->q[(l->head + i) % BFS_WQ_MAX];
+    const int b = j->hb;
+    while (bfs__retired_all(w) < j->hwait)
         pthread_cond_wait(&w->cv, &w->mu);
     if (w->hcap[b] <= j->len) {
         free(w->hbuf[b]);
@@ -333,22 +368,22 @@ static void bfs__header_buf(bfs_writer *w, int i)
         }
     }
     j->buf = w->hbuf[b];
-    w->hjob[b] = n + 1;
 }
 
 /* The hash and sha threads: the same jobs in the same order as the writer, from the unit
  * buffers, which stay untouched until every thread is done with them (the writer only
  * writes the headroom before a job's bytes). *done counts the jobs from head this thread
  * is done with; its seconds go to *secs. */
-static void bfs__follow(bfs_writer *w, int *done, int (*job)(bfs_writer *, const bfs_wjob *), double *secs)
+static void bfs__follow(bfs_wlane *l, int *done, int (*job)(bfs_writer *, const bfs_wjob *), double *secs)
 {
+    bfs_writer *const w = l->w;
     pthread_mutex_lock(&w->mu);
     for (;;) {
-        if (!bfs__next_job(w, done, done != &w->nxxh))
+        if (!bfs__next_job(w, l, done, done != &l->nxxh))
             break;
-        if (done == &w->nxxh && w->q[(w->head + *done) % BFS_WQ_MAX].build)
-            bfs__header_buf(w, *done);
-        const bfs_wjob j = w->q[(w->head + *done) % BFS_WQ_MAX];
+        if (done == &l->nxxh && l->q[(l->head + *done) % BFS_WQ_MAX].build)
+            bfs__header_buf(w, l, *done);
+        const bfs_wjob j = l->q[(l->head + *done) % BFS_WQ_MAX];
         pthread_mutex_unlock(&w->mu);
         const double t0 = bfs__wnow();
         bfs__err_clear();
@@ -359,22 +394,22 @@ static void bfs__follow(bfs_writer *w, int *done, int (*job)(bfs_writer *, const
         if (rc < 0 && w->rc == 0)
             w->rc = rc;
         (*done)++;
-        bfs__writer_retire(w);
+        bfs__writer_retire(w, l);
     }
     pthread_mutex_unlock(&w->mu);
 }
 
 static void *bfs__xxh_main(void *p)
 {
-    bfs_writer *w = p;
-    bfs__follow(w, &w->nxxh, bfs__xxh_job, &w->st.hash);
+    bfs_wlane *const l = p;
+    bfs__follow(l, &l->nxxh, bfs__xxh_job, &l->st.hash);
     return NULL;
 }
 
 static void *bfs__sha_main(void *p)
 {
-    bfs_writer *w = p;
-    bfs__follow(w, &w->nsha, bfs__sha_job, &w->st.sha);
+    bfs_wlane *const l = p;
+    bfs__follow(l, &l->nsha, bfs__sha_job, &l->st.sha);
     return NULL;
 }
 
@@ -402,35 +437,67 @@ int bfs__writer_start(bfs_writer *w)
     }
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
-    if (!ok || pthread_create(&w->tid, NULL, bfs__writer_main, w) != 0)
-        return bfs__err(BFS_ENOMEM, "cannot start the writer thread");
-    w->started = true;
-    if (pthread_create(&w->xxh_tid, NULL, bfs__xxh_main, w) != 0)
-        return bfs__err(BFS_ENOMEM, "cannot start the hash thread");
-    w->xxh_started = true;
-    if (w->sha) {
-        if (pthread_create(&w->sha_tid, NULL, bfs__sha_main, w) != 0)
-            return bfs__err(BFS_ENOMEM, "cannot start the SHA-256 thread");
-        w->sha_started = true;
+    w->mu_init = true;
+    if (!ok)
+        return bfs__err(BFS_ENOMEM, "out of memory for the writer's files");
+    w->nlanes = w->nlanes < 1 ? 1 : w->nlanes > BFS_WRITER_LANES ? BFS_WRITER_LANES : w->nlanes;
+    for (int i = 0; i < w->nlanes; i++) {
+        bfs_wlane *const l = &w->lanes[i];
+        l->w = w;
+        if (pthread_create(&l->tid, NULL, bfs__writer_main, l) != 0)
+            return bfs__err(BFS_ENOMEM, "cannot start a writer thread");
+        l->started = true;
+        if (pthread_create(&l->xxh_tid, NULL, bfs__xxh_main, l) != 0)
+            return bfs__err(BFS_ENOMEM, "cannot start a hash thread");
+        l->xxh_started = true;
+        if (w->sha) {
+            if (pthread_create(&l->sha_tid, NULL, bfs__sha_main, l) != 0)
+                return bfs__err(BFS_ENOMEM, "cannot start a SHA-256 thread");
+            l->sha_started = true;
+        }
     }
     return 0;
 }
 
+void bfs__writer_stages(bfs_writer *w, bfs_wstages *out)
+{
+    *out = w->st;
+    if (w->mu_init)
+        pthread_mutex_lock(&w->mu);
+    for (int i = 0; i < w->nlanes; i++) {
+        const bfs_wstages *s = &w->lanes[i].st;
+        out->hash += s->hash;
+        out->write += s->write;
+        out->zst += s->zst;
+        out->tail += s->tail;
+        out->sha += s->sha;
+        out->direct_bytes += s->direct_bytes;
+        out->buffered_bytes += s->buffered_bytes;
+    }
+    if (w->mu_init)
+        pthread_mutex_unlock(&w->mu);
+}
+
 void bfs__writer_stop(bfs_writer *w)
 {
-    if (w->started) {
+    if (w->mu_init) {
         pthread_mutex_lock(&w->mu);
         w->stop = true;
         pthread_cond_broadcast(&w->cv);
         pthread_mutex_unlock(&w->mu);
-        pthread_join(w->tid, NULL);
-        if (w->xxh_started)
-            pthread_join(w->xxh_tid, NULL);
-        if (w->sha_started)
-            pthread_join(w->sha_tid, NULL);
+        for (int i = 0; i < BFS_WRITER_LANES; i++) {
+            bfs_wlane *const l = &w->lanes[i];
+            if (l->started)
+                pthread_join(l->tid, NULL);
+            if (l->xxh_started)
+                pthread_join(l->xxh_tid, NULL);
+            if (l->sha_started)
+                pthread_join(l->sha_tid, NULL);
+            l->started = l->xxh_started = l->sha_started = false;
+        }
         pthread_mutex_destroy(&w->mu);
         pthread_cond_destroy(&w->cv);
-        w->started = w->xxh_started = w->sha_started = false;
+        w->mu_init = false;
     }
     for (int b = 0; b < 2; b++) {
         free(w->hbuf[b]);
@@ -467,6 +534,8 @@ int bfs__writer_begin_file(bfs_writer *w, int fd, const char *what, bfs_dig16 *p
     if (!free_slot)
         return bfs__err(BFS_EINTERNAL, "%s: begun in a slot whose file the writer has not ended", what);
     f->claimed = true;
+    f->lane = w->next_lane;
+    w->next_lane = (w->next_lane + 1) % (w->nlanes > 0 ? w->nlanes : 1);
     XXH3_128bits_reset(f->file_st);
     XXH3_128bits_reset(f->piece_st);
     f->piece_dig = piece_dig;
@@ -579,12 +648,19 @@ int bfs__writer_push(bfs_writer *w, const bfs_wjob *jin)
     if (j.piece >= 0 && j.piece_last > j.piece && (!of || (size_t)j.piece_last >= of->npieces))
         return bfs__err(BFS_EINTERNAL, "writer: a batch of pieces [%d, %d] without its file's pieces", j.piece,
                         j.piece_last);
+    bfs_wlane *const l = &w->lanes[w->files[j.file].lane];
     const double t0 = bfs__wnow();
     pthread_mutex_lock(&w->mu);
-    while (w->count == BFS_WQ_MAX)
+    while (l->count == BFS_WQ_MAX)
         pthread_cond_wait(&w->cv, &w->mu);
-    w->q[(w->head + w->count) % BFS_WQ_MAX] = j;
-    w->count++;
+    j.seq = w->pushed;
+    if (j.build) { /* the header buffers take turns in push order (bfs__header_buf) */
+        j.hb = (int)(w->hnext++ % 2);
+        j.hwait = w->hjob[j.hb];
+        w->hjob[j.hb] = j.seq + 1;
+    }
+    l->q[(l->head + l->count) % BFS_WQ_MAX] = j;
+    l->count++;
     w->pushed++;
     pthread_cond_broadcast(&w->cv);
     const int rc = w->rc;
@@ -597,8 +673,14 @@ int bfs__writer_wait(bfs_writer *w, int pending)
 {
     const double t0 = bfs__wnow();
     pthread_mutex_lock(&w->mu);
-    while (w->count > pending)
+    for (;;) {
+        int count = 0;
+        for (int i = 0; i < w->nlanes; i++)
+            count += w->lanes[i].count;
+        if (count <= pending)
+            break;
         pthread_cond_wait(&w->cv, &w->mu);
+    }
     const int rc = w->rc;
     pthread_mutex_unlock(&w->mu);
     w->st.wait += bfs__wnow() - t0;
@@ -610,7 +692,7 @@ uint64_t bfs__writer_pushed(const bfs_writer *w) { return w->pushed; }
 uint64_t bfs__writer_retired(bfs_writer *w)
 {
     pthread_mutex_lock(&w->mu);
-    const uint64_t n = w->retired;
+    const uint64_t n = bfs__retired_all(w);
     pthread_mutex_unlock(&w->mu);
     return n;
 }
@@ -619,7 +701,7 @@ int bfs__writer_wait_job(bfs_writer *w, uint64_t n)
 {
     const double t0 = bfs__wnow();
     pthread_mutex_lock(&w->mu);
-    while (w->retired < n)
+    while (bfs__retired_all(w) < n)
         pthread_cond_wait(&w->cv, &w->mu);
     const int rc = w->rc;
     pthread_mutex_unlock(&w->mu);

@@ -1,21 +1,26 @@
-/* The writer of convert's pipeline (writer.c). bfs__writer_push queues each job; the
- * hash thread hashes the jobs in order (file and piece XXH3-128s) while the writer
- * thread writes them, so the pushing thread only dequantizes (on two cores, the hashes
- * of a part run beside its dequant); the writer thread writes the jobs in file
- * order, with O_DIRECT where the filesystem takes it (an aligned body from the unit
- * buffers themselves, a block-sized carry joining each job's partial head and tail;
- * the file's last partial block buffered), feeds the optional compressed copy, and
- * bounds the dirty page cache where it must write buffered. With sha256 on (convert
- * --sha256) a third thread hashes each job's bytes with SHA-256 while the writer writes
- * them (a job's buffer is free again once both are done with it). It holds up to
- * BFS_WRITER_FILES files at once, each with its own hashes and carry: the next one's jobs
+/* The writer of convert's pipeline (writer.c): a pool of lanes, each a writer thread with
+ * its own hash thread (and SHA-256 thread with convert --sha256), each lane owning whole
+ * files: a file is given to one lane when it is begun (bfs__writer_begin_file), and that
+ * lane's threads alone write it, hash it and feed its compressed copy, so files of different
+ * lanes are written and hashed at once while each file's bytes go out in file order.
+ * bfs__writer_push queues each job on its file's lane; the lane's hash thread hashes the
+ * lane's jobs in order (file and piece XXH3-128s) while its writer thread writes them, so the
+ * pushing thread only dequantizes; the writer thread writes with O_DIRECT where the
+ * filesystem takes it (an aligned body from the unit buffers themselves, a block-sized carry
+ * joining each job's partial head and tail; the file's last partial block buffered), feeds
+ * the optional compressed copy, and bounds the dirty page cache where it must write
+ * buffered; the SHA-256 thread hashes each job's bytes while the writer writes them (a job's
+ * buffer is free again once every thread of its lane is done with it). The writer holds up
+ * to BFS_WRITER_FILES files at once, each with its own hashes and carry: the next one's jobs
  * queue behind the last one's end (convert commits the last one once the writer has ended
- * it, while the writer writes the next), and a group of rank files written together
- * (convert_ranks.c) takes a slot each, their jobs interleaved; a slot is reused only after
- * bfs__writer_release_file. Up to BFS_WQ_MAX jobs queue: the
- * ring of unit buffers (units.h: their size, batches and the memory model) and the
- * headers and ends between them; each job's number (bfs__writer_pushed) tells when its
- * buffer is free again (bfs__writer_wait_job). */
+ * it), and a group of rank files written together (convert_ranks.c) takes a slot each, their
+ * jobs interleaved and spread over the lanes; a slot is reused only after
+ * bfs__writer_release_file. Up to BFS_WQ_MAX jobs queue on each lane: the ring of unit
+ * buffers (units.h: their size, batches and the memory model) and the headers and ends
+ * between them. Every job has a number in push order (bfs__writer_pushed); a buffer is free
+ * again once every job up to its last is done with, on every lane (bfs__writer_wait_job).
+ * The headers are built by the hash thread of their file's lane in two buffers shared by all
+ * lanes, taken in push order, so that the memory held does not grow with the lanes. */
 #ifndef BFS_WRITER_H
 #define BFS_WRITER_H
 
@@ -48,23 +53,31 @@ typedef struct bfs_wjob {
      * writer and the sha thread read it, so that the pushing thread neither builds nor
      * waits for the headers of a group's files */
     bool build;
+    /* the file's whole size, reserved (posix_fallocate, else ftruncate) by its writer before
+     * the job's bytes: a full disk fails there, before any of the file is written; 0: none */
+    uint64_t reserve;
     int file;      /* (set by push) which of the writer's files: the one bfs__writer_use chose */
+    uint64_t seq;  /* (set by push) its number: jobs pushed before it */
+    int hb;        /* (set by push, build) the header buffer it is built in */
+    uint64_t hwait; /* (set by push, build) jobs that must be done with before that buffer is */
 } bfs_wjob;
 
-/* Seconds spent per stage (BFSHARD_STAGES=1 prints them; bench/bench.py reads them). */
+/* Seconds spent per stage (BFSHARD_STAGES=1 prints them; bench/bench.py reads them): each
+ * summed over the lanes (bfs__writer_stages). */
 typedef struct bfs_wstages {
-    double hash;   /* file + piece hashes, and the headers built (the hash thread, beside the writer) */
+    double hash;   /* file + piece hashes, and the headers built (the hash threads, beside the writers) */
     double wait;   /* the pushing thread waiting for the writer (a slot, a buffer, a file's end) */
-    double write;  /* pwrite, direct or buffered, and the dirty-page bound (writer thread) */
-    double zst;    /* the compressed copy (writer thread) */
-    double tail;   /* the last partial block of every file (writer thread) */
-    double sha;    /* SHA-256 of the files (the sha thread, beside the writer) */
+    double write;  /* pwrite, direct or buffered, and the dirty-page bound (writer threads) */
+    double zst;    /* the compressed copy (writer threads) */
+    double tail;   /* the last partial block of every file (writer threads) */
+    double sha;    /* SHA-256 of the files (the sha threads, beside the writers) */
     uint64_t direct_bytes, buffered_bytes;
 } bfs_wstages;
 
 /* One file the writer writes (a slot of BFS_WRITER_FILES). */
 typedef struct bfs_wfile {
     bool claimed;      /* begun and not yet released (bfs__writer_release_file) */
+    int lane;          /* the lane that owns it from its begin to its end */
     int fd;
     bool direct;       /* fd has O_DIRECT (cleared for the last partial block, or on EINVAL) */
     bool ended;        /* its end job ran (under the writer's mu); true when unused */
@@ -89,27 +102,34 @@ typedef struct bfs_wfile {
 #define BFS_WRITER_FILES 32
 
 #define BFS_WQ_MAX 64
-typedef struct bfs_writer {
-    pthread_t tid;
-    bool started;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
+struct bfs_writer;
+/* One lane: a writer thread, its hash thread and its sha thread, and the jobs of the files it owns */
+typedef struct bfs_wlane {
+    struct bfs_writer *w;
+    pthread_t tid, xxh_tid, sha_tid;
+    bool started, xxh_started, sha_started;
     bfs_wjob q[BFS_WQ_MAX];
     int head, count;   /* ring of at most BFS_WQ_MAX jobs not yet done with (written and hashed) */
-    uint64_t pushed, retired; /* jobs queued and done with over the writer's life (under mu) */
     int nwrite, nxxh, nsha; /* of those, from head: how many the writer wrote, the hash and sha threads hashed */
-    pthread_t xxh_tid;
-    bool xxh_started;
-    /* the hash thread's: the headers are built in two buffers taking turns (aligned, grown
-     * to the longest), each free again once job hjob[b] - 1 (the last header built in it)
-     * is retired */
+    bfs_wstages st;    /* its threads' seconds and bytes (under mu) */
+    bfs_wstages wst;   /* the writer thread's own, copied into st after each job */
+} bfs_wlane;
+
+typedef struct bfs_writer {
+    int nlanes;        /* set before bfs__writer_start (0: 1), at most BFS_WRITER_LANES */
+    int next_lane;     /* the lane the next file begun goes to (round the lanes) */
+    bfs_wlane lanes[BFS_WRITER_LANES];
+    bool mu_init;
+    pthread_mutex_t mu; /* one for the pool: jobs are units of megabytes */
+    pthread_cond_t cv;
+    uint64_t pushed;   /* jobs queued over the writer's life (under mu) */
+    /* the headers are built in two buffers taking turns in push order (aligned, grown to the
+     * longest), each free again once every job up to the last header built in it is done with */
     uint8_t *hbuf[2];
     size_t hcap[2];
     uint64_t hjob[2];
     uint64_t hnext;
     bool sha;          /* set before bfs__writer_start: SHA-256 of every file (convert --sha256) */
-    pthread_t sha_tid;
-    bool sha_started;
     bool stop;
     int rc;            /* first failure, under mu; its message is in err */
     bfs_errslot err;
@@ -119,17 +139,20 @@ typedef struct bfs_writer {
     bfs_wfile files[BFS_WRITER_FILES];
     int cur;           /* the file jobs are pushed to, -1 before the first */
     _Atomic uint64_t total; /* tensor bytes over the run */
-    bfs_wstages st;
+    bfs_wstages st;    /* the pushing thread's (wait); the lanes keep the rest */
 } bfs_writer;
 
 /* XXH3-128 update with the fastest code this CPU runs (the same digest everywhere). */
 void bfs__xxh128_update(XXH3_state_t *st, const void *p, size_t n);
 
-/* Start the thread (w zeroed first; w->sha set to hash every file with SHA-256 too). */
+/* Start the lanes' threads (w zeroed first; w->sha set to hash every file with SHA-256 too,
+ * w->nlanes to the lanes wanted). */
 int bfs__writer_start(bfs_writer *w);
+/* The stage seconds and bytes so far, summed over the lanes (once the files are ended). */
+void bfs__writer_stages(bfs_writer *w, bfs_wstages *out);
 /* Stop and join the threads (when started) and free their state; safe on a zeroed writer. */
 void bfs__writer_stop(bfs_writer *w);
-/* Begin a file in a free slot: fd at offset 0, `what` names it in errors (both must
+/* Begin a file in a free slot, given to the next lane round the pool: fd at offset 0, `what` names it in errors (both must
  * outlive the file's end), piece hashes go to piece_dig; zw (may be NULL) gets the same
  * bytes, cut before every piece of `of`. Jobs must then come in file order, each starting
  * where the one before ended, from offset 0. The writer may still be on other files.
@@ -154,14 +177,14 @@ const char *bfs__writer_file_sha256(const bfs_writer *w, int file);
  * buffer (and its headroom) must stay untouched until bfs__writer_wait says it is free again. Returns
  * the writer's first failure (its message made the caller's), else 0. */
 int bfs__writer_push(bfs_writer *w, const bfs_wjob *j);
-/* Wait until at most `pending` jobs remain queued or running; returns as push. */
+/* Wait until at most `pending` jobs remain queued or running, over all lanes; returns as push. */
 int bfs__writer_wait(bfs_writer *w, int pending);
 /* The number of jobs pushed so far (the pushing thread's: right after a push, that job's
  * number + 1); bfs__writer_wait_job(w, n): wait until the first n jobs are done with (their
  * buffers free again); returns as push. */
 uint64_t bfs__writer_pushed(const bfs_writer *w);
-/* How many jobs the writer is done with so far (it does not wait): job n's buffer is free
- * once this is >= n. */
+/* How many of the first jobs the writer is done with so far, every one of them on every lane
+ * (it does not wait): job n's buffer is free once this is >= n. */
 uint64_t bfs__writer_retired(bfs_writer *w);
 int bfs__writer_wait_job(bfs_writer *w, uint64_t n);
 /* Whether the writer has run the end of the file in slot `file` (does not wait). */
