@@ -140,24 +140,11 @@ int bfs__write_small(bfs_run *r, const char *name, const void *data, size_t len,
     return 0;
 }
 
-/* The side files (convert_side.c lists them): each read again, checked to be the file that was
- * listed, and written as a small file of kind "copy" (hashed, journaled, in the sums). */
-static int bfs__copy_sides(bfs_run *r)
+/* A side file, read again and checked to be the file that was listed (bfs__sides_each), written
+ * as a small file of kind "copy" (hashed, journaled, in the sums). */
+static int bfs__copy_side(void *ctx, const char *name, const char *data, size_t len)
 {
-    for (size_t i = 0; i < r->sides.n; i++) {
-        const bfs_side *s = &r->sides.v[i];
-        char *data = NULL;
-        size_t len = 0;
-        if (s->why)
-            continue;
-        int rc = bfs__side_read(&r->sides, s, r->in->root, &data, &len);
-        if (rc == 0)
-            rc = bfs__write_small(r, s->name, data, len, "copy");
-        free(data);
-        if (rc < 0)
-            return rc;
-    }
-    return 0;
+    return bfs__write_small(ctx, name, data, len, "copy");
 }
 
 static int bfs__write_config(bfs_run *r)
@@ -605,7 +592,7 @@ static int bfs__run_finish(bfs_run *r)
     if (bfs__cancelled())
         BFS_FAIL(BFS_EINTR, "interrupted");
     BFS_TRY(bfs__write_config(r));
-    BFS_TRY(bfs__copy_sides(r));
+    BFS_TRY(bfs__sides_each(r, bfs__copy_side, r));
     if (r->plan->layout == BFS_LAYOUT_HF)
         BFS_TRY(bfs__write_hf_index(r));
     const double t = bfs__now();

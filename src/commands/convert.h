@@ -172,5 +172,8 @@ int bfs__write_small(bfs_run *r, const char *name, const void *data, size_t len,
  * them at the end, with the other small files). */
 int bfs__side_plan(bfs_run *r);
 int bfs__side_fingerprint(const bfs_run *r, XXH3_state_t *st);
+/* fn(ctx, name, bytes) for each side file to be copied, read again (bfs__side_read: still the
+ * file that was listed); stops at fn's first failure. */
+int bfs__sides_each(const bfs_run *r, int (*fn)(void *ctx, const char *name, const char *data, size_t len), void *ctx);
 
 #endif

@@ -112,24 +112,37 @@ cleanup:
     return rc;
 }
 
-int bfs__side_fingerprint(const bfs_run *r, XXH3_state_t *st)
+int bfs__sides_each(const bfs_run *r, int (*fn)(void *ctx, const char *name, const char *data, size_t len), void *ctx)
 {
-    /* names and contents (small files, read again when copied), not mtimes: the same side files
-     * from a folder or a Hugging Face cache, whose blobs one repo's snapshots share, are the
-     * same plan */
     for (size_t i = 0; i < r->sides.n; i++) {
         const bfs_side *s = &r->sides.v[i];
         char *data = NULL;
         size_t len = 0;
         if (s->why)
             continue;
-        const int rc = bfs__side_read(&r->sides, s, r->in->root, &data, &len);
+        int rc = bfs__side_read(&r->sides, s, r->in->root, &data, &len);
+        if (rc == 0)
+            rc = fn(ctx, s->name, data, len);
+        free(data);
         if (rc < 0)
             return rc;
-        XXH3_128bits_update(st, s->name, strlen(s->name) + 1);
-        XXH3_128bits_update(st, &len, sizeof len);
-        XXH3_128bits_update(st, data, len);
-        free(data);
     }
     return 0;
+}
+
+static int bfs__side_hash(void *ctx, const char *name, const char *data, size_t len)
+{
+    XXH3_state_t *st = ctx;
+    XXH3_128bits_update(st, name, strlen(name) + 1);
+    XXH3_128bits_update(st, &len, sizeof len);
+    XXH3_128bits_update(st, data, len);
+    return 0;
+}
+
+int bfs__side_fingerprint(const bfs_run *r, XXH3_state_t *st)
+{
+    /* names and contents (small files, read again when copied), not mtimes: the same side files
+     * from a folder or a Hugging Face cache, whose blobs one repo's snapshots share, are the
+     * same plan */
+    return bfs__sides_each(r, bfs__side_hash, st);
 }
