@@ -154,12 +154,15 @@ check-layers: all
 
 # README.md and docs/: no dead relative link or #anchor, no docs page that no link reaches
 # from README.md, every option of every command's --help in docs/USAGE.md, the exit codes
-# of README.md = `bfshard --help` = the man page (dev/doclinks.py; first its self-test).
+# of README.md = `bfshard --help` = the man page (dev/doclinks.py; first its self-test); the man
+# page source builds (scdoc, where installed: make install installs it).
 .PHONY: check-docs
 check-docs: all
 	@python3 dev/doclinks.py --selftest >$(BUILD)/doclinks-selftest.log 2>&1 || \
 	    { cat $(BUILD)/doclinks-selftest.log; echo "FAILED: the documentation check's self-test"; exit 1; }
 	@python3 dev/doclinks.py --bfshard $(BUILD)/bfshard
+	@if command -v scdoc >/dev/null 2>&1; then scdoc < doc/bfshard.1.scd > /dev/null || \
+	    { echo "FAILED: scdoc cannot build the man page (doc/bfshard.1.scd)"; exit 1; }; fi
 
 # a packed artifact through a real OCI registry on loopback (Debian's docker-registry)
 # and back with skopeo, rebuilt and verified (tests/oci/roundtrip.sh; installs them when missing).
