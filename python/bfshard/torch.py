@@ -24,6 +24,11 @@ manifest (XXH3-128, narrowed to the tensor through its slice index) and raises
 bfshard.VerifyError. Non-persistent buffers (rotary `inv_freq`) are not in `state_dict()` and
 are left alone, as `dcp.load` leaves them.
 
+Once the checks pass, each local shard that is a contiguous CPU tensor of the file's dtype gets
+its bytes read from the rank file straight into it (pread(2), several threads, one call into the
+C library: bfs_read_ranges); casts, 0-d tensors and other shards are copied from the mapping
+(docs/LOADING.md, "How it reads").
+
 The tensor names are matched as they are: whatever names the output has (packed MoE experts
 included) must be the model's state_dict names. Outputs with a version 1 manifest, and a
 conversion in parts not merged yet (bfshard.part-*.json only), load the same way; with a merged
