@@ -50,7 +50,7 @@ def load_avg():
 
 # ---- children ------------------------------------------------------------------------------------
 
-def child_load(rank, W, port, outdir):
+def child_load(rank, W, port, outdir, threads):
     import datetime
     import warnings
     warnings.filterwarnings("ignore")
@@ -72,7 +72,9 @@ def child_load(rank, W, port, outdir):
     m.to_empty(device="cpu")
     dist.barrier()
     t0 = time.perf_counter()
-    r = bt.load(m, outdir)
+    import inspect
+    kw = {"threads": threads} if threads and "threads" in inspect.signature(bt.load).parameters else {}
+    r = bt.load(m, outdir, **kw)
     t1 = time.perf_counter()
     dist.barrier()
     dist.destroy_process_group()
@@ -84,10 +86,13 @@ def child_floor(path):
     n = os.path.getsize(path)
     t0 = time.perf_counter()
     buf = torch.empty(n, dtype=torch.uint8)
+    mv, got = memoryview(buf.numpy()), 0
     with open(path, "rb", buffering=0) as f:
-        got = f.readinto(memoryview(buf.numpy()))
+        while got < n:  # one read(2) returns at most ~2 GiB
+            k = f.readinto(mv[got:])
+            assert k, "%s: ends at %d of %d bytes" % (path, got, n)
+            got += k
     t1 = time.perf_counter()
-    assert got == n
     return {"bytes": n, "s": t1 - t0}
 
 
@@ -123,7 +128,7 @@ def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         kind = sys.argv[2]
         if kind == "load":
-            r = child_load(int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6])
+            r = child_load(int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6], int(sys.argv[7]))
         else:
             r = child_floor(sys.argv[3])
         print(json.dumps(r))
@@ -133,6 +138,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--pkg", action="append", default=[], help="ROOT[:BUILD] of a checkout to load with")
     ap.add_argument("--floor", action="store_true")
+    ap.add_argument("--threads", type=int, default=0, help="load(threads=N) (a tree whose load() takes it)")
     a = ap.parse_args()
     outdir = os.path.abspath(a.outdir)
     with open(os.path.join(outdir, "bfshard.manifest.json"), "rb") as f:
@@ -155,7 +161,7 @@ def main():
         for root, pypath in staged:
             before = load_avg()
             port = free_port()
-            rs = collect([spawn(["load", r, W, port, outdir], pypath) for r in range(W)])
+            rs = collect([spawn(["load", r, W, port, outdir, a.threads], pypath) for r in range(W)])
             gb = sum(r["bytes"] for r in rs) / 1e9
             slow = max(r["s"] for r in rs)
             print("round %d  bfshard.torch.load (%s): %5.2f GB/s  (%.2f GB in %.2f s, slowest rank; by pread %s; %s)"
