@@ -71,20 +71,21 @@ def child_load(rank, W, port, outdir, threads):
     fully_shard(m, mesh=mesh)
     m.to_empty(device="cpu")
     dist.barrier()
-    t0 = time.perf_counter()
     import inspect
     kw = {"threads": threads} if threads and "threads" in inspect.signature(bt.load).parameters else {}
+    c0, t0 = time.process_time(), time.perf_counter()
     r = bt.load(m, outdir, **kw)
-    t1 = time.perf_counter()
+    c1, t1 = time.process_time(), time.perf_counter()
     dist.barrier()
     dist.destroy_process_group()
-    return {"rank": rank, "bytes": r.bytes, "bytes_read": getattr(r, "bytes_read", None), "s": t1 - t0}
+    return {"rank": rank, "bytes": r.bytes, "bytes_read": getattr(r, "bytes_read", None), "s": t1 - t0,
+            "cpu_s": c1 - c0}
 
 
 def child_floor(path):
     import torch
     n = os.path.getsize(path)
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     buf = torch.empty(n, dtype=torch.uint8)
     mv, got = memoryview(buf.numpy()), 0
     with open(path, "rb", buffering=0) as f:
@@ -92,8 +93,8 @@ def child_floor(path):
             k = f.readinto(mv[got:])
             assert k, "%s: ends at %d of %d bytes" % (path, got, n)
             got += k
-    t1 = time.perf_counter()
-    return {"bytes": n, "s": t1 - t0}
+    c1, t1 = time.process_time(), time.perf_counter()
+    return {"bytes": n, "s": t1 - t0, "cpu_s": c1 - c0}
 
 
 # ---- parent --------------------------------------------------------------------------------------
@@ -156,16 +157,17 @@ def main():
             before = load_avg()
             rs = collect([spawn(["floor", f], None) for f in files])
             gb = sum(r["bytes"] for r in rs) / 1e9
-            print("round %d  floor (readinto a fresh torch.empty, one process per file): %5.2f GB/s  (%.2f s; %s)"
-                  % (rnd + 1, gb / max(r["s"] for r in rs), max(r["s"] for r in rs), before), flush=True)
+            print("round %d  floor (readinto a fresh torch.empty, one process per file): %5.2f GB/s  (%.2f s; "
+                  "CPU %.2f s/GB; %s)" % (rnd + 1, gb / max(r["s"] for r in rs), max(r["s"] for r in rs),
+                                         sum(r["cpu_s"] for r in rs) / gb, before), flush=True)
         for root, pypath in staged:
             before = load_avg()
             port = free_port()
             rs = collect([spawn(["load", r, W, port, outdir, a.threads], pypath) for r in range(W)])
             gb = sum(r["bytes"] for r in rs) / 1e9
             slow = max(r["s"] for r in rs)
-            print("round %d  bfshard.torch.load (%s): %5.2f GB/s  (%.2f GB in %.2f s, slowest rank; by pread %s; %s)"
-                  % (rnd + 1, root, gb / slow, gb, slow,
+            print("round %d  bfshard.torch.load (%s): %5.2f GB/s  (%.2f GB in %.2f s, slowest rank; CPU %.2f s/GB; "
+                  "by pread %s; %s)" % (rnd + 1, root, gb / slow, gb, slow, sum(r["cpu_s"] for r in rs) / gb,
                      "%.2f GB" % (sum(r["bytes_read"] for r in rs) / 1e9) if rs[0]["bytes_read"] is not None else "-",
                      before), flush=True)
     for _, pypath in staged:
