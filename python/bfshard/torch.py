@@ -561,8 +561,8 @@ def _read_ranges(path: str, ranges: List[Tuple[int, int, int]], threads: int) ->
 
 
 def _direct(plan: List[Tuple[str, "torch.Tensor", "torch.Tensor", "_RankFile"]]) -> Tuple[list, list]:
-    """Split the plan into what is read from the file straight into the model's memory, {file:
-    [(offset, length, address)]} in plan order, and what is copied from the mapping as before
+    """Split the plan into what is read from the file straight into the model's memory, [(file,
+    [(offset, length, address)], [tensor])] in plan order, and what is copied from the mapping as before
     (a cast, a destination not a contiguous CPU tensor, a 0-d tensor, a file only present as its
     compressed copy, a destination overlapping another's: those keep copy_'s order)."""
     cand, slow = [], []
@@ -589,13 +589,15 @@ def _direct(plan: List[Tuple[str, "torch.Tensor", "torch.Tensor", "_RankFile"]])
             else:
                 demote.update(s[2] for s in g)
         j += len(g)
-    fast: Dict[str, Tuple["_RankFile", List[Tuple[int, int, int]]]] = {}
+    fast: Dict[str, Tuple["_RankFile", List[Tuple[int, int, int]], List["torch.Tensor"]]] = {}
     for i in cand:
         if i in demote:
             continue
         k, local, src, f = plan[i]
         _, _, b, e = f.entries[k]
-        fast.setdefault(f.path, (f, []))[1].append((f.data_start + b, e - b, local.data_ptr()))
+        got = fast.setdefault(f.path, (f, [], []))
+        got[1].append((f.data_start + b, e - b, local.data_ptr()))
+        got[2].append(local)
     slow = sorted(set(slow) | demote)
     return list(fast.values()), [plan[i] for i in slow]
 
@@ -811,7 +813,8 @@ def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = T
     fast, slow = _direct(plan)
     nbytes = nread = 0
     nthreads = _threads(threads)
-    for f, ranges in fast:
+    bump = getattr(getattr(torch.autograd, "graph", None), "increment_version", None)
+    for f, ranges, written in fast:
         _read_ranges(f.path, ranges, nthreads)
         try:
             st = os.stat(f.path)
@@ -820,6 +823,9 @@ def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = T
         if (st.st_dev, st.st_ino) != f.ident:  # replaced (renamed over) since it was checked
             raise LoadError("%s: replaced by another file while it was being loaded; load again" % f.path)
         nread += sum(n for _, n, _ in ranges)
+        if bump is not None:  # written in place behind autograd's back: as copy_ would, bump their version
+            for t in written:
+                bump(t)
     with torch.no_grad():
         for k, local, src, _ in slow:
             local.copy_(src)

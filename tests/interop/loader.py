@@ -448,6 +448,34 @@ def check_api_errors(out2, bfshard_bin, work):
     bt.rank_state_dict(flip, 0)  # without verify: not checked (mmapped, nothing read)
 
 
+def check_read_split():
+    """load()'s split of its copies: pread straight into contiguous CPU shards of the file's dtype;
+    copy_ for a cast, a strided or 0-d shard, the second name of a tied weight (its first is read),
+    and shards whose memory partly overlaps (all of them, in the model's order)."""
+    import torch
+    import bfshard.torch as bt
+
+    class F:
+        from_zst, data_start, path = None, 1000, "rank.safetensors"
+        entries = {}
+    f = F()
+    buf, f32, sq = torch.zeros(100, dtype=torch.bfloat16), torch.zeros(10), torch.zeros(10, 10, dtype=torch.bfloat16)
+    cases = [("A", buf[0:10], "BF16"), ("B", buf[0:10], "BF16"), ("C", buf[20:30], "BF16"), ("D", buf[25:35], "BF16"),
+             ("E", f32, "BF16"), ("F", sq.t(), "BF16"), ("G", torch.zeros((), dtype=torch.bfloat16), "BF16"),
+             ("H", buf[40:50], "BF16")]
+    plan = []
+    for i, (k, local, dt) in enumerate(cases):
+        f.entries[k] = (dt, tuple(local.shape), 64 * i, 64 * i + local.numel() * 2)
+        src = torch.zeros(local.shape, dtype=torch.bfloat16)
+        plan.append((k, local, src, f))
+    fast, slow = bt._direct(plan)
+    want_fast = [(1000, 20, buf[0:10].data_ptr()), (1000 + 64 * 7, 20, buf[40:50].data_ptr())]
+    got_fast = fast[0][1] if len(fast) == 1 else None
+    ok = got_fast == want_fast and [p[0] for p in slow] == ["B", "C", "D", "E", "F", "G"]
+    record("load()'s split: pread for contiguous CPU shards of the file's dtype, copy_ for the rest", ok,
+           "fast %r, slow %r" % (got_fast, [p[0] for p in slow]))
+
+
 def check_no_torch(pypath):
     code = ("import sys; sys.modules['torch'] = None\n"
             "import bfshard\n"
@@ -539,6 +567,7 @@ def main():
 
     # ---- 1. in this process
     check_no_torch(pypath)
+    check_read_split()
     check_rank_state_dicts(outs, zst_ref)
     if out2:
         check_api_errors(out2, bfshard_bin, work)
