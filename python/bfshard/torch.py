@@ -27,7 +27,7 @@ are left alone, as `dcp.load` leaves them.
 Once the checks pass, each local shard that is a contiguous CPU tensor of the file's dtype gets
 its bytes read from the rank file straight into it (pread(2), several threads, one call into the
 C library: bfs_read_ranges); casts, 0-d tensors and other shards are copied from the mapping
-(docs/LOADING.md, "How it reads").
+(docs/LOADING.md).
 
 The tensor names are matched as they are: whatever names the output has (packed MoE experts
 included) must be the model's state_dict names. Outputs with a version 1 manifest, and a
