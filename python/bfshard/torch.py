@@ -811,7 +811,7 @@ def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = T
                       "(_keep_in_fp32_modules_strict): build it so (README, 'Load the dcp output')"
                       % (len(rounded), rounded[0]), stacklevel=2)
     fast, slow = _direct(plan)
-    nbytes = nread = 0
+    nread = 0
     nthreads = _threads(threads)
     bump = getattr(getattr(torch.autograd, "graph", None), "increment_version", None)
     for f, ranges, written in fast:
@@ -825,7 +825,8 @@ def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = T
         nread += sum(n for _, n, _ in ranges)
         if bump is not None:  # written in place behind autograd's back: as copy_ would, bump their version
             for t in written:
-                bump(t)
+                if not t.is_inference():  # those have no version counter
+                    bump(t)
     with torch.no_grad():
         for k, local, src, _ in slow:
             local.copy_(src)
