@@ -232,6 +232,26 @@ int bfs_cuda_built(void);
 /* Number of usable CUDA devices, 0 when none or no driver (never fails). */
 int bfs_cuda_device_count(void);
 
+/* ---- reading byte ranges of a file into memory ----------------------------------
+ * What bfshard.torch.load() reads a rank file with: each range's bytes of the file go
+ * straight into its destination (one copy, each destination page touched once), by pread(2)
+ * from several threads, without a mapping of the file. */
+typedef struct bfs_range {
+    uint64_t offset; /* in the file */
+    uint64_t length; /* bytes; 0 reads nothing (dest may then be NULL) */
+    void *dest;      /* length writable bytes, not overlapping another range's */
+} bfs_range;
+
+/* Read ranges[0..n) of the file at path into their destinations. The ranges are cut into
+ * pieces of up to 16 MiB that `threads` threads (0: one per online CPU, at most 16; never
+ * more than there are pieces) take in file order; EINTR and short reads are retried.
+ * BFS_EUSAGE: path NULL, ranges NULL with n > 0, a NULL dest with a length, or a range past
+ * the largest file offset (offset + length overflows). BFS_EIO: the file cannot be opened or
+ * a read fails; BFS_EINPUT: the file ends before a range does (truncated). The one-line
+ * message names the file and the offset. On failure the destinations hold an unspecified
+ * part of their bytes. Not interrupted by bfs_cancel(). */
+int bfs_read_ranges(const char *path, const bfs_range *ranges, size_t n, int threads);
+
 /* ---- compressed artifacts (seekable zstd) ------------------------------------
  * A rank file compressed as seekable zstd: independent zstd frames cut at every tensor
  * boundary and after at most frame_bytes, then a seek table, so one tensor can be read

@@ -73,6 +73,10 @@ static const bfs_py_field bfs_py_fields[] = {
     F(bfs_convert_result, tensors_copied),
     F(bfs_convert_result, tensors_dropped),
     F(bfs_convert_result, write_seconds),
+    S(bfs_range),
+    F(bfs_range, offset),
+    F(bfs_range, length),
+    F(bfs_range, dest),
     {NULL, 0, 0},
 };
 

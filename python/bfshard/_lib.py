@@ -96,11 +96,16 @@ class ConvertResult(Structure):
     ]
 
 
+class Range(Structure):
+    _fields_ = [("offset", c_uint64), ("length", c_uint64), ("dest", c_void_p)]
+
+
 class _Field(Structure):
     _fields_ = [("name", c_char_p), ("offset", c_size_t), ("size", c_size_t)]
 
 
-MIRRORED = {"bfs_progress": Progress, "bfs_convert_opts": ConvertOpts, "bfs_convert_result": ConvertResult}
+MIRRORED = {"bfs_progress": Progress, "bfs_convert_opts": ConvertOpts, "bfs_convert_result": ConvertResult,
+            "bfs_range": Range}
 
 
 def _sig(lib, name, restype, *argtypes):
@@ -123,6 +128,7 @@ def load(path=LIBRARY):
     _sig(lib, "bfs_cancel", None)
     _sig(lib, "bfs_inspect", c_int, c_char_p, POINTER(ConvertOpts), c_int, c_void_p)
     _sig(lib, "bfs_verify", c_int, c_char_p, c_void_p, POINTER(c_uint64))
+    _sig(lib, "bfs_read_ranges", c_int, c_char_p, POINTER(Range), c_size_t, c_int)
     _sig(lib, "bfs_cpu_level_name", c_char_p, c_int)
     _sig(lib, "bfs_cpu_best_level", c_int)
     _sig(lib, "bfs_cuda_built", c_int)

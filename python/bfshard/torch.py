@@ -24,6 +24,11 @@ manifest (XXH3-128, narrowed to the tensor through its slice index) and raises
 bfshard.VerifyError. Non-persistent buffers (rotary `inv_freq`) are not in `state_dict()` and
 are left alone, as `dcp.load` leaves them.
 
+Once the checks pass, each local shard that is a contiguous CPU tensor of the file's dtype gets
+its bytes read from the rank file straight into it (pread(2), several threads, one call into the
+C library: bfs_read_ranges); casts, 0-d tensors and other shards are copied from the mapping
+(docs/LOADING.md).
+
 The tensor names are matched as they are: whatever names the output has (packed MoE experts
 included) must be the model's state_dict names. Outputs with a version 1 manifest, and a
 conversion in parts not merged yet (bfshard.part-*.json only), load the same way; with a merged
@@ -91,6 +96,7 @@ class LoadResult(NamedTuple):
     files: List[str]         # rank files opened: this rank's, and rank 0's for 0-d tensors
     unexpected: List[str]    # checkpoint tensors not in the model (only with strict=False)
     seconds: float
+    bytes_read: int = 0      # of `bytes`, those read from the file straight into the model (pread, threads)
 
 
 def _fail(problems: List[str]) -> "LoadError":
@@ -310,6 +316,7 @@ class _RankFile:
             if not stat.S_ISREG(st.st_mode):
                 raise LoadError("%s: not a regular file" % self.path)
             self.size = st.st_size
+            self.ident = (st.st_dev, st.st_ino)  # the file checked: the one read by path later
             if self.from_zst:
                 os.unlink(path)  # the mapping keeps the bytes
                 os.rmdir(os.path.dirname(path))
@@ -542,7 +549,71 @@ def _upcast(file_dtype: str, dtype: "torch.dtype") -> bool:
     return (file_dtype == "BF16" and dtype == torch.float32) or (file_dtype == "F32" and dtype == torch.bfloat16)
 
 
-def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = True) -> LoadResult:
+def _read_ranges(path: str, ranges: List[Tuple[int, int, int]], threads: int) -> None:
+    """(file offset, length, destination address) of path, read by bfs_read_ranges (pread(2) from
+    `threads` threads, the GIL released); LoadError with its one line on failure."""
+    lib = _bfs._c
+    arr = (_bfs._lib.Range * len(ranges))(*[_bfs._lib.Range(o, n, d) for o, n, d in ranges])
+    rc = lib.bfs_read_ranges(os.fsencode(path), arr, len(ranges), threads)
+    if rc < 0:
+        raise LoadError((lib.bfs_last_error() or b"").decode(errors="replace").replace("\n", " ")
+                        or "%s: read failed (%s)" % (path, lib.bfs_err_name(rc).decode()))
+
+
+def _direct(plan: List[Tuple[str, "torch.Tensor", "torch.Tensor", "_RankFile"]]) -> Tuple[list, list]:
+    """Split the plan into what is read from the file straight into the model's memory, [(file,
+    [(offset, length, address)], [tensor])] in plan order, and what is copied from the mapping as before
+    (a cast, a destination not a contiguous CPU tensor, a 0-d tensor, a file only present as its
+    compressed copy, a destination overlapping another's: those keep copy_'s order)."""
+    cand, slow = [], []
+    for i, (k, local, src, f) in enumerate(plan):
+        if (f.from_zst is None and local.device.type == "cpu" and local.dtype == src.dtype and local.dim() > 0
+                and local.is_contiguous() and local.numel() > 0):
+            cand.append(i)
+        else:
+            slow.append(i)
+    # destinations that overlap: the first in plan order of identical ones (a tied weight under two
+    # names) is read, the others copied after it; partly overlapping ones are all copied, in order
+    spans = sorted((plan[i][1].data_ptr(), plan[i][1].numel() * plan[i][1].element_size(), i) for i in cand)
+    demote = set()
+    j = 0
+    while j < len(spans):
+        end, g = spans[j][0] + spans[j][1], [spans[j]]
+        while j + len(g) < len(spans) and spans[j + len(g)][0] < end:
+            end = max(end, spans[j + len(g)][0] + spans[j + len(g)][1])
+            g.append(spans[j + len(g)])
+        if len(g) > 1:
+            if all(s[:2] == g[0][:2] for s in g):
+                first = min(s[2] for s in g)
+                demote.update(s[2] for s in g if s[2] != first)
+            else:
+                demote.update(s[2] for s in g)
+        j += len(g)
+    fast: Dict[str, Tuple["_RankFile", List[Tuple[int, int, int]], List["torch.Tensor"]]] = {}
+    for i in cand:
+        if i in demote:
+            continue
+        k, local, src, f = plan[i]
+        _, _, b, e = f.entries[k]
+        got = fast.setdefault(f.path, (f, [], []))
+        got[1].append((f.data_start + b, e - b, local.data_ptr()))
+        got[2].append(local)
+    slow = sorted(set(slow) | demote)
+    return list(fast.values()), [plan[i] for i in slow]
+
+
+def _threads(threads: int) -> int:
+    if threads > 0:
+        return threads
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    return max(1, min(16, n))
+
+
+def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = True,
+         threads: int = 0) -> LoadResult:
     """Copy this rank's rows from bfshard's dcp output into a model sharded with FSDP2
     `fully_shard` (parameters: DTensor Shard(0) over a 1-D mesh of size W, or HSDP's 2-D mesh
     whose shard dimension has size W), in place (`p.to_local().copy_(...)`), no collectives.
@@ -551,7 +622,13 @@ def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = T
     for 0-d tensors. Everything is checked before the first copy; a problem raises LoadError
     with one line naming the tensor (see the module's doc). strict=False lets checkpoint tensors
     the model lacks pass (LoadResult.unexpected); a model tensor the checkpoint lacks is always
-    an error. verify=True re-hashes this rank's file against the manifest first."""
+    an error. verify=True re-hashes this rank's file against the manifest first.
+
+    Where a local shard is a contiguous CPU tensor of the file's dtype, its bytes are read from
+    the rank file straight into it with pread(2) by `threads` threads (0: one per CPU this
+    process may run on, at most 16) in one call into the C library, the GIL released
+    (LoadResult.bytes_read); the rest (casts, 0-d tensors, GPU or strided shards, a rank file
+    only present compressed) is copied from the file's mapping with copy_."""
     t0 = time.time()
     outdir = os.fspath(outdir)
     from torch.distributed.tensor import DTensor
@@ -701,10 +778,10 @@ def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = T
                 continue
         if rows is None or (r == 0 and f is not mine):
             zero_d_rank0.append(k)  # read from rank 0's file: verify=True hashes its slices there
-        plan.append((k, local, f.tensor(k)))
+        plan.append((k, local, f.tensor(k), f))
 
     if missing:  # a name tied to a tensor loaded under another name (tied embeddings) is loaded
-        loaded = {(t.data_ptr(), tuple(t.shape), t.dtype) for _, t, _ in plan if t.numel()}
+        loaded = {(t.data_ptr(), tuple(t.shape), t.dtype) for _, t, _, _ in plan if t.numel()}
         missing = [m for m in missing if (m[2].data_ptr(), tuple(m[2].shape), m[2].dtype) not in loaded]
     for k, r, _ in missing:
         if r is None:
@@ -727,16 +804,32 @@ def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = T
     if verify and zero_d_rank0 and 0 in files and files[0] is not mine:
         files[0].verify(zero_d_rank0)
 
-    rounded = [k for k, local, src in plan if src.dtype == torch.float32 and local.dtype == torch.bfloat16]
+    rounded = [k for k, local, src, _ in plan if src.dtype == torch.float32 and local.dtype == torch.bfloat16]
     if rounded:
         warnings.warn("bfshard.torch.load: %d float32 tensor(s) of the checkpoint (e.g. %s) go into bfloat16 tensors of "
                       "the model, rounded as dcp.load rounds them; the model keeps them in float32 upstream "
                       "(_keep_in_fp32_modules_strict): build it so (README, 'Load the dcp output')"
                       % (len(rounded), rounded[0]), stacklevel=2)
-    nbytes = 0
+    fast, slow = _direct(plan)
+    nread = 0
+    nthreads = _threads(threads)
+    bump = getattr(getattr(torch.autograd, "graph", None), "increment_version", None)
+    for f, ranges, written in fast:
+        _read_ranges(f.path, ranges, nthreads)
+        try:
+            st = os.stat(f.path)
+        except OSError as e:
+            raise LoadError("%s: %s, after it was read" % (f.path, e.strerror)) from None
+        if (st.st_dev, st.st_ino) != f.ident:  # replaced (renamed over) since it was checked
+            raise LoadError("%s: replaced by another file while it was being loaded; load again" % f.path)
+        nread += sum(n for _, n, _ in ranges)
+        if bump is not None:  # written in place behind autograd's back: as copy_ would, bump their version
+            for t in written:
+                if not t.is_inference():  # those have no version counter
+                    bump(t)
     with torch.no_grad():
-        for k, local, src in plan:
+        for k, local, src, _ in slow:
             local.copy_(src)
-            nbytes += src.numel() * src.element_size()
+    nbytes = sum(src.numel() * src.element_size() for _, _, src, _ in plan)
     return LoadResult(own, W, len(plan), nbytes, [f.path for f in files.values()],
-                      unexpected if not strict else [], time.time() - t0)
+                      unexpected if not strict else [], time.time() - t0, nread)

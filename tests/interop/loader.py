@@ -21,7 +21,9 @@ WORK/pypkg, so what is tested is this tree's code, not an installed copy.
      model keeps its sentinel): a wrong W, a replicated placement, a tensor in the model and not
      in the checkpoint, a rank file without one of its tensors, a tensor in the checkpoint and
      not in the model (strict; strict=False loads), a truncated rank file; verify=True passes on
-     a good output and names the header of a rewritten rank file.
+     a good output and names the header of a rewritten rank file; a rank file truncated after
+     the checks, as the reads begin, is one line naming it and the offset where it ends.
+     The comparisons also check that the bytes came through the pread path (LoadResult.bytes_read).
 Prints PASS/FAIL lines; exits 1 when any check fails.
 """
 import argparse
@@ -233,12 +235,28 @@ def _run_job(job, mesh, rank, shard_rank):
         if lr.rank != shard_rank or lr.tensors == 0:
             res["msg"] = "LoadResult %r" % (lr,)
             return res
-        res.update(ok=True, msg="%d tensors, %d bytes, files %s" % (lr.tensors, lr.bytes, opened))
+        # the read path: a model built in bfloat16 on the CPU takes its bytes by pread (bytes_read)
+        # but for the casts and 0-d tensors; a .zst-only output, none
+        if job.get("zst_only") and lr.bytes_read != 0 or not job.get("zst_only") and job["model"] == "transformers" \
+                and not (0.5 * lr.bytes < lr.bytes_read <= lr.bytes):
+            res["msg"] = "bytes_read %d of %d bytes: not the pread path%s" % (
+                lr.bytes_read, lr.bytes, " (a .zst-only output has no file to read)" if job.get("zst_only") else "")
+            return res
+        res.update(ok=True, msg="%d tensors, %d bytes (%d by pread), files %s" % (
+            lr.tensors, lr.bytes, lr.bytes_read, opened))
         return res
     # an error case: the expected message for this rank, or a clean load
     want = job["expect"].get(str(shard_rank), job["expect"].get("*"))
     m = _build(job, mesh)
     _fill(m, SENTINEL_BFS)
+    read_ranges = bt._read_ranges
+    if job.get("truncate_at_read"):
+        # the rank file loses its second half after every check passed, as the reads begin
+        def cut(path, ranges, threads):
+            if os.path.basename(path) == job["truncate_at_read"]:
+                os.truncate(path, sorted(o for o, _, _ in ranges)[len(ranges) // 2] + 1)
+            return read_ranges(path, ranges, threads)
+        bt._read_ranges = cut
     try:
         lr = bt.load(m, job["dir"], verify=job.get("verify", False), strict=job.get("strict", True))
     except bfshard.Error as e:
@@ -250,11 +268,13 @@ def _run_job(job, mesh, rank, shard_rank):
             res["msg"] = "message %r lacks %r (or is not one line)" % (msg, want["has"])
         elif want.get("type") and type(e).__name__ != want["type"]:
             res["msg"] = "%s, not %s: %s" % (type(e).__name__, want["type"], msg)
-        elif not _untouched(m, SENTINEL_BFS):
+        elif not job.get("truncate_at_read") and not _untouched(m, SENTINEL_BFS):
             res["msg"] = "the model was written before the error: " + msg
         else:
             res["ok"] = True
         return res
+    finally:
+        bt._read_ranges = read_ranges
     if want is not None:
         res["msg"] = "no error (wanted one with %r)" % (want["has"],)
         return res
@@ -428,6 +448,34 @@ def check_api_errors(out2, bfshard_bin, work):
     bt.rank_state_dict(flip, 0)  # without verify: not checked (mmapped, nothing read)
 
 
+def check_read_split():
+    """load()'s split of its copies: pread straight into contiguous CPU shards of the file's dtype;
+    copy_ for a cast, a strided or 0-d shard, the second name of a tied weight (its first is read),
+    and shards whose memory partly overlaps (all of them, in the model's order)."""
+    import torch
+    import bfshard.torch as bt
+
+    class F:
+        from_zst, data_start, path = None, 1000, "rank.safetensors"
+        entries = {}
+    f = F()
+    buf, f32, sq = torch.zeros(100, dtype=torch.bfloat16), torch.zeros(10), torch.zeros(10, 10, dtype=torch.bfloat16)
+    cases = [("A", buf[0:10], "BF16"), ("B", buf[0:10], "BF16"), ("C", buf[20:30], "BF16"), ("D", buf[25:35], "BF16"),
+             ("E", f32, "BF16"), ("F", sq.t(), "BF16"), ("G", torch.zeros((), dtype=torch.bfloat16), "BF16"),
+             ("H", buf[40:50], "BF16")]
+    plan = []
+    for i, (k, local, dt) in enumerate(cases):
+        f.entries[k] = (dt, tuple(local.shape), 64 * i, 64 * i + local.numel() * 2)
+        src = torch.zeros(local.shape, dtype=torch.bfloat16)
+        plan.append((k, local, src, f))
+    fast, slow = bt._direct(plan)
+    want_fast = [(1000, 20, buf[0:10].data_ptr()), (1000 + 64 * 7, 20, buf[40:50].data_ptr())]
+    got_fast = fast[0][1] if len(fast) == 1 else None
+    ok = got_fast == want_fast and [p[0] for p in slow] == ["B", "C", "D", "E", "F", "G"]
+    record("load()'s split: pread for contiguous CPU shards of the file's dtype, copy_ for the rest", ok,
+           "fast %r, slow %r" % (got_fast, [p[0] for p in slow]))
+
+
 def check_no_torch(pypath):
     code = ("import sys; sys.modules['torch'] = None\n"
             "import bfshard\n"
@@ -519,6 +567,7 @@ def main():
 
     # ---- 1. in this process
     check_no_torch(pypath)
+    check_read_split()
     check_rank_state_dicts(outs, zst_ref)
     if out2:
         check_api_errors(out2, bfshard_bin, work)
@@ -553,6 +602,9 @@ def main():
         shutil.rmtree(trunc, ignore_errors=True)
         shutil.copytree(d2, trunc)
         os.truncate(rank_file(trunc, 1), os.path.getsize(rank_file(trunc, 1)) - 64)
+        trunc_read = os.path.join(work, "%s.w2-truncated-at-read" % base)
+        shutil.rmtree(trunc_read, ignore_errors=True)
+        shutil.copytree(d2, trunc_read)
         dropped = os.path.join(work, "%s.w2-dropped" % base)
         shutil.rmtree(dropped, ignore_errors=True)
         shutil.copytree(d2, dropped)
@@ -574,12 +626,16 @@ def main():
                  unexpected="model.norm.weight", what="the same with strict=False -> loads, LoadResult.unexpected"),
             dict(cfg, id="truncated", dir=trunc, what="rank 1's file truncated -> rank 1: one-line error",
                  expect={"1": {"has": ["truncated", os.path.basename(rank_file(trunc, 1))]}}),
+            dict(cfg, id="truncated at read", dir=trunc_read, truncate_at_read=os.path.basename(rank_file(trunc_read, 1)),
+                 what="rank 1's file truncated after the checks, as the reads begin -> rank 1: one-line error",
+                 expect={"1": {"has": ["truncated", "the file ends at offset",
+                                       os.path.basename(rank_file(trunc_read, 1))]}}),
         ]
         if parts:
             ej.append(dict(cmp_job(base, 2), id="%s.w2 parts" % base, dir=parts,
                            what="a conversion in 2 parts, not merged == dcp.load of the whole run"))
         if zst:
-            ej.append(dict(cmp_job(base, 2), id="%s.w2 .zst only" % base, dir=zst,
+            ej.append(dict(cmp_job(base, 2), id="%s.w2 .zst only" % base, dir=zst, zst_only=True,
                            what=".zst copies only (compress --rm) == dcp.load of the rank files"))
         wrong_w = dict(cfg, id="wrong W", dir=d2, what="a W=2 output into a W=3 mesh -> one-line error",
                        expect={"*": {"has": ["world_size=2", "3 ranks"]}})
