@@ -196,6 +196,26 @@ static void auto_map_file_missing_warned(void **s)
     free(tmp);
 }
 
+/* an input given as one weights file: of its folder (which may be ~/Downloads) only a model's
+ * own files are copied; anything else is skipped, said in the log and the manifest */
+static void one_file_input_copies_model_files_only(void **s)
+{
+    (void)s;
+    char *tmp = tu_tmpdir("side");
+    char args[8192], err[8192];
+    assert_int_equal(tu_sh("cp -r " KIMI " '%s/in' && cd '%s/in' && echo private > notes.txt && echo x > invoice.csv",
+                           tmp, tmp), 0);
+    snprintf(args, sizeof args, "convert %s/in/model.safetensors %s/out --device cpu", tmp, tmp);
+    assert_int_equal(tu_cli(NULL, args, err, sizeof err), 0);
+    for (size_t i = 0; i < sizeof kimi_side / sizeof *kimi_side && kimi_side[i]; i++)
+        assert_int_equal(tu_sh("cmp -s '%s/in/%s' '%s/out/%s'", tmp, kimi_side[i], tmp, kimi_side[i]), 0);
+    assert_int_not_equal(tu_sh("test -e '%s/out/notes.txt' || test -e '%s/out/invoice.csv'", tmp, tmp), 0);
+    assert_non_null(strstr(err, "notes.txt: not copied: the input is one weights file"));
+    assert_int_equal(tu_sh("grep -q '\"invoice.csv\"' '%s/out/bfshard.manifest.json'", tmp), 0);
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
 /* a Hugging Face cache snapshot: its files are links into the repo's blobs/; links out of
  * them (elsewhere, another repo's blobs) are not followed */
 static void hf_cache_links_into_blobs(void **s)
@@ -231,6 +251,7 @@ int main(void)
         cmocka_unit_test(hostile_folder_skipped),
         cmocka_unit_test(auto_map_file_missing_warned),
         cmocka_unit_test(hf_cache_links_into_blobs),
+        cmocka_unit_test(one_file_input_copies_model_files_only),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

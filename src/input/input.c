@@ -637,6 +637,7 @@ int bfs__input_open(const char *path, bfs_input **out)
         if (!tmp)
             BFS_FAIL(BFS_ENOMEM, "out of memory");
         in->root = bfs__strdup(dirname(tmp));
+        in->one_file = true;
         free(tmp);
         tmp = bfs__strdup(path);
         names = calloc(1, sizeof *names);

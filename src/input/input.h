@@ -30,6 +30,7 @@ typedef struct bfs_raw {
 
 typedef struct bfs_input {
     char *root;         /* directory holding the files (for config.json etc.) */
+    bool one_file;      /* the input was one weights file: its folder need not be a checkpoint's */
     int nfiles;
     bfs_infile *files;
     size_t nraw;

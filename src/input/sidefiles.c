@@ -36,6 +36,7 @@
 #define BFS_WHY_WEIGHTS "weights in a format bfshard does not write, or not read by this conversion"
 #define BFS_WHY_ARCHIVE "an archive"
 #define BFS_WHY_INDEX "an index of weights files bfshard does not write"
+#define BFS_WHY_NOTMODEL "the input is one weights file: of its folder only a model's own files are copied (tokenizer, generation config, chat template, license, model card, remote code)"
 
 static bool bfs__ends_ci(const char *s, const char *sfx)
 {
@@ -55,6 +56,21 @@ static bool bfs__name_ok(const char *name)
 }
 
 /* why a regular file (by its name) is not copied, or NULL */
+/* Whether name is one of a model repository's own files: what is copied from the folder of an
+ * input given as one weights file (a folder such as ~/Downloads holds other people's files too) */
+static bool bfs__model_file(const char *name)
+{
+    static const char *const prefix[] = {"tokenizer", "tokenization_", "special_tokens_map", "added_tokens",
+                                         "vocab.", "merges.txt", "generation_config", "chat_template",
+                                         "preprocessor_config", "processor_config", "spiece.model", "tiktoken.",
+                                         "configuration_", "modeling_", "LICENSE", "LICENCE", "NOTICE", "README",
+                                         "USE_POLICY", "COPYING"};
+    for (size_t i = 0; i < sizeof prefix / sizeof *prefix; i++)
+        if (strncasecmp(name, prefix[i], strlen(prefix[i])) == 0)
+            return true;
+    return bfs__ends_ci(name, ".tiktoken");
+}
+
 static const char *bfs__why_name(const char *name)
 {
     static const char *const weights[] = {".safetensors", ".bin", ".pth", ".pt", ".ckpt", ".gguf", ".ggml", ".h5",
@@ -166,6 +182,10 @@ static void bfs__side_classify(int dfd, int bfd, const bfs_input *in, const char
     }
     if ((s->why = bfs__why_name(name)) != NULL)
         return;
+    if (in->one_file && !bfs__model_file(name)) {
+        s->why = BFS_WHY_NOTMODEL;
+        return;
+    }
     if (S_ISLNK(st.st_mode)) {
         if (bfd < 0) {
             s->why = BFS_WHY_LINK;
