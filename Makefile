@@ -141,7 +141,8 @@ test: all $(TEST_BIN)
 	@scripts/run-tests.sh $(BUILD) $(TEST_BIN); rc=$$?; \
 	 $(MAKE) --no-print-directory check-layers || rc=1; \
 	 $(MAKE) --no-print-directory check-docs || rc=1; \
-	 $(MAKE) --no-print-directory check-cuda-exact || rc=1; exit $$rc
+	 $(MAKE) --no-print-directory check-cuda-exact || rc=1; \
+	 $(MAKE) --no-print-directory check-cuda-dev || rc=1; exit $$rc
 
 # the one-way layers of src/ and kernels/ (dev/layers/order), no cycle between
 # files, no file over 800 lines nor function over 150, derived from the code and the
@@ -327,9 +328,18 @@ ifeq ($(HAVE_CUDA),1)
 check-cuda-exact: $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
 	@python3 dev/cuda/exactness.py --build $(BUILD) --nvcc $(NVCC) --archs "$(CU_ARCHS)" \
 	    --flags "-O2 -std=c++17 -Iinclude $(EXTRA_NVFLAGS) $(NVFLAGS_EXACT)" $(CU_SRC)
+# dev/cuda/build.sh, which gpu-check.sh runs on a GPU machine: its own link of the kernels and
+# the CUDA backend (its kernel list held to kernels/*.cu, the library files they need)
+.PHONY: check-cuda-dev
+check-cuda-dev:
+	@dev/cuda/build.sh link > $(BUILD)/check-cuda-dev.log 2>&1 || \
+	    { tail -20 $(BUILD)/check-cuda-dev.log; echo "FAILED: dev/cuda/build.sh link"; exit 1; }
+	@echo "check-cuda-dev: dev/cuda/build.sh link: kernels and backend link, 0 devices reported"
 else
 check-cuda-exact:
 	@echo "check-cuda-exact: SKIP: no nvcc (a build without CUDA has no device code)"
+check-cuda-dev:
+	@echo "check-cuda-dev: SKIP: no nvcc"
 endif
 
 # ---- the CUDA backend under the emulated runtime (no GPU needed): `make test-cuda-emu`

@@ -19,18 +19,24 @@ CFLAGS="-std=c11 -O2 -g -Wall -Wextra -Wshadow -Wno-unused-parameter -ffp-contra
 NVFLAGS="-O2 -std=c++17 --fmad=false -ftz=false -prec-div=true -prec-sqrt=true -Xcompiler -fno-fast-math,-ffp-contract=off -Iinclude \
  -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90"
 
-# The few library files the CUDA backend needs besides itself: errors, dtypes.
+# The few library files the CUDA backend needs besides itself: errors (and the escaping of
+# their messages), dtypes.
 lib_support() {
     gcc $CFLAGS -c src/base/error.c -o $O/error.o
+    gcc $CFLAGS -c src/base/escape.c -o $O/escape.o
     gcc $CFLAGS -c src/base/util.c -o $O/util.o
 }
-SUPPORT="$O/error.o $O/util.o -ljansson"
-# The CUDA backend's files (src/backend/backend_cuda*.c but the stub) and the kernels
-# (kernels/*.cu), taken from the tree as the Makefile takes them, so that a new kernel or
-# backend file cannot be left out of these links.
+SUPPORT="$O/error.o $O/escape.o $O/util.o -ljansson"
+# The CUDA backend's files (src/backend/backend_cuda*.c but the stub) taken from the tree as
+# the Makefile takes them; the kernels listed, and the list held to kernels/*.cu, so that a
+# new kernel cannot be left out of these links.
 names() { for f in "$@"; do if [ -f "$f" ]; then basename "$f" ".${f##*.}"; fi; done; }
 BACKEND=$(names src/backend/backend_cuda*.c | grep -vx backend_cuda_stub)
-KERNELS=$(names kernels/*.cu)
+KERNELS="bnb4 cast ctmx fp8 int4 mxfp4 nvfp4 woq"
+if [ "$(echo $KERNELS)" != "$(echo $(names kernels/*.cu))" ]; then
+    echo "dev/cuda/build.sh: KERNELS ($KERNELS) is not kernels/*.cu ($(echo $(names kernels/*.cu)))" >&2
+    exit 1
+fi
 # the CPU kernels for the emulated test's reference, by instruction set as in the Makefile
 KCPU=$(names kernels/cpu_scalar.c kernels/cpu_dispatch.c)
 KAVX2=$(names kernels/cpu_avx2*.c)
