@@ -23,25 +23,11 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def stage(root, build):
-    top = tempfile.mkdtemp(prefix="bfshard-load-pkg-")
-    pkg = os.path.join(top, "bfshard")
-    os.makedirs(os.path.join(pkg, "bin"))
-    src = os.path.join(root, "python", "bfshard")
-    for f in os.listdir(src):
-        if f.endswith(".py"):
-            os.symlink(os.path.join(src, f), os.path.join(pkg, f))
-    native = os.path.join(build, "python")
-    with open(os.path.join(native, "bundle.txt")) as fh:
-        for f in fh.read().split():
-            os.symlink(os.path.join(native, f), os.path.join(pkg, f))
-    return top
+sys.path.insert(0, HERE)
+from loader_bench import stage  # noqa: E402
 
 
 def load_avg():
@@ -151,7 +137,7 @@ def main():
     staged = []
     for spec in a.pkg or [os.path.dirname(HERE)]:
         root, _, build = spec.partition(":")
-        staged.append((root, stage(os.path.abspath(root), os.path.abspath(build or os.path.join(root, "build")))))
+        staged.append((root, stage(os.path.abspath(build or os.path.join(root, "build")), os.path.abspath(root))))
     for rnd in range(a.rounds):
         if a.floor:
             before = load_avg()

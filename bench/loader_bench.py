@@ -42,16 +42,17 @@ def hwm_mb():
     return float("nan")
 
 
-def stage(build):
-    """A bfshard package dir for sys.path: this checkout's python/bfshard + BUILD/python."""
+def stage(build, root=ROOT):
+    """A bfshard package dir for sys.path: root's python/bfshard (this checkout's by default) +
+    BUILD/python."""
     native = os.path.join(build, "python")
     if not os.path.isfile(os.path.join(native, "_libbfshard.so")):
-        subprocess.run(["make", "-C", ROOT, "BUILD=" + build, "python-native"], check=True,
+        subprocess.run(["make", "-C", root, "BUILD=" + build, "python-native"], check=True,
                        stdout=subprocess.DEVNULL)
     top = tempfile.mkdtemp(prefix="bfshard-bench-pkg-")
     pkg = os.path.join(top, "bfshard")
     os.makedirs(os.path.join(pkg, "bin"))
-    src = os.path.join(ROOT, "python", "bfshard")
+    src = os.path.join(root, "python", "bfshard")
     for f in os.listdir(src):
         if f.endswith(".py"):
             os.symlink(os.path.join(src, f), os.path.join(pkg, f))
