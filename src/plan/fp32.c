@@ -105,19 +105,17 @@ static int bfs__f32_table_ok(void)
     return 0;
 }
 
-int bfs__fp32_key(const char *model_type, const char *key, const char **why, const char **pat)
+/* row r's first pattern found in the model's name of checkpoint key `key`: 1 (*why, *pat set), 0,
+ * or a negative error */
+static int bfs__f32_match(const bfs_f32row *r, const char *model_type, const char *key, const char **why,
+                          const char **pat)
 {
-    const bfs_f32row *r = bfs__f32row_of(model_type);
-    *why = *pat = NULL;
-    if (!r)
-        return 0;
-    int rc = bfs__f32_table_ok();
-    if (rc < 0)
-        return rc;
     char *name = NULL;
     uint64_t e;
     int member;
-    if ((rc = bfs__names_key(model_type, key, &name, &e, &member)) < 0)
+    const int rc = bfs__names_key(model_type, key, &name, &e, &member);
+    *why = *pat = NULL;
+    if (rc < 0)
         return rc;
     for (const char *const *p = r->pats; *p && !*pat; p++)
         if (bfs__glob_search(*p, name)) {
@@ -128,16 +126,24 @@ int bfs__fp32_key(const char *model_type, const char *key, const char **why, con
     return *pat != NULL;
 }
 
-const char *bfs__fp32_rule(const char *model_type)
+int bfs__fp32_key(const char *model_type, const char *key, const char **why, const char **pat)
 {
     const bfs_f32row *r = bfs__f32row_of(model_type);
-    return r ? r->why : NULL;
+    *why = *pat = NULL;
+    if (!r)
+        return 0;
+    const int rc = bfs__f32_table_ok();
+    return rc < 0 ? rc : bfs__f32_match(r, model_type, key, why, pat);
 }
 
 int bfs__plan_fp32(bfs_plan *p, const char *model_type, bool keep_dtype)
 {
-    if (!bfs__f32row_of(model_type))
+    const bfs_f32row *r = bfs__f32row_of(model_type);
+    if (!r)
         return 0;
+    const int ok = bfs__f32_table_ok();
+    if (ok < 0)
+        return ok;
     for (size_t i = 0; i < p->nt; i++) {
         bfs_ltensor *t = &p->t[i];
         /* only a float tensor no format dequantizes: a quantized one is dequantized to BF16 as
@@ -148,7 +154,7 @@ int bfs__plan_fp32(bfs_plan *p, const char *model_type, bool keep_dtype)
             t->src_dtype != BFS_DT_BF16)
             continue;
         const char *why, *pat;
-        const int rc = bfs__fp32_key(model_type, t->name, &why, &pat);
+        const int rc = bfs__f32_match(r, model_type, t->name, &why, &pat);
         if (rc < 0)
             return rc;
         if (rc == 0)

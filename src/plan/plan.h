@@ -73,8 +73,6 @@ int bfs__plan_fp32(bfs_plan *p, const char *model_type, bool keep_dtype);
 /* Whether model_type's model keeps checkpoint tensor `key` in float32: 1 (*why: the class and
  * file:line, *pat: the pattern), 0, or a negative error. */
 int bfs__fp32_key(const char *model_type, const char *key, const char **why, const char **pat);
-/* model_type's float32 rule (the class and file:line), NULL when it keeps none. */
-const char *bfs__fp32_rule(const char *model_type);
 /* The plan's tensors written as stored for the model's float32 rule: their number, and one
  * line saying so and why into buf (the log, inspect). */
 size_t bfs__fp32_summary(const bfs_plan *p, char *buf, size_t cap);
