@@ -275,7 +275,8 @@ valgrind: all $(BUILD)/tests/test_safetensors
 # the Python path converts, 0 = all), CHECK=1 (bit-compare upstream and bfshard), RSS_LAYERS,
 # MEM_LAYERS (sizes for the predicted-peak-RSS check),
 # KEEP_DATA=0 (delete build/bench-data afterwards), BENCH_VENV (an existing venv to use),
-# SCALE_LAYERS (DeepSeek-V3-named layers of the 92k-tensor scale case, 0 skips), SCALE_WORLDS.
+# SCALE_LAYERS (DeepSeek-V3-named layers of the 92k-tensor scale case, 0 skips), SCALE_WORLDS,
+# LOAD_LAYERS (gpt-oss layers of the load case, 0 skips).
 LAYERS     ?= 2
 BNB_LAYERS ?= 2
 VOCAB      ?= 32000
@@ -290,6 +291,7 @@ KEEP_DATA  ?= 1
 TINY       ?= 200000
 SCALE_LAYERS ?= 61
 SCALE_WORLDS ?= 8,64,256
+LOAD_LAYERS ?= 1
 BENCH_VENV ?= $(BUILD)/bench-venv
 bench: all
 	@bench/setup.sh $(BENCH_VENV)
@@ -302,8 +304,20 @@ bench: all
 	$(BENCH_VENV)/bin/python bench/bench.py --build $(BUILD) --python $(BENCH_VENV)/bin/python \
 	    --layers $(LAYERS) --bnb-layers $(BNB_LAYERS) --vocab $(VOCAB) --world $(WORLD) --repeat $(REPEAT) \
 	    --py $(PY) --py-layers $(PY_LAYERS) --check $(CHECK) --rss-layers "$(RSS_LAYERS)" --mem-layers "$(MEM_LAYERS)" --keep-data $(KEEP_DATA) --tiny $(TINY) \
-	    --scale-layers $(SCALE_LAYERS) --scale-worlds "$(SCALE_WORLDS)" \
+	    --scale-layers $(SCALE_LAYERS) --scale-worlds "$(SCALE_WORLDS)" --load-layers $(LOAD_LAYERS) \
 	    --docs docs/bench-results.md --readme README.md
+
+# only the load case of make bench (bench/load_tmpfs.py): gpt-oss-shaped output (LOAD_LAYERS
+# layers) for W=2 on tmpfs read by the readinto floor, safetensors, fastsafetensors, Run:ai's
+# streamer and bfshard.torch.load, best of 2 rounds; then on disk from a cold cache vs dd. Writes
+# bench/out/load/ (`python3 bench/results_md.py --add bench/out/load/latest.json` puts its rows
+# beside the last full run's in docs/bench-results.md and README.md)
+.PHONY: bench-load
+bench-load: all
+	@bench/setup.sh $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python bench/bench.py --build $(BUILD) --python $(BENCH_VENV)/bin/python --out bench/out/load \
+	    --kernels 0 --layers 0 --bnb-layers 0 --fp8-layers 0 --py 0 --rss-layers "" --mem-layers "" --tiny 0 \
+	    --scale-layers 0 --partio-layers 0 --loader 0 --node 0 --load-layers $(LOAD_LAYERS)
 
 # only the node case of make bench (bench/node.py): W=8 and --layout hf to tmpfs against
 # nproc concurrent dd writers, median of 3 interleaved rounds, PASS at >= 0.6x

@@ -67,6 +67,13 @@ TARGETS = {
     # the whole node (bench/node.py): output on tmpfs, W=8 and --layout hf each >= 0.6x the
     # time of nproc concurrent dd writers of the same bytes (median of interleaved rounds)
     "node_vs_dd": 0.6,
+    # the load case (bench/load_tmpfs.py): W=2 rank files on tmpfs into a fresh FSDP2 model, best
+    # of the rounds: >= 0.9x the fresh-buffer readinto floor, faster than every peer loader that
+    # ran (safetensors, fastsafetensors' CPU path, Run:ai's streamer); from a cold page cache on
+    # disk >= 0.9x dd of the same files
+    "load_vs_floor": 0.9,
+    "load_vs_peers": 1.0,
+    "load_cold_vs_dd": 0.9,
 }
 # reported, not bars: near-linear thread scaling would be >= 0.8; the project's
 # own aim for many tiny tensors (--tiny) is >= 50k tensors/s end to end at W = 1 and 8;
@@ -101,6 +108,9 @@ TARGET_DESC = {"kernel_vs_memcpy": ">= %.1fx memcpy (best level, 1 thread)",
                "loader_w64_rss_mb": "load: peak RSS above its tensors <= %.0f MB",
                "loader_w256_vs_w64": "load: W=256 <= %.1fx W=64",
                "node_vs_dd": "tmpfs: >= %.1fx nproc dd writers",
+               "load_vs_floor": "load (tmpfs, W=2) >= %.1fx the readinto floor",
+               "load_vs_peers": "load (tmpfs, W=2) >= %.1fx the fastest peer loader",
+               "load_cold_vs_dd": "load (cold, disk) >= %.1fx dd",
                "tiny_tensors_per_s": "(info) tiny tensors, aim >= %.0f tensors/s"}
 
 
@@ -1114,6 +1124,18 @@ class Bench:
                 targ["loader_w64_rss_mb"] = [{"what": "W64", "ratio": (by[64]["load_peak_mb"] or 0) - by[64]["own_mb"]}]
                 if 256 in by and by[256].get("load_s"):
                     targ["loader_w256_vs_w64"] = [{"what": "W256/W64", "ratio": by[256]["load_s"] / by[64]["load_s"]}]
+        ld = R.get("load")
+        if ld:
+            import load_tmpfs
+            P("")
+            P(load_tmpfs.table(ld))
+            rt = ld.get("ratios") or {}
+            if "vs_floor" in rt:
+                targ["load_vs_floor"] = [{"what": "W2", "ratio": rt["vs_floor"]}]
+            if "vs_best_peer" in rt:
+                targ["load_vs_peers"] = [{"what": rt["best_peer"], "ratio": rt["vs_best_peer"]}]
+            if "cold_vs_dd" in rt:
+                targ["load_cold_vs_dd"] = [{"what": "W2", "ratio": rt["cold_vs_dd"]}]
         pio = R.get("partio")
         if pio and pio["rows"]:
             P("")
@@ -1166,6 +1188,30 @@ class Bench:
             P(f"note: {n}")
         return "\n".join(lines)
 
+    def loadcase(self):
+        """the load case (bench/load_tmpfs.py): gpt-oss-shaped output for W=2 on tmpfs, read by the
+        fresh-buffer floor, the peer loaders and bfshard.torch.load; and on disk from a cold cache vs dd"""
+        import load_tmpfs
+        from loader_bench import stage
+        a = self.a
+        d = self.dataset("gpt-oss", a.load_layers)
+        outs = [os.path.join(self.shm, "load-out")] + ([os.path.join(self.disk, "load-out")] if a.load_cold else [])
+        for out in outs:
+            r = timed(self.convert_cmd(d, out, world=2))
+            if r["rc"] != 0:
+                self.note(f"load: convert W=2 to {out} failed (rc {r['rc']})")
+                return
+        pypath = stage(self.build, ROOT)
+        try:
+            res = load_tmpfs.run(outs[0], python=self.py, rounds=a.load_rounds, cold=outs[1] if a.load_cold else None,
+                                 pypath=pypath, log=log)
+        finally:
+            rmtree(pypath)
+            for out in outs:
+                rmtree(out)
+        res["layers"] = a.load_layers
+        self.res["load"] = res
+
     def node(self):
         """the node case (bench/node.py): W=8 and --layout hf to tmpfs vs nproc dd writers"""
         import node
@@ -1203,6 +1249,8 @@ class Bench:
                 self.loader()
             if a.node:
                 self.node()
+            if a.load_layers:
+                self.loadcase()
         finally:
             for d in self.shm_inputs:
                 rmtree(d)
@@ -1266,6 +1314,10 @@ def main():
     ap.add_argument("--node", type=int, default=1, help="0 skips the node case (bench/node.py)")
     ap.add_argument("--node-layers", type=int, default=2, help="gpt-oss layers of the node case")
     ap.add_argument("--node-rounds", type=int, default=3, help="interleaved rounds of the node case")
+    ap.add_argument("--load-layers", type=int, default=1,
+                    help="gpt-oss layers of the load case (bench/load_tmpfs.py; 0 skips)")
+    ap.add_argument("--load-rounds", type=int, default=2, help="rounds of the load case (best of)")
+    ap.add_argument("--load-cold", type=int, default=1, help="0 skips the load case's cold rounds (disk vs dd)")
     ap.add_argument("--kreps", type=int, default=5, help="threads_bench repetitions")
     ap.add_argument("--kb-reps", type=int, default=25, help="kernels_bench repetitions (best of)")
     ap.add_argument("--kb-runs", type=int, default=3, help="kernels_bench processes (the median one is held to the bar)")

@@ -6,6 +6,11 @@ with its results; the page and the README's table are generated, dated, and name
 and the command. Rerun on a saved run without benchmarking again:
 
     python3 bench/results_md.py [bench/out/latest.json] [--docs docs/bench-results.md] [--readme README.md]
+                                [--add bench/out/load/latest.json]...
+
+--add: the cases of another saved run (one case run alone, e.g. `make bench-load`) put beside
+the first run's, replacing its own of the same name; the page and the table say which cases come
+from which run, with that run's date, revision and load average.
 
 (the page's full report is then bench/out/latest.txt when it belongs to that run, else the
 JSON's summary is rebuilt). Standard library only.
@@ -25,7 +30,8 @@ BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 # the README's rows, in this order (the page lists every bar)
 README_KEYS = ("kernel_vs_memcpy", "disk_vs_dd", "vs_python_speed", "vs_python_rss", "rss_growth",
                "rss_predicted", "scale_w64_vs_w8", "parts_vs_whole", "merge_vs_whole",
-               "part_device_vs_share", "loader_w64_s", "loader_w64_rss_mb", "node_vs_dd")
+               "part_device_vs_share", "loader_w64_s", "loader_w64_rss_mb", "node_vs_dd", "load_vs_floor",
+               "load_vs_peers", "load_cold_vs_dd")
 # bench.py arguments that say where, not what: left out of the command shown
 PATH_ARGS = ("--build", "--python", "--data", "--disk-dir", "--shm", "--out", "--docs", "--readme")
 
@@ -85,7 +91,11 @@ def md_cell(s):
 
 
 def load_line(m):
-    return f"load average {m.get('loadavg_start')} at the start, {m.get('loadavg_end')} at the end"
+    s = f"load average {m.get('loadavg_start')} at the start, {m.get('loadavg_end')} at the end"
+    for x in m.get("added") or []:
+        s += (f"; the {', '.join(x['cases'])} case from a separate run on {(x.get('date') or '?')[:16]}, bfshard "
+              f"`{x.get('git', '?')}`, load average {x.get('loadavg_start')} at the start, {x.get('loadavg_end')} at the end")
+    return s
 
 
 def page(res, text):
@@ -164,13 +174,30 @@ def write(res, text, docs="", readme=""):
     return done
 
 
+# a saved run's sections that are not cases
+NOT_CASES = ("meta", "targets", "notes", "verdicts")
+
+
+def add_cases(res, other):
+    """other's measured cases into res (replacing res's of the same name); noted in res's meta"""
+    cases = [k for k, v in other.items() if k not in NOT_CASES and v]
+    for k in cases:
+        res[k] = other[k]
+    m = other.get("meta") or {}
+    res.setdefault("meta", {}).setdefault("added", []).append(
+        {"cases": cases, "date": m.get("date"), "git": m.get("git"), "loadavg_start": m.get("loadavg_start"),
+         "loadavg_end": m.get("loadavg_end")})
+    return cases
+
+
 def summary_text(res, latest_txt):
-    """latest.txt when it is this run's, else the summary rebuilt from the JSON."""
+    """latest.txt when it is this run's (and nothing was added to it), else the summary rebuilt from
+    the JSON (res's targets with it)."""
     date = (res.get("meta") or {}).get("date", "")
     try:
         with open(latest_txt) as f:
             t = f.read()
-        if date and date in t.split("\n", 1)[0]:
+        if date and date in t.split("\n", 1)[0] and not (res.get("meta") or {}).get("added"):
             return t
     except OSError:
         pass
@@ -180,7 +207,9 @@ def summary_text(res, latest_txt):
     b.a, b.res, b.nproc = a, copy.deepcopy(res), (res.get("meta") or {}).get("nproc", 1)
     b.res["targets"], b.res["notes"] = {}, []  # summarize() derives them again
     b.res["notes"] = list(res.get("notes") or [])
-    return b.summarize()
+    text = b.summarize()
+    res["targets"] = b.res["targets"]
+    return text
 
 
 def main():
@@ -188,10 +217,14 @@ def main():
     ap.add_argument("json", nargs="?", default=os.path.join(ROOT, "bench", "out", "latest.json"))
     ap.add_argument("--docs", default=os.path.join(ROOT, "docs", "bench-results.md"))
     ap.add_argument("--readme", default=os.path.join(ROOT, "README.md"))
+    ap.add_argument("--add", action="append", default=[], help="a saved run whose cases join the first's")
     a = ap.parse_args()
     import json
     with open(a.json) as f:
         res = json.load(f)
+    for path in a.add:
+        with open(path) as f:
+            print(f"{path}: the {', '.join(add_cases(res, json.load(f))) or 'no'} case(s)", file=sys.stderr)
     text = summary_text(res, os.path.join(os.path.dirname(a.json), "latest.txt"))
     for p in write(res, text, docs=a.docs, readme=a.readme):
         print(f"wrote {p}", file=sys.stderr)

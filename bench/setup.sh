@@ -1,6 +1,7 @@
 #!/bin/sh
 # `make bench` prerequisites: GNU time (/usr/bin/time -v, Debian package `time`) and a
-# Python venv with the upstream packages (bench/requirements.txt), created when missing.
+# Python venv with the upstream packages (bench/requirements.txt, and the load case's peer loaders,
+# bench/requirements-peers.txt), created when missing, updated when either list changes.
 #   bench/setup.sh VENV_DIR
 set -e
 VENV=${1:-build/bench-venv}
@@ -10,7 +11,9 @@ if [ ! -x /usr/bin/time ]; then
     echo "bench: installing GNU time (/usr/bin/time -v measures peak RSS)"
     $SUDO apt-get update -qq && $SUDO apt-get install -y -qq time
 fi
-if [ -f "$VENV/.bench-ready" ]; then
+# the stamp holds the requirements it was made from: a changed list installs again
+REQS="$(cat "$(dirname "$0")/requirements.txt" "$(dirname "$0")/requirements-peers.txt")"
+if [ -f "$VENV/.bench-ready" ] && [ "$(cat "$VENV/.bench-ready")" = "$REQS" ]; then
     exit 0
 fi
 echo "bench: creating $VENV from PyPI (torch, transformers, bitsandbytes, safetensors, numpy; a few minutes, once)"
@@ -20,4 +23,10 @@ if ! python3 -m venv "$VENV" 2>/dev/null; then
 fi
 "$VENV/bin/pip" install -q --disable-pip-version-check -r "$(dirname "$0")/requirements.txt"
 "$VENV/bin/python" -c "import torch, transformers, bitsandbytes, safetensors, numpy"
-touch "$VENV/.bench-ready"
+# the load case's peers, one by one: one that does not install is reported by the case as not run
+grep -v '^#' "$(dirname "$0")/requirements-peers.txt" | while read -r req; do
+    [ -n "$req" ] || continue
+    "$VENV/bin/pip" install -q --disable-pip-version-check "$req" \
+        || echo "bench: $req did not install: the load case reports it as not run"
+done
+printf '%s' "$REQS" > "$VENV/.bench-ready"
