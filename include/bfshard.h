@@ -144,7 +144,7 @@ void bfs_convert_result_init(bfs_convert_result *r);
 int bfs_convert(const char *input, const char *outdir, const bfs_convert_opts *o,
                 bfs_convert_result *res);
 
-/* Ask a running command (convert, verify, compress, decompress, extract) to stop at its
+/* Ask a running command (convert, verify, compress, decompress, extract; bfs_read_ranges) to stop at its
  * next unit, frame or block (async-signal-safe). It then removes its temporary files and
  * returns BFS_EINTR; no file is committed after it. bfs_convert clears it when it starts. */
 void bfs_cancel(void);
@@ -244,12 +244,15 @@ typedef struct bfs_range {
 
 /* Read ranges[0..n) of the file at path into their destinations. The ranges are cut into
  * pieces of up to 16 MiB that `threads` threads (0: one per online CPU, at most 16; never
- * more than there are pieces) take in file order; EINTR and short reads are retried.
+ * more than there are pieces) take in the array's order (pass them sorted by offset to read
+ * the file front to back); EINTR and short reads are retried. A range that follows the one
+ * before it both in the file and in memory is read with it, in the same pread.
  * BFS_EUSAGE: path NULL, ranges NULL with n > 0, a NULL dest with a length, or a range past
  * the largest file offset (offset + length overflows). BFS_EIO: the file cannot be opened or
  * a read fails; BFS_EINPUT: the file ends before a range does (truncated). The one-line
- * message names the file and the offset. On failure the destinations hold an unspecified
- * part of their bytes. Not interrupted by bfs_cancel(). */
+ * message names the file and the offset. bfs_cancel() stops it before its next pread:
+ * BFS_EINTR (it clears a cancel pending when it starts, as bfs_convert does). On failure
+ * the destinations hold an unspecified part of their bytes. */
 int bfs_read_ranges(const char *path, const bfs_range *ranges, size_t n, int threads);
 
 /* ---- compressed artifacts (seekable zstd) ------------------------------------

@@ -4,12 +4,17 @@
  * large (cut into pieces across threads), small and many (one piece holds several),
  * zero-length, out of file order and crossing the pieces' borders; refused arguments
  * (BFS_EUSAGE), a missing or non-regular file (BFS_EIO, BFS_EINPUT), and a file shorter
- * than a range (BFS_EINPUT, one line naming the file and the offset).
+ * than a range (BFS_EINPUT, one line naming the file and the offset); ranges laid end to end
+ * in the file and in memory (read together) land as the others do, and a file ending inside
+ * such a run names the range it ends in; bfs_cancel() stops a read (BFS_EINTR) and is cleared
+ * by the next one.
  */
 #include "testutil.h"
 
 #include "bfshard.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -165,6 +170,117 @@ static void short_file(void **state)
     free(b);
 }
 
+/* n ranges of the file from `from`, lengths 1..4097 bytes, end to end in the file and in one
+ * buffer (runs read by one pread), but for a gap in the file every 7th and in memory every
+ * 11th (runs cut); the buffer's bytes are checked against the file, its guards untouched */
+static void adjacent_runs(size_t n, uint64_t from, int threads)
+{
+    bfs_range *r = calloc(n, sizeof *r);
+    uint64_t *mem = calloc(n, sizeof *mem), off = from, at = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (i % 7 == 6)
+            off += 13; /* not file-adjacent to the one before */
+        if (i % 11 == 10)
+            at += 5; /* not memory-adjacent */
+        r[i].offset = off;
+        r[i].length = 1 + i * 37 % 4097;
+        mem[i] = at;
+        off += r[i].length;
+        at += r[i].length;
+    }
+    uint8_t *buf = malloc(at + 2 * GUARD);
+    memset(buf, 0xA5, at + 2 * GUARD);
+    for (size_t i = 0; i < n; i++)
+        r[i].dest = buf + GUARD + mem[i];
+    assert_int_equal(bfs_read_ranges(path, r, n, threads), 0);
+    for (size_t i = 0; i < n; i++) {
+        assert_memory_equal(buf + GUARD + mem[i], file + r[i].offset, r[i].length);
+        if (i + 1 < n) /* a memory gap keeps its filler */
+            for (uint64_t g = mem[i] + r[i].length; g < mem[i + 1]; g++)
+                assert_int_equal(buf[GUARD + g], 0xA5);
+    }
+    for (size_t g = 0; g < GUARD; g++) {
+        assert_int_equal(buf[g], 0xA5);
+        assert_int_equal(buf[GUARD + at + g], 0xA5);
+    }
+    free(buf);
+    free(mem);
+    free(r);
+}
+
+static void adjacent_ranges_read_together(void **state)
+{
+    for (int t = 1; t <= 4; t++) {
+        adjacent_runs(19000, 0, t);                  /* ~39 MB: runs across the pieces' borders */
+        adjacent_runs(300, (16u << 20) - 100000, t); /* one run through a border */
+    }
+}
+
+static void short_file_inside_a_run(void **state)
+{
+    /* three ranges end to end in the file and in memory, read as one run; the file ends in the second */
+    char p[4200];
+    snprintf(p, sizeof p, "%s/short-run.bin", dir);
+    assert_int_equal(tu_write_file(p, file, 1000), 0);
+    uint8_t b[1500];
+    bfs_range r[3] = {{.offset = 100, .length = 500, .dest = b},
+                      {.offset = 600, .length = 600, .dest = b + 500},
+                      {.offset = 1200, .length = 300, .dest = b + 1100}};
+    assert_int_equal(bfs_read_ranges(p, r, 3, 1), BFS_EINPUT);
+    assert_non_null(strstr(bfs_last_error(), "the file ends at offset 1000, inside the 600 bytes asked for at offset 600"));
+}
+
+static atomic_int stop_cancelling;
+
+static void *keep_cancelling(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&stop_cancelling)) {
+        bfs_cancel();
+        usleep(200);
+    }
+    return NULL;
+}
+
+static void cancelled_mid_read(void **state)
+{
+    /* many small ranges that are not adjacent (a pread each): a cancel from another thread,
+     * repeated, stops one of the reads with BFS_EINTR and one line naming the file; a read
+     * that finished first returns 0 with every byte in place */
+    enum { N = 20000 };
+    bfs_range *r = calloc(N, sizeof *r);
+    uint8_t *buf = malloc((size_t)N * 2048);
+    for (size_t i = 0; i < N; i++)
+        r[i] = (bfs_range){.offset = (uint64_t)i * 2000, .length = 1000, .dest = buf + i * 2048};
+    pthread_t t;
+    atomic_store(&stop_cancelling, 0);
+    assert_int_equal(pthread_create(&t, NULL, keep_cancelling, NULL), 0);
+    int interrupted = 0;
+    for (int k = 0; k < 2000 && !interrupted; k++) {
+        const int rc = bfs_read_ranges(path, r, N, 1 + k % 3);
+        if (rc == BFS_EINTR) {
+            interrupted = 1;
+            assert_non_null(strstr(bfs_last_error(), path));
+            assert_non_null(strstr(bfs_last_error(), "interrupted"));
+            assert_null(strchr(bfs_last_error(), '\n'));
+        } else {
+            assert_int_equal(rc, 0);
+            for (size_t i = 0; i < N; i += 97)
+                assert_memory_equal(buf + i * 2048, file + i * 2000, 1000);
+        }
+    }
+    atomic_store(&stop_cancelling, 1);
+    pthread_join(t, NULL);
+    assert_true(interrupted);
+    /* the cancel left pending is cleared by the next read, which reads everything */
+    bfs_cancel();
+    assert_int_equal(bfs_read_ranges(path, r, N, 2), 0);
+    for (size_t i = 0; i < N; i++)
+        assert_memory_equal(buf + i * 2048, file + i * 2000, 1000);
+    free(buf);
+    free(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -174,6 +290,9 @@ int main(void)
         cmocka_unit_test(refused_arguments),
         cmocka_unit_test(missing_and_odd_files),
         cmocka_unit_test(short_file),
+        cmocka_unit_test(adjacent_ranges_read_together),
+        cmocka_unit_test(short_file_inside_a_run),
+        cmocka_unit_test(cancelled_mid_read),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -2,7 +2,9 @@
  * threads (what bfshard.torch.load() reads a rank file with). The ranges are laid end to end
  * as one stream of bytes, cut into pieces of BFS_RR_PIECE; each thread takes the next piece
  * from an atomic counter, so large tensors are read by every thread at once and a piece
- * holding many small tensors is one thread's run of preads. */
+ * holding many small tensors is one thread's run of preads. Ranges laid end to end both in
+ * the file and in memory (small tensors of one buffer, in file order) are read by one pread.
+ * bfs_cancel() stops every thread before its next pread (BFS_EINTR). */
 #include "base/base.h"
 
 #include <errno.h>
@@ -30,12 +32,23 @@ typedef struct bfs_rr {
     bfs_errslot err;
 } bfs_rr;
 
-/* len bytes of range r from skip bytes into it */
-static int bfs__rr_read(const bfs_rr *rr, const bfs_range *r, uint64_t skip, uint64_t len)
+/* r's bytes follow q's both in the file and in memory: one pread reads the two */
+static bool bfs__rr_adjacent(const bfs_range *q, const bfs_range *r)
 {
+    return r->length > 0 && q->length > 0 && q->offset + q->length == r->offset &&
+           (const uint8_t *)q->dest + q->length == (const uint8_t *)r->dest;
+}
+
+/* len bytes from skip bytes into range i, running on into the ranges adjacent to it */
+static int bfs__rr_read(const bfs_rr *rr, size_t i, uint64_t skip, uint64_t len)
+{
+    const bfs_range *r = &rr->ranges[i];
     uint8_t *p = (uint8_t *)r->dest + skip;
     uint64_t off = r->offset + skip;
     while (len > 0) {
+        if (bfs__cancelled())
+            return bfs__err(BFS_EINTR, "%s: interrupted (cancelled) at offset %llu", rr->path,
+                            (unsigned long long)off);
         const size_t want = len > BFS_RR_MAX_PREAD ? BFS_RR_MAX_PREAD : (size_t)len;
         const ssize_t got = pread(rr->fd, p, want, (off_t)off);
         if (got < 0 && errno == EINTR)
@@ -43,10 +56,13 @@ static int bfs__rr_read(const bfs_rr *rr, const bfs_range *r, uint64_t skip, uin
         if (got < 0)
             return bfs__errno(BFS_EIO, errno, "%s: read of %zu bytes at offset %llu failed", rr->path, want,
                               (unsigned long long)off);
-        if (got == 0)
+        if (got == 0) {
+            while (r->offset + r->length <= off) /* the range of the run the file ends in */
+                r++;
             return bfs__err(BFS_EINPUT, "%s: the file ends at offset %llu, inside the %llu bytes asked for at offset "
                             "%llu (truncated?)", rr->path, (unsigned long long)off,
                             (unsigned long long)r->length, (unsigned long long)r->offset);
+        }
         p += got;
         off += (uint64_t)got;
         len -= (uint64_t)got;
@@ -66,10 +82,15 @@ static int bfs__rr_piece(const bfs_rr *rr, uint64_t a, uint64_t b)
             hi = mid;
     }
     for (size_t i = lo; a < b && i < rr->n; i++) {
-        const uint64_t end = rr->start[i + 1] < b ? rr->start[i + 1] : b;
+        uint64_t end = rr->start[i + 1] < b ? rr->start[i + 1] : b;
         if (end <= a)
             continue; /* a zero-length range */
-        const int rc = bfs__rr_read(rr, &rr->ranges[i], a - rr->start[i], end - a);
+        const size_t first = i; /* the run: ranges first..i, each adjacent to the one before */
+        while (end == rr->start[i + 1] && end < b && i + 1 < rr->n && bfs__rr_adjacent(&rr->ranges[i], &rr->ranges[i + 1])) {
+            i++;
+            end = rr->start[i + 1] < b ? rr->start[i + 1] : b;
+        }
+        const int rc = bfs__rr_read(rr, first, a - rr->start[first], end - a);
         if (rc < 0)
             return rc;
         a = end;
@@ -124,6 +145,7 @@ int bfs_read_ranges(const char *path, const bfs_range *ranges, size_t n, int thr
     int started = 0;
     bfs_rr rr = {.path = path, .fd = -1, .ranges = ranges, .n = n};
     bfs__err_clear();
+    bfs__cancel_reset(); /* a new read starts uncancelled, as a conversion does */
     bfs__errslot_init(&rr.err);
     if (path == NULL)
         return bfs__err(BFS_EUSAGE, "bfs_read_ranges: no path");
