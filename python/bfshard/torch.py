@@ -51,6 +51,7 @@ import shutil
 import stat
 import struct
 import tempfile
+import threading
 import time
 import warnings
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple, Union
@@ -551,12 +552,32 @@ def _upcast(file_dtype: str, dtype: "torch.dtype") -> bool:
 
 def _read_ranges(path: str, ranges: List[Tuple[int, int, int]], threads: int) -> None:
     """(file offset, length, destination address) of path, read by bfs_read_ranges (pread(2) from
-    `threads` threads, the GIL released); LoadError with its one line on failure."""
+    `threads` threads, the GIL released); LoadError with its one line on failure. On the main
+    thread the call runs on a helper thread, so that Ctrl-C (KeyboardInterrupt) is noticed: it
+    cancels the read (bfs_cancel) and is raised again once the reading threads have stopped."""
     lib = _bfs._c
     arr = (_bfs._lib.Range * len(ranges))(*[_bfs._lib.Range(o, n, d) for o, n, d in ranges])
-    rc = lib.bfs_read_ranges(os.fsencode(path), arr, len(ranges), threads)
+    out: List[Tuple[int, bytes]] = []
+
+    def work() -> None:
+        rc = lib.bfs_read_ranges(os.fsencode(path), arr, len(ranges), threads)
+        out.append((rc, (lib.bfs_last_error() or b"") if rc < 0 else b""))  # the message is per thread
+
+    if threading.current_thread() is not threading.main_thread():
+        work()
+    else:
+        t = threading.Thread(target=work, name="bfshard-read", daemon=True)
+        t.start()
+        try:
+            while t.is_alive():
+                t.join(0.1)
+        except BaseException:
+            lib.bfs_cancel()
+            t.join()
+            raise
+    rc, msg = out[0]
     if rc < 0:
-        raise LoadError((lib.bfs_last_error() or b"").decode(errors="replace").replace("\n", " ")
+        raise LoadError(msg.decode(errors="replace").replace("\n", " ")
                         or "%s: read failed (%s)" % (path, lib.bfs_err_name(rc).decode()))
 
 
@@ -599,6 +620,8 @@ def _direct(plan: List[Tuple[str, "torch.Tensor", "torch.Tensor", "_RankFile"]])
         got[1].append((f.data_start + b, e - b, local.data_ptr()))
         got[2].append(local)
     slow = sorted(set(slow) | demote)
+    for _, ranges, _ in fast.values():
+        ranges.sort()  # the file front to back; neighbours in the file and in memory are read together
     return list(fast.values()), [plan[i] for i in slow]
 
 
