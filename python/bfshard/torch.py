@@ -62,6 +62,7 @@ except ImportError as _e:  # pragma: no cover - the message is the point
     raise ImportError("bfshard.torch needs PyTorch (pip install torch); `import bfshard` alone does not") from _e
 
 import bfshard as _bfs
+from bfshard import _devring
 
 __all__ = ["load", "rank_state_dict", "rank_file_name", "LoadError", "LoadResult"]
 
@@ -581,48 +582,100 @@ def _read_ranges(path: str, ranges: List[Tuple[int, int, int]], threads: int) ->
                         or "%s: read failed (%s)" % (path, lib.bfs_err_name(rc).decode()))
 
 
-def _direct(plan: List[Tuple[str, "torch.Tensor", "torch.Tensor", "_RankFile"]]) -> Tuple[list, list]:
-    """Split the plan into what is read from the file straight into the model's memory, [(file,
-    [(offset, length, address)], [tensor])] in plan order, and what is copied from the mapping as before
-    (a cast, a destination not a contiguous CPU tensor, a 0-d tensor, a file only present as its
+def _direct(plan: List[Tuple[str, "torch.Tensor", "torch.Tensor", "_RankFile"]]) -> Tuple[list, list, list]:
+    """Split the plan into what is read from the file straight into the model's host memory,
+    [(file, [(offset, length, address)], [tensor])] by offset; what is read into CUDA shards
+    through the pinned ring, [(file, [(offset, length, tensor)])] by offset, one entry a file and
+    device; and what is copied from the mapping as before (a cast, a destination neither a
+    contiguous CPU nor a contiguous CUDA tensor, a 0-d tensor, a file only present as its
     compressed copy, a destination overlapping another's: those keep copy_'s order)."""
     cand, slow = [], []
     for i, (k, local, src, f) in enumerate(plan):
-        if (f.from_zst is None and local.device.type == "cpu" and local.dtype == src.dtype and local.dim() > 0
-                and local.is_contiguous() and local.numel() > 0):
+        if (f.from_zst is None and local.device.type in ("cpu", "cuda") and local.dtype == src.dtype
+                and local.dim() > 0 and local.is_contiguous() and local.numel() > 0):
             cand.append(i)
         else:
             slow.append(i)
     # destinations that overlap: the first in plan order of identical ones (a tied weight under two
     # names) is read, the others copied after it; partly overlapping ones are all copied, in order
-    spans = sorted((plan[i][1].data_ptr(), plan[i][1].numel() * plan[i][1].element_size(), i) for i in cand)
+    spans = sorted((str(plan[i][1].device), plan[i][1].data_ptr(), plan[i][1].numel() * plan[i][1].element_size(), i)
+                   for i in cand)
+    spans = [(a, n, (dev, i)) for dev, a, n, i in spans]
     demote = set()
     j = 0
     while j < len(spans):
         end, g = spans[j][0] + spans[j][1], [spans[j]]
-        while j + len(g) < len(spans) and spans[j + len(g)][0] < end:
+        while j + len(g) < len(spans) and spans[j + len(g)][0] < end and spans[j + len(g)][2][0] == g[0][2][0]:
             end = max(end, spans[j + len(g)][0] + spans[j + len(g)][1])
             g.append(spans[j + len(g)])
         if len(g) > 1:
             if all(s[:2] == g[0][:2] for s in g):
-                first = min(s[2] for s in g)
-                demote.update(s[2] for s in g if s[2] != first)
+                first = min(s[2][1] for s in g)
+                demote.update(s[2][1] for s in g if s[2][1] != first)
             else:
-                demote.update(s[2] for s in g)
+                demote.update(s[2][1] for s in g)
         j += len(g)
     fast: Dict[str, Tuple["_RankFile", List[Tuple[int, int, int]], List["torch.Tensor"]]] = {}
+    dev: Dict[Tuple[str, str], Tuple["_RankFile", List[Tuple[int, int, "torch.Tensor"]]]] = {}
     for i in cand:
         if i in demote:
             continue
         k, local, src, f = plan[i]
         _, _, b, e = f.entries[k]
+        if local.is_cuda:
+            dev.setdefault((f.path, str(local.device)), (f, []))[1].append((f.data_start + b, e - b, local))
+            continue
         got = fast.setdefault(f.path, (f, [], []))
         got[1].append((f.data_start + b, e - b, local.data_ptr()))
         got[2].append(local)
     slow = sorted(set(slow) | demote)
     for _, ranges, _ in fast.values():
         ranges.sort()  # the file front to back; neighbours in the file and in memory are read together
-    return list(fast.values()), [plan[i] for i in slow]
+    for _, items in dev.values():
+        items.sort(key=lambda x: x[0])
+    return list(fast.values()), list(dev.values()), [plan[i] for i in slow]
+
+
+def _to_device(path: str, items: List[Tuple[int, int, "torch.Tensor"]], threads: int, max_host_bytes: int) -> int:
+    """items (file offset, length, contiguous CUDA tensor of one device) read from path through
+    _devring's ring of pinned host buffers (at most max_host_bytes together): bfs_read_ranges
+    into a buffer while the buffers filled before are copied to the device on two streams."""
+    device = items[0][2].device
+    now = torch.cuda.current_stream(device)
+    streams = [torch.cuda.Stream(device=device) for _ in range(2)]
+    for s in streams:
+        s.wait_stream(now)  # whatever the model's stream still has queued on these shards goes first
+
+    def alloc(n: int) -> "torch.Tensor":
+        return torch.empty(n, dtype=torch.uint8, pin_memory=True)
+
+    def read_into(buf: "torch.Tensor", ranges: List[Tuple[int, int, int]]) -> None:
+        _read_ranges(path, [(o, n, buf.data_ptr() + b) for o, n, b in ranges], threads)
+
+    def copy_async(buf: "torch.Tensor", boff: int, n: int, dst: "torch.Tensor", doff: int, stream: Any) -> Any:
+        with torch.cuda.stream(stream):
+            dst[doff:doff + n].copy_(buf[boff:boff + n], non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record(stream)
+        return ev
+
+    with torch.no_grad():
+        moved = _devring.run([(o, n, t.view(-1).view(torch.uint8), 0) for o, n, t in items],
+                             max_host_bytes=max_host_bytes, streams=streams, alloc=alloc, read_into=read_into,
+                             copy_async=copy_async)
+    for s in streams:
+        now.wait_stream(s)
+    return moved
+
+
+def _same_file(f: "_RankFile") -> None:
+    """LoadError when f's path no longer names the file that was checked (renamed over while read)"""
+    try:
+        st = os.stat(f.path)
+    except OSError as e:
+        raise LoadError("%s: %s, after it was read" % (f.path, e.strerror)) from None
+    if (st.st_dev, st.st_ino) != f.ident:
+        raise LoadError("%s: replaced by another file while it was being loaded; load again" % f.path)
 
 
 def _threads(threads: int) -> int:
@@ -636,7 +689,7 @@ def _threads(threads: int) -> int:
 
 
 def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = True,
-         threads: int = 0) -> LoadResult:
+         threads: int = 0, max_host_bytes: int = 256 << 20) -> LoadResult:
     """Copy this rank's rows from bfshard's dcp output into a model sharded with FSDP2
     `fully_shard` (parameters: DTensor Shard(0) over a 1-D mesh of size W, or HSDP's 2-D mesh
     whose shard dimension has size W), in place (`p.to_local().copy_(...)`), no collectives.
@@ -651,7 +704,10 @@ def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = T
     the rank file straight into it with pread(2) by `threads` threads (0: one per CPU this
     process may run on, at most 16) in one call into the C library, the GIL released
     (LoadResult.bytes_read); the rest (casts, 0-d tensors, GPU or strided shards, a rank file
-    only present compressed) is copied from the file's mapping with copy_."""
+    only present compressed) is copied from the file's mapping with copy_. Local shards on a CUDA
+    device (contiguous, the file's dtype) are read into a ring of pinned host buffers of at most
+    `max_host_bytes` together and copied to the device asynchronously on two streams, reads and
+    copies overlapping (counted in bytes_read too)."""
     t0 = time.time()
     outdir = os.fspath(outdir)
     from torch.distributed.tensor import DTensor
@@ -833,23 +889,23 @@ def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = T
                       "the model, rounded as dcp.load rounds them; the model keeps them in float32 upstream "
                       "(_keep_in_fp32_modules_strict): build it so (README, 'Load the dcp output')"
                       % (len(rounded), rounded[0]), stacklevel=2)
-    fast, slow = _direct(plan)
+    if max_host_bytes < 1:
+        raise ValueError("max_host_bytes must be at least 1, not %r" % (max_host_bytes,))
+    fast, dev, slow = _direct(plan)
     nread = 0
     nthreads = _threads(threads)
     bump = getattr(getattr(torch.autograd, "graph", None), "increment_version", None)
     for f, ranges, written in fast:
         _read_ranges(f.path, ranges, nthreads)
-        try:
-            st = os.stat(f.path)
-        except OSError as e:
-            raise LoadError("%s: %s, after it was read" % (f.path, e.strerror)) from None
-        if (st.st_dev, st.st_ino) != f.ident:  # replaced (renamed over) since it was checked
-            raise LoadError("%s: replaced by another file while it was being loaded; load again" % f.path)
+        _same_file(f)
         nread += sum(n for _, n, _ in ranges)
         if bump is not None:  # written in place behind autograd's back: as copy_ would, bump their version
             for t in written:
                 if not t.is_inference():  # those have no version counter
                     bump(t)
+    for f, items in dev:
+        nread += _to_device(f.path, items, nthreads, max_host_bytes)
+        _same_file(f)
     with torch.no_grad():
         for k, local, src, _ in slow:
             local.copy_(src)

@@ -29,7 +29,8 @@ echo "   $(basename "$wheel")"
 "$tmp/venv-src/bin/python" - "$wheel" <<'EOF' || fail "wheel contents"
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
-need = ["bfshard/__init__.py", "bfshard/__main__.py", "bfshard/_lib.py", "bfshard/torch.py", "bfshard/_libbfshard.so",
+need = ["bfshard/__init__.py", "bfshard/__main__.py", "bfshard/_lib.py", "bfshard/torch.py", "bfshard/_devring.py",
+        "bfshard/_libbfshard.so",
         "bfshard/libjansson.so.4", "bfshard/libzstd.so.1", "bfshard/bin/bfshard"]
 missing = [n for n in need if n not in names]
 assert not missing, missing

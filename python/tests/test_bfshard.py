@@ -299,6 +299,144 @@ def test_torch_module():
         shutil.rmtree(d)
 
 
+class _FakeDevice:
+    """A device for bfshard._devring: a copy queued on a stream happens when an event after it
+    completes (query() now and then, synchronize() always), reading its host buffer then, as a
+    DMA does: a buffer refilled before its copies completed gives wrong bytes."""
+
+    def __init__(self, seed, fail_copy_at=None):
+        import random
+        self.rng = random.Random(seed)
+        self.queues = {}
+        self.copies = 0
+        self.fail_copy_at = fail_copy_at
+        self.streams_used = set()
+
+    def copy_async(self, buf, boff, n, dst, doff, stream):
+        if self.copies == self.fail_copy_at:
+            raise bfshard.Error(bfshard.EINPUT, "fake device: copy %d failed" % self.copies)
+        self.copies += 1
+        self.streams_used.add(stream)
+        ev = _FakeEvent(self, stream)
+        self.queues.setdefault(stream, []).append((buf, boff, n, dst, doff, ev))
+        return ev
+
+    def run_until(self, stream, ev):
+        q = self.queues.get(stream, [])
+        while not ev.done:
+            buf, boff, n, dst, doff, e = q.pop(0)
+            dst[doff:doff + n] = bytes(buf[boff:boff + n])
+            e.done = True
+
+    def pending(self):
+        return sum(len(q) for q in self.queues.values())
+
+
+class _FakeEvent:
+    def __init__(self, dev, stream):
+        self.dev, self.stream, self.done = dev, stream, False
+
+    def query(self):
+        if not self.done and self.dev.rng.random() < 0.3:
+            self.dev.run_until(self.stream, self)
+        return self.done
+
+    def synchronize(self):
+        self.dev.run_until(self.stream, self)
+
+
+def test_device_ring():
+    """bfshard._devring (the loader's path into GPU shards) on a fake device: every destination
+    byte equals the file's through a few host buffers reused on events, the buffers never above
+    max_host_bytes, fills spread over the streams and read in order; a read failing mid-way
+    (a truncated file, read by bfs_read_ranges) and a failing copy are raised once, one line,
+    after every queued copy was waited for."""
+    import ctypes
+    import random
+    from bfshard import _devring
+    d = tmpdir()
+    try:
+        path = os.path.join(d, "rank.bin")
+        data = random.Random(1).randbytes(3 << 20)
+        with open(path, "wb") as f:
+            f.write(data)
+        rng = random.Random(2)
+        # tensors: (file offset, length), some adjacent, some with gaps, one larger than a buffer
+        tensors, off = [], 100
+        while off < len(data) - 300000:
+            n = rng.choice((1, 7, 4096, 65536, 300000, 1 << 20))
+            n = min(n, len(data) - off)
+            tensors.append((off, n))
+            off += n + rng.choice((0, 0, 64, 1000))
+
+        def read_into(buf, ranges):
+            base = ctypes.addressof(buf)
+            arr = (_lib.Range * len(ranges))(*[_lib.Range(o, n, base + b) for o, n, b in ranges])
+            rc = bfshard._c.bfs_read_ranges(os.fsencode(path), arr, len(ranges), 2)
+            if rc < 0:
+                raise bfshard.Error(rc, bfshard._c.bfs_last_error().decode())
+            reads.append([o for o, _, _ in ranges])
+
+        for budget, seed in ((1 << 20, 3), (300000, 4), (5 << 20, 5), (65536, 6), (4096, 7)):
+            dsts = [bytearray(n) for _, n in tensors]
+            made = []
+
+            def alloc(n):
+                made.append(n)
+                assert sum(made) <= budget, (made, budget)
+                return (ctypes.c_ubyte * n)()
+
+            reads = []
+            dev = _FakeDevice(seed)
+            moved = _devring.run([(o, n, dsts[i], 0) for i, (o, n) in enumerate(tensors)], max_host_bytes=budget,
+                                 streams=["s0", "s1"], alloc=alloc, read_into=read_into, copy_async=dev.copy_async)
+            assert moved == sum(n for _, n in tensors)
+            assert dev.pending() == 0
+            for (o, n), dst in zip(tensors, dsts):
+                assert bytes(dst) == data[o:o + n], (budget, o, n)
+            flat = [o for r in reads for o in r]
+            assert flat == sorted(flat), "fills not read in file order"
+            if len(reads) > 1:
+                assert dev.streams_used == {"s0", "s1"}, dev.streams_used
+
+        # a read failing mid-way: the file cut after the checks
+        with open(path, "r+b") as f:
+            f.truncate(len(data) // 2)
+        for seed in range(3):
+            dsts = [bytearray(n) for _, n in tensors]
+            reads = []
+            dev = _FakeDevice(seed)
+            try:
+                _devring.run([(o, n, dsts[i], 0) for i, (o, n) in enumerate(tensors)], max_host_bytes=1 << 20,
+                             streams=["s0", "s1"], alloc=lambda n: (ctypes.c_ubyte * n)(), read_into=read_into,
+                             copy_async=dev.copy_async)
+                raise AssertionError("no error for a truncated file")
+            except bfshard.Error as e:
+                assert path in e.message and "the file ends at offset %d" % (len(data) // 2) in e.message, e.message
+                assert "\n" not in e.message
+            assert dev.pending() == 0, "returned with copies still queued from its buffers"
+        # a copy failing mid-way
+        with open(path, "wb") as f:
+            f.write(data)
+        dev = _FakeDevice(9, fail_copy_at=5)
+        reads = []
+        try:
+            _devring.run([(o, n, bytearray(n), 0) for o, n in tensors], max_host_bytes=1 << 20, streams=["s0", "s1"],
+                         alloc=lambda n: (ctypes.c_ubyte * n)(), read_into=read_into, copy_async=dev.copy_async)
+            raise AssertionError("no error for a failed copy")
+        except bfshard.Error as e:
+            assert "copy 5 failed" in e.message, e.message
+        assert dev.pending() == 0
+        # the buffers' plan: within the budget, two or more where it allows
+        for budget in (1, 1000, 1 << 20, 1 << 30, 1 << 40):
+            n, size = _devring.plan_buffers(budget, 10 << 30)
+            assert n * size <= budget and n >= 1 and size <= _devring.BUF_MAX, (budget, n, size)
+            assert budget < 2 or n >= 2, (budget, n, size)
+        assert _devring.plan_buffers(1 << 30, 0) == (0, 0)
+    finally:
+        shutil.rmtree(d)
+
+
 def main():
     tests = [(k, v) for k, v in sorted(globals().items()) if k.startswith("test_") and callable(v)]
     for name, fn in tests:

@@ -468,12 +468,78 @@ def check_read_split():
         f.entries[k] = (dt, tuple(local.shape), 64 * i, 64 * i + local.numel() * 2)
         src = torch.zeros(local.shape, dtype=torch.bfloat16)
         plan.append((k, local, src, f))
-    fast, slow = bt._direct(plan)
+    fast, dev, slow = bt._direct(plan)
     want_fast = [(1000, 20, buf[0:10].data_ptr()), (1000 + 64 * 7, 20, buf[40:50].data_ptr())]
     got_fast = fast[0][1] if len(fast) == 1 else None
-    ok = got_fast == want_fast and [p[0] for p in slow] == ["B", "C", "D", "E", "F", "G"]
+    ok = got_fast == want_fast and not dev and [p[0] for p in slow] == ["B", "C", "D", "E", "F", "G"]
     record("load()'s split: pread for contiguous CPU shards of the file's dtype, copy_ for the rest", ok,
            "fast %r, slow %r" % (got_fast, [p[0] for p in slow]))
+
+
+def check_device_glue(work):
+    """load()'s path into CUDA shards (bfshard.torch._to_device) with torch.cuda replaced by a
+    stand-in that copies at once (streams, events) and CPU tensors in place of the device's: the
+    ring's buffers (pinned: here plain) filled by bfs_read_ranges land in every shard, bit for bit,
+    for budgets below, at and above a shard's size; a file cut short is one line naming it."""
+    import contextlib
+    import torch
+    import bfshard.torch as bt
+
+    class Ev:
+        def record(self, stream=None):
+            pass
+
+        def query(self):
+            return True
+
+        def synchronize(self):
+            pass
+
+    class Stream:
+        def __init__(self, device=None):
+            pass
+
+        def wait_stream(self, other):
+            pass
+
+    path = os.path.join(work, "device-glue.bin")
+    data = torch.randint(0, 256, (3 << 20,), dtype=torch.uint8, generator=torch.Generator().manual_seed(5))
+    with open(path, "wb") as f:
+        f.write(data.numpy().tobytes())
+    shapes = [(1000, 513), (7,), (300, 17), (2048, 64), (1, 1)]
+    saved = (torch.cuda.current_stream, torch.cuda.Stream, torch.cuda.Event, torch.cuda.stream, torch.empty)
+    real_empty = torch.empty
+    torch.cuda.current_stream = lambda device=None: Stream()
+    torch.cuda.Stream, torch.cuda.Event = Stream, Ev
+    torch.cuda.stream = lambda s: contextlib.nullcontext()
+    torch.empty = lambda *a, pin_memory=False, **k: real_empty(*a, **k)
+    ok, why = True, ""
+    try:
+        for budget in (4096, 100000, 1 << 20, 64 << 20):
+            items, off = [], 17
+            for sh in shapes:
+                t = torch.zeros(sh, dtype=torch.bfloat16)
+                n = t.numel() * 2
+                items.append((off, n, t))
+                off += n + (0 if len(items) % 2 else 64)
+            moved = bt._to_device(path, items, 2, budget)
+            bad = [o for o, n, t in items if not torch.equal(t.view(-1).view(torch.uint8), data[o:o + n])]
+            if moved != sum(n for _, n, _ in items) or bad:
+                ok, why = False, "budget %d: moved %d, wrong bytes at offsets %s" % (budget, moved, bad)
+                break
+        if ok:
+            with open(path, "r+b") as f:
+                f.truncate(1 << 20)
+            try:
+                bt._to_device(path, items, 2, 100000)
+                ok, why = False, "no error for a file cut short"
+            except bt.LoadError as e:
+                ok = path in e.message and "the file ends at offset 1048576" in e.message and "\n" not in e.message
+                why = e.message
+    finally:
+        (torch.cuda.current_stream, torch.cuda.Stream, torch.cuda.Event, torch.cuda.stream, torch.empty) = saved
+    record("load()'s path into CUDA shards, its torch glue on a stand-in device: every byte through the pinned ring",
+           ok, why)
 
 
 def check_no_torch(pypath):
@@ -568,6 +634,7 @@ def main():
     # ---- 1. in this process
     check_no_torch(pypath)
     check_read_split()
+    check_device_glue(work)
     check_rank_state_dicts(outs, zst_ref)
     if out2:
         check_api_errors(out2, bfshard_bin, work)
