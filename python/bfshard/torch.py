@@ -26,8 +26,9 @@ are left alone, as `dcp.load` leaves them.
 
 Once the checks pass, each local shard that is a contiguous CPU tensor of the file's dtype gets
 its bytes read from the rank file straight into it (pread(2), several threads, one call into the
-C library: bfs_read_ranges); casts, 0-d tensors and other shards are copied from the mapping
-(docs/LOADING.md).
+C library: bfs_read_ranges); such a shard on a CUDA device is read into a ring of pinned host
+buffers (at most max_host_bytes together) and copied to it asynchronously (bfshard._devring);
+casts, 0-d tensors and other shards are copied from the mapping (docs/LOADING.md).
 
 The tensor names are matched as they are: whatever names the output has (packed MoE experts
 included) must be the model's state_dict names. Outputs with a version 1 manifest, and a
