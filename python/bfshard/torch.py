@@ -660,10 +660,14 @@ def _to_device(path: str, items: List[Tuple[int, int, "torch.Tensor"]], threads:
             ev.record(stream)
         return ev
 
-    with torch.no_grad():
-        moved = _devring.run([(o, n, t.view(-1).view(torch.uint8), 0) for o, n, t in items],
-                             max_host_bytes=max_host_bytes, streams=streams, alloc=alloc, read_into=read_into,
-                             copy_async=copy_async)
+    try:
+        with torch.no_grad():
+            moved = _devring.run([(o, n, t.view(-1).view(torch.uint8), 0) for o, n, t in items],
+                                 max_host_bytes=max_host_bytes, streams=streams, alloc=alloc, read_into=read_into,
+                                 copy_async=copy_async)
+    except RuntimeError as e:  # pinning or a copy failed (CUDA): one line, as a failed read is
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise LoadError("%s: loading into %s failed: %s" % (path, device, first)) from e
     for s in streams:
         now.wait_stream(s)
     return moved

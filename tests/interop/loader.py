@@ -480,7 +480,8 @@ def check_device_glue(work):
     """load()'s path into CUDA shards (bfshard.torch._to_device) with torch.cuda replaced by a
     stand-in that copies at once (streams, events) and CPU tensors in place of the device's: the
     ring's buffers (pinned: here plain) filled by bfs_read_ranges land in every shard, bit for bit,
-    for budgets below, at and above a shard's size; a file cut short is one line naming it."""
+    for budgets below, at and above a shard's size; a file cut short, or a copy failing, is one
+    line naming the file."""
     import contextlib
     import torch
     import bfshard.torch as bt
@@ -535,6 +536,16 @@ def check_device_glue(work):
                 ok, why = False, "no error for a file cut short"
             except bt.LoadError as e:
                 ok = path in e.message and "the file ends at offset 1048576" in e.message and "\n" not in e.message
+                why = e.message
+        if ok:  # a failing copy (a CUDA error): one line naming the file
+            def bad_record(self, stream=None):
+                raise RuntimeError("CUDA error: an illegal memory access was encountered\nCompile with ...")
+            Ev.record = bad_record
+            try:
+                bt._to_device(path, items[:1], 2, 100000)
+                ok, why = False, "no error for a failed copy"
+            except bt.LoadError as e:
+                ok = path in e.message and "illegal memory access" in e.message and "\n" not in e.message
                 why = e.message
     finally:
         (torch.cuda.current_stream, torch.cuda.Stream, torch.cuda.Event, torch.cuda.stream, torch.empty) = saved
