@@ -16,7 +16,7 @@ REQS="$(cat "$(dirname "$0")/requirements.txt" "$(dirname "$0")/requirements-pee
 if [ -f "$VENV/.bench-ready" ] && [ "$(cat "$VENV/.bench-ready")" = "$REQS" ]; then
     exit 0
 fi
-echo "bench: creating $VENV from PyPI (torch, transformers, bitsandbytes, safetensors, numpy; a few minutes, once)"
+echo "bench: installing bench/requirements.txt and requirements-peers.txt into $VENV from PyPI (a few minutes the first time)"
 if ! python3 -m venv "$VENV" 2>/dev/null; then
     $SUDO apt-get update -qq && $SUDO apt-get install -y -qq python3-venv
     python3 -m venv "$VENV"
