@@ -1211,6 +1211,9 @@ class Bench:
                 rmtree(out)
         res["layers"] = a.load_layers
         self.res["load"] = res
+        for k, v in res["readers"].items():
+            if v.get("error"):  # bfshard's own failure leaves its bars unmeasured: say so where it shows
+                self.note(f"load: {v['desc']} did not run: {v['error']}")
 
     def node(self):
         """the node case (bench/node.py): W=8 and --layout hf to tmpfs vs nproc dd writers"""
