@@ -162,18 +162,25 @@ typedef struct bfs_ttrow {
     const char *const *types;  /* config.json model_type values */
     const char *adapter;       /* the adapter's from_hf_map, torchtitan 0.3.0 file:line */
     const char *experts[4];    /* its per-expert keys, NULL-terminated */
+    const char *shard;         /* where its FSDP picks Shard(0) or Shard(1) for the experts */
+    const char *split;         /* where its adapter gives each rank its experts (W | E only) */
 } bfs_ttrow;
+
+#define BFS_TT_SHARD "torchtitan/distributed/fsdp.py:230"
+#define BFS_TT_SPLIT "torchtitan/models/utils.py:164"
 
 static const char *const bfs__tt_qwen3[] = {"qwen3_moe", NULL};
 static const char *const bfs__tt_dsv3[] = {"deepseek_v3", "kimi_k2", NULL};
 static const bfs_ttrow bfs__tt_rows[] = {
     {bfs__tt_qwen3, "torchtitan/models/qwen3/state_dict_adapter.py:48",
      {"model.layers.{}.mlp.experts.{}.gate_proj.weight", "model.layers.{}.mlp.experts.{}.up_proj.weight",
-      "model.layers.{}.mlp.experts.{}.down_proj.weight", NULL}},
+      "model.layers.{}.mlp.experts.{}.down_proj.weight", NULL},
+     BFS_TT_SHARD, BFS_TT_SPLIT},
     {bfs__tt_dsv3, "torchtitan/models/deepseek_v3/state_dict_adapter.py:46",
      {"model.layers.{}.mlp.experts.{}.gate_proj.weight", "model.layers.{}.mlp.experts.{}.up_proj.weight",
-      "model.layers.{}.mlp.experts.{}.down_proj.weight", NULL}},
-    {NULL, NULL, {NULL}},
+      "model.layers.{}.mlp.experts.{}.down_proj.weight", NULL},
+     BFS_TT_SHARD, BFS_TT_SPLIT},
+    {NULL, NULL, {NULL}, NULL, NULL},
 };
 
 /* name against a key with "{}" for a decimal number (at most 9 digits): the second number
@@ -248,7 +255,7 @@ int bfs__plan_torchtitan(bfs_plan *p, const char *model_type, int world_size)
         if (bfs__tt_expert(row, &p->t[i], &e)) {
             p->t[i].whole = true;
             p->t[i].whole_rank = (uint32_t)bfs__torchtitan_owner(e, E, W);
-            p->t[i].whole_why = "the rank torchtitan's FSDP gives its expert, docs/NAMES.md";
+            p->t[i].whole_why = "its expert's owner under torchtitan's FSDP, " BFS_TT_SHARD;
             p->tt_experts++;
         }
     return 0;

@@ -216,7 +216,7 @@ def judge(case, W, E, per_rank, names):
     if refuse:  # torchtitan 0.3.0 itself refuses: models/utils.py:164
         want = "cannot be evenly divided"
         ok = bool(errs) and all(want in e for e in errs)
-        lines.append(f"W={W} > 0 and W does not divide E={E}: torchtitan refuses, as expected" if ok
+        lines.append(f"W={W} <= E={E}, W does not divide E: torchtitan itself refuses, as expected" if ok
                      else f"W={W}, E={E}: expected torchtitan's '{want}' refusal, got: {(errs or ['a load'])[0][:300]}")
         return ok, lines
     if errs:
