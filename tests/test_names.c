@@ -10,7 +10,9 @@
  *     tensor's experts stacked, gate rows before up rows, each rank holding whole experts
  *     by torch.chunk; a renamed tensor byte for byte; nothing else in the files;
  *   - what is refused (an expert missing or twice, members of two shapes) and what is said
- *     (a per-expert checkpoint left under checkpoint names: log, inspect, manifest).
+ *     (a per-expert checkpoint left under checkpoint names: log, inspect, manifest);
+ *   - --names torchtitan: each expert whole in its owner's rank file (W <= E), else as
+ *     --names checkpoint, at W = 2, 3, 8 (torchtitan_placement).
  */
 #include "tu_st.h"
 #include "plan/plan.h"
@@ -454,6 +456,16 @@ static void torchtitan_placement(void **s)
         st_free(&rf);
         free(type);
     }
+    /* parts + merge give the bytes of one whole run; inspect says where the experts go */
+    assert_int_equal(tu_sh("%s convert %s %s/tw -w 3 --names torchtitan --device cpu -q", tu_bfshard(), in5, tmp), 0);
+    static const char *const parts[] = {"2", "0-1"};
+    for (size_t i = 0; i < 2; i++)
+        assert_int_equal(tu_sh("%s convert %s %s/tp -w 3 --names torchtitan --ranks %s --device cpu -q", tu_bfshard(), in5, tmp,
+                               parts[i]), 0);
+    assert_int_equal(tu_sh("%s merge %s/tp -q", tu_bfshard(), tmp), 0);
+    assert_int_equal(tu_sh("diff -r %s/tw %s/tp", tmp, tmp), 0);
+    assert_int_equal(tu_sh("%s inspect %s -w 3 --names torchtitan | grep -q '^names: .* 15 per-expert tensor(s) of 5 experts whole'",
+                           tu_bfshard(), in5), 0);
     tu_rmrf(tmp);
     free(tmp);
 }
