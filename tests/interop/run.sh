@@ -125,7 +125,7 @@ if [ -n "${INTEROP_ONLY:-}" ]; then
     for f in $(echo "$INTEROP_ONLY" | tr ',' ' '); do
         case "$f" in
             torchtitan) TT_RUN=2 ;;
-            fp8-block|ct-fp8-block|ct-moe-mixed|moe-dsv3-fp8)
+            fp8-block|ct-fp8-block|ct-moe-mixed|moe-dsv3-fp8|qwen3-moe-e6)
                 [ $TT_RUN -eq 2 ] || TT_RUN=1
                 TT_ONLY="${TT_ONLY:+$TT_ONLY,}$f" ;;
         esac

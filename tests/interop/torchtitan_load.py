@@ -2,8 +2,8 @@
 """torchtitan's own loader reads bfshard's --names torchtitan output (make interop).
 
 Run by tests/interop/run.sh in the interop venv (torchtitan 0.3.0, tests/interop/requirements-torchtitan.txt),
-on the CPU, offline. For every fixture whose model torchtitan has a state_dict adapter for, at
-W = 2, 3, 8: convert it with `bfshard convert --names torchtitan -w W`, then launch W gloo ranks
+on the CPU, offline. For every fixture whose model torchtitan has a state_dict adapter for, and a
+BF16 Qwen3-MoE of E = 6 made here (no fixture has E divisible by 3), at W = 2, 3, 8: convert it with `bfshard convert --names torchtitan -w W`, then launch W gloo ranks
 with torchrun. Each rank builds the torchtitan model of the fixture's config.json (a tiny
 flavor: the model family's own layer builders with the fixture's sizes) on the meta device,
 shards it with the family's parallelize function (FSDP2 over the W ranks, as torchtitan's
@@ -45,8 +45,45 @@ CASES = {
     "ct-fp8-block": "llama3",     # dense Llama, compressed-tensors FP8 block
     "ct-moe-mixed": "qwen3",      # Qwen3-MoE, per-expert, compressed-tensors INT4 + FP8
     "moe-dsv3-fp8": "deepseek_v3",  # DeepSeek-V3, FP8 block
+    "qwen3-moe-e6": "qwen3",      # made here (MADE): Qwen3-MoE, BF16, E = 6
 }
 WS = (2, 3, 8)
+# made here: no fixture has E divisible by 3, the one W <= E that torchtitan 0.3.0 loads at W = 3
+MADE = {"qwen3-moe-e6": ("ct-moe-mixed", 6)}
+
+
+def make_e6(fixtures, work, name):
+    """A BF16 Qwen3-MoE checkpoint of fixture src's sizes with E experts (seeded random values,
+    per-expert names as the Hub's): the W = 3 <= E case torchtitan loads (E = 6)"""
+    import torch
+    from safetensors.torch import save_file
+    sys.path.insert(0, HERE)
+    from interop import upstream_reference
+    src, E = MADE[name]
+    ref = upstream_reference(os.path.join(fixtures, src))
+    g = torch.Generator().manual_seed(6)
+    out = {}
+    for k, (t, _, _) in ref.items():
+        m = EXPERT_RE.search(k)
+        if m and m.group(1) != "0":
+            continue
+        if m:  # expert 0's shape for experts 0 .. E-1
+            for e in range(E):
+                out[k.replace(".experts.0.", f".experts.{e}.")] = torch.randn(t.shape, generator=g).to(torch.bfloat16)
+        elif k.endswith(".mlp.gate.weight"):  # the router: one row per expert
+            out[k] = torch.randn((E, t.shape[1]), generator=g).to(torch.bfloat16)
+        else:
+            out[k] = torch.randn(t.shape, generator=g).to(torch.bfloat16)
+    d = os.path.join(work, name)
+    os.makedirs(d)
+    save_file(out, os.path.join(d, "model.safetensors"))
+    with open(os.path.join(fixtures, src, "config.json")) as fh:
+        cfg = json.load(fh)
+    cfg.pop("quantization_config", None)
+    cfg["num_experts"] = cfg["num_local_experts"] = E
+    with open(os.path.join(d, "config.json"), "w") as fh:
+        json.dump(cfg, fh)
+    return d
 
 
 # ---------------------------------------------------------------------------------------
@@ -258,9 +295,10 @@ def main():
     shutil.rmtree(a.work, ignore_errors=True)
     os.makedirs(a.work)
     experts = {}
+    src = {c: make_e6(a.fixtures, a.work, c) if c in MADE else os.path.join(a.fixtures, c) for c in cases}
     for c in cases:
-        save_reference(upstream_reference(os.path.join(a.fixtures, c)), os.path.join(a.work, c + ".ref.safetensors"))
-        with open(os.path.join(a.fixtures, c, "config.json")) as fh:
+        save_reference(upstream_reference(src[c]), os.path.join(a.work, c + ".ref.safetensors"))
+        with open(os.path.join(src[c], "config.json")) as fh:
             cfg = json.load(fh)
         experts[c] = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0
     fails = 0
@@ -272,7 +310,7 @@ def main():
         variants = [("torchtitan", c) for c in cases] + [("checkpoint", c) for c in cases if experts[c] and W == 2]
         for names, c in variants:
             out = os.path.join(wdir, f"{c}-{names}")
-            p = subprocess.run([a.bfshard, "convert", os.path.join(a.fixtures, c), out, "-w", str(W), "--names", names,
+            p = subprocess.run([a.bfshard, "convert", src[c], out, "-w", str(W), "--names", names,
                                 "--device", "cpu", "--quiet"], capture_output=True, text=True)
             if p.returncode:
                 print(f"torchtitan: {c} W={W}: bfshard convert failed ({p.returncode}): {p.stderr.strip()}")
