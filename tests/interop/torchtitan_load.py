@@ -188,7 +188,7 @@ def worker(jobs_path):
     pd = ParallelDims.from_config(par, W)  # one per process: its meshes are cached and must be the params' own
     out = {}
     for job in jobs:
-        res = out.setdefault(job["id"], {"errors": [], "reads": [], "checked": 0})
+        res = out.setdefault(job["id"], {"errors": [], "reads": [], "checked": 0, "keys": [], "ref_keys": []})
         try:
             with open(os.path.join(job["dir"], "config.json")) as fh:
                 cfg = json.load(fh)
@@ -213,6 +213,7 @@ def worker(jobs_path):
             res["reads"] = log
             # values: the model back under the Hub's names (the same adapter), against upstream
             ref = load_reference(job["ref"])
+            res["ref_keys"] = sorted(ref)
             hf = adapter.to_hf(model.state_dict())
             for k in sorted(hf):
                 v = hf[k]
@@ -229,6 +230,7 @@ def worker(jobs_path):
                     res["errors"].append(f"{k}: {msg}")
                 else:
                     res["checked"] += 1
+                    res["keys"].append(k)
         except Exception as e:  # noqa: BLE001
             res["errors"].append(f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-4)}")
         dist.barrier()
@@ -259,6 +261,11 @@ def judge(case, W, E, per_rank, names):
     if errs:
         return False, [f"W={W}: {e[:1500]}" for e in errs[:4]]
     checked = sum(per_rank[r]["checked"] for r in per_rank)
+    # every tensor of the checkpoint reached the model on some rank (the local experts of each)
+    missed = set(per_rank[0]["ref_keys"]) - {k for r in per_rank for k in per_rank[r]["keys"]}
+    if missed:
+        ok = False
+        lines.append(f"W={W}: {len(missed)} checkpoint tensors in no rank's model, e.g. {sorted(missed)[:3]}")
     foreign_experts, foreign = 0, {}
     for r in sorted(per_rank):
         for f, k, n in per_rank[r]["reads"]:
