@@ -10,6 +10,11 @@ Run with the interop venv's python (transformers 5.23, tests/interop/requirement
                                       lists, of the names table, gpt_oss and the dense fixtures', its
                                       patterns and file:line equal the class's
                                       _keep_in_fp32_modules_strict (check runs it too)
+  python dev/names_table.py torchtitan  the torchtitan rule (src/plan/names.c bfs__tt_rows, --names
+                                      torchtitan): per row, the per-expert keys equal its adapter's
+                                      from_hf_map ones, in order, at the file:line given; the FSDP
+                                      and split lines say what the rule reads there (check runs it
+                                      too, when torchtitan is installed)
   python dev/names_table.py vectors   tests/data/names-vectors.json: for every model type of
                                       the table, each test key and the name transformers'
                                       rename_source_key gives it (test_names.c checks the C
@@ -144,8 +149,67 @@ def check_fp32():
     return 1 if bad else 0
 
 
+def read_torchtitan():
+    """[(model types, adapter "file:line", per-expert keys, shard "file:line", split "file:line")]
+    from names.c's torchtitan rows"""
+    src = open(NAMES_C).read()
+    defs = dict(re.findall(r'#define (BFS_TT_\w+) "([^"]+)"', src))
+    types = {m.group(1): re.findall(r'"([^"]+)"', m.group(2))
+             for m in re.finditer(r'static const char \*const (bfs__tt_\w+)\[\] = \{(.*?)\};', src, re.S)}
+    rows = []
+    for m in re.finditer(r'\{(bfs__tt_\w+), "([^"]+)",\s*\{(.*?)NULL\},\s*(BFS_TT_\w+), (BFS_TT_\w+)\}', src, re.S):
+        rows.append((types[m.group(1)], m.group(2), re.findall(r'"([^"]+)"', m.group(3)), defs[m.group(4)], defs[m.group(5)]))
+    return rows
+
+
+# what the rule reads at each line it cites (torchtitan 0.3.0)
+TT_LINES = {"shard": "if efsdp_ep_size > num_experts:", "split": "block_size = dim_size // shard_degree"}
+# the torchtitan model family whose adapter a model type's checkpoints load with
+TT_FAMILY = {"qwen3_moe": "qwen3", "deepseek_v3": "deepseek_v3", "kimi_k2": "deepseek_v3"}
+TT_FLAVOR = {"qwen3": "debugmodel_moe", "deepseek_v3": "debugmodel"}  # a flavor with experts, to build the adapter
+
+
+def check_torchtitan():
+    try:
+        import torchtitan
+    except ImportError:
+        print("torchtitan rule: torchtitan not installed (tests/interop/requirements-torchtitan.txt): not checked")
+        return 0
+    import importlib
+    import inspect
+    base = os.path.dirname(os.path.dirname(os.path.abspath(torchtitan.__file__)))
+    rows, bad = read_torchtitan(), 0
+
+    def line_of(where):
+        f, n = where.rsplit(":", 1)
+        with open(os.path.join(base, f)) as fh:
+            return fh.read().splitlines()[int(n) - 1]
+
+    for types, adapter, keys, shard, split in rows:
+        for what, where in (("shard", shard), ("split", split)):
+            if TT_LINES[what] not in line_of(where):
+                bad += 1
+                print(f"torchtitan rule: {where}: {line_of(where).strip()!r}, not {TT_LINES[what]!r}")
+        for t in types:
+            fam = TT_FAMILY.get(t)
+            mod = importlib.import_module(f"torchtitan.models.{fam}.state_dict_adapter")
+            cls = next(c for n, c in vars(mod).items() if n.endswith("StateDictAdapter") and c.__module__ == mod.__name__)
+            cfg = importlib.import_module(f"torchtitan.models.{fam}").model_registry(TT_FLAVOR[fam]).model
+            theirs = [k for k in cls(cfg, None).from_hf_map if ".experts.{}." in k]
+            src = inspect.getsourcefile(cls)
+            f = os.path.relpath(src, base)
+            with open(src) as fh:
+                n = next(i + 1 for i, ln in enumerate(fh) if theirs and f'"{theirs[0]}"' in ln)
+            if theirs != keys or adapter != f"{f}:{n}":
+                bad += 1
+                print(f"torchtitan rule: {t}: {adapter} {keys} != torchtitan {torchtitan.__version__}'s {f}:{n} {theirs}")
+    print(f"torchtitan rule: {len(rows)} rows ({sum(len(r[0]) for r in rows)} model types), "
+          f"{'all equal to' if not bad else f'{bad} differ from'} torchtitan {torchtitan.__version__}'s adapters and FSDP")
+    return 1 if bad else 0
+
+
 def check():
-    return check_names() | check_fp32()
+    return check_names() | check_fp32() | check_torchtitan()
 
 
 def check_names():
@@ -220,4 +284,5 @@ def vectors():
 
 if __name__ == "__main__":
     mode = sys.argv[1] if len(sys.argv) > 1 else "check"
-    sys.exit(check() if mode == "check" else check_fp32() if mode == "fp32" else vectors() if mode == "vectors" else 2)
+    sys.exit(check() if mode == "check" else check_fp32() if mode == "fp32" else check_torchtitan() if mode == "torchtitan"
+             else vectors() if mode == "vectors" else 2)

@@ -46,8 +46,10 @@ enum { BFS_LAYOUT_DCP = 0, BFS_LAYOUT_HF = 1 };
 enum { BFS_MXFP4_HF = 0, BFS_MXFP4_OPENAI = 1 };
 /* Output tensor names: AUTO = TRANSFORMERS for --layout dcp when the model type is in the
  * table (docs/NAMES.md), else CHECKPOINT; CHECKPOINT = the input's names (after dequant);
- * TRANSFORMERS = the names and shapes of transformers 5's state_dict (experts packed 3-D). */
-enum { BFS_NAMES_AUTO = 0, BFS_NAMES_CHECKPOINT = 1, BFS_NAMES_TRANSFORMERS = 2 };
+ * TRANSFORMERS = the names and shapes of transformers 5's state_dict (experts packed 3-D);
+ * TORCHTITAN = checkpoint names, each per-expert tensor in the file of the rank torchtitan's
+ * FSDP gives its expert (whole when W <= E). */
+enum { BFS_NAMES_AUTO = 0, BFS_NAMES_CHECKPOINT = 1, BFS_NAMES_TRANSFORMERS = 2, BFS_NAMES_TORCHTITAN = 3 };
 
 typedef struct bfs_progress {
     uint64_t bytes_done;  /* BF16 bytes written so far */

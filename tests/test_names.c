@@ -10,7 +10,9 @@
  *     tensor's experts stacked, gate rows before up rows, each rank holding whole experts
  *     by torch.chunk; a renamed tensor byte for byte; nothing else in the files;
  *   - what is refused (an expert missing or twice, members of two shapes) and what is said
- *     (a per-expert checkpoint left under checkpoint names: log, inspect, manifest).
+ *     (a per-expert checkpoint left under checkpoint names: log, inspect, manifest);
+ *   - --names torchtitan: each expert whole in its owner's rank file (W <= E), else as
+ *     --names checkpoint, at W = 2, 3, 8 (torchtitan_placement).
  */
 #include "tu_st.h"
 #include "plan/plan.h"
@@ -342,6 +344,132 @@ static void parts_and_resume_identical(void **s)
     free(tmp);
 }
 
+/* --names torchtitan: checkpoint names; with W <= E each per-expert tensor whole in the file of
+ * the rank torchtitan's FSDP gives its expert (torch.chunk of E over W), with W > E every
+ * expert's rows by torch.chunk as --names checkpoint writes them; all else as checkpoint.
+ * E = 5 (W = 2, 3 do not divide it, 8 > E) and the DeepSeek-V3 fixture (E = 4). make interop
+ * runs torchtitan's own loader on it (tests/interop/torchtitan_load.py). */
+static void torchtitan_placement(void **s)
+{
+    (void)s;
+    for (uint64_t E = 1; E <= 9; E++) /* the owner: the rank whose torch.chunk of E holds e */
+        for (uint64_t W = 1; W <= 9; W++)
+            for (uint64_t e = 0; e < E; e++) {
+                const uint64_t o = bfs__torchtitan_owner(e, E, W);
+                uint64_t a = 0, b = 0;
+                if (W > E) {
+                    assert_true(o == UINT64_MAX);
+                    continue;
+                }
+                bfs__chunk_rows(E, W, o, &a, &b);
+                assert_true(o < W && a <= e && e < b);
+            }
+    uint64_t e = 0;
+    assert_int_equal(bfs__torchtitan_key("qwen3_moe", "model.layers.3.mlp.experts.17.up_proj.weight", &e), 1);
+    assert_int_equal(e, 17);
+    assert_int_equal(bfs__torchtitan_key("kimi_k2", "model.layers.1.mlp.experts.0.down_proj.weight", &e), 1);
+    assert_int_equal(bfs__torchtitan_key("deepseek_v3", "model.layers.1.mlp.shared_experts.down_proj.weight", &e), 0);
+    assert_int_equal(bfs__torchtitan_key("deepseek_v3", "model.layers.1.mlp.experts.0.down_proj.weight_scale_inv", &e), 0);
+    assert_int_equal(bfs__torchtitan_key("deepseek_v3", "model.layers.1.mlp.experts.x.down_proj.weight", &e), 0);
+    assert_int_equal(bfs__torchtitan_key("mixtral", "model.layers.1.mlp.experts.0.down_proj.weight", &e), 0);
+
+    char *tmp = tu_tmpdir("namestt");
+    char in5[4096], ref[4096], tt[4096], ck[4096], path[4096];
+    snprintf(in5, sizeof in5, "%s/e5", tmp);
+    write_moe(in5, (const int[]){0, 1, 2, 3, 4}, 5, "qwen3_moe", NULL);
+    const char *const ins[] = {in5, "fixtures/moe-dsv3-fp8"};
+    const uint64_t Es[] = {5, 4};
+    for (size_t f = 0; f < 2; f++) {
+        char *type = model_type_of(ins[f]);
+        snprintf(ref, sizeof ref, "%s/ref%zu", tmp, f);
+        convert_ok(ins[f], ref, 1, BFS_LAYOUT_DCP, BFS_NAMES_CHECKPOINT, 0);
+        snprintf(path, sizeof path, "%s/shard-00001-model-00001-of-00001.safetensors", ref);
+        stfile rf;
+        if (st_load(path, &rf) != 0)
+            fail_msg("%s: missing", path);
+        static const int Ws[] = {2, 3, 8};
+        for (size_t w = 0; w < 3; w++) {
+            const int W = Ws[w];
+            const uint64_t E = Es[f];
+            snprintf(tt, sizeof tt, "%s/tt%zu-%d", tmp, f, W);
+            snprintf(ck, sizeof ck, "%s/ck%zu-%d", tmp, f, W);
+            convert_ok(ins[f], tt, W, BFS_LAYOUT_DCP, BFS_NAMES_TORCHTITAN, 16 << 10);
+            convert_ok(ins[f], ck, W, BFS_LAYOUT_DCP, BFS_NAMES_CHECKPOINT, 16 << 10);
+            stfile t[8], c[8];
+            size_t entries = 0, want = 0, whole = 0;
+            for (int r = 0; r < W; r++) {
+                snprintf(path, sizeof path, "%s/shard-%05d-model-00001-of-00001.safetensors", tt, r + 1);
+                assert_int_equal(st_load(path, &t[r]), 0);
+                snprintf(path, sizeof path, "%s/shard-%05d-model-00001-of-00001.safetensors", ck, r + 1);
+                assert_int_equal(st_load(path, &c[r]), 0);
+                entries += t[r].h.n;
+            }
+            for (size_t i = 0; i < rf.h.n; i++) {
+                const bfs_st_tensor *x = &rf.h.t[i];
+                const bool expert = bfs__torchtitan_key(type, x->name, &e) == 1;
+                for (int r = 0; r < W; r++) {
+                    const bfs_st_tensor *a = st_find(&t[r], x->name), *b = st_find(&c[r], x->name);
+                    if (expert && (uint64_t)W <= E) { /* whole, on its owner only */
+                        const bool mine = bfs__torchtitan_owner(e, E, (uint64_t)W) == (uint64_t)r;
+                        if (!mine) {
+                            if (a)
+                                fail_msg("W=%d: %s in rank %d's file, its owner is %llu", W, x->name, r,
+                                         (unsigned long long)bfs__torchtitan_owner(e, E, (uint64_t)W));
+                            continue;
+                        }
+                        assert_non_null(a);
+                        assert_int_equal(a->ndim, x->ndim);
+                        assert_memory_equal(a->shape, x->shape, sizeof x->shape[0] * (size_t)x->ndim);
+                        assert_int_equal(a->end - a->begin, x->end - x->begin);
+                        assert_memory_equal(st_data(&t[r], a), st_data(&rf, x), x->end - x->begin);
+                        want++;
+                        whole++;
+                        continue;
+                    }
+                    /* everything else (and every expert when W > E): as --names checkpoint */
+                    assert_true((a == NULL) == (b == NULL));
+                    if (!a)
+                        continue;
+                    assert_int_equal(a->end - a->begin, b->end - b->begin);
+                    assert_memory_equal(a->shape, b->shape, sizeof a->shape[0] * (size_t)a->ndim);
+                    assert_memory_equal(st_data(&t[r], a), st_data(&c[r], b), a->end - a->begin);
+                    want++;
+                }
+            }
+            /* nothing else in the files (a rank without rows: DCP's one empty entry) */
+            for (int r = 0; r < W; r++)
+                if (t[r].h.n == 1 && t[r].h.t[0].end == t[r].h.t[0].begin && !st_find(&c[r], t[r].h.t[0].name))
+                    want++;
+            assert_int_equal(entries, want);
+            assert_int_equal(whole, (uint64_t)W <= E ? (f == 0 ? 15 : 12) : 0); /* 3 per expert, 1 layer of experts */
+            for (int r = 0; r < W; r++) {
+                st_free(&t[r]);
+                st_free(&c[r]);
+            }
+            assert_int_equal(tu_sh("grep -q '\"names\": *\"torchtitan\"' %s/bfshard.manifest.json", tt), 0);
+            if ((uint64_t)W <= E)
+                assert_int_equal(tu_sh("grep -q '\"placement\": *\"whole on rank %d (its expert.s owner under torchtitan.s FSDP, torchtitan/distributed/fsdp.py:230)\"' %s/bfshard.manifest.json",
+                                       W - 1 < (int)E ? (int)bfs__torchtitan_owner(E - 1, E, (uint64_t)W) : 0, tt), 0);
+            else /* W > E: the very files --names checkpoint writes */
+                assert_int_equal(tu_sh("cd %s && for f in shard-*.safetensors; do cmp -s $f %s/$f || exit 1; done", tt, ck), 0);
+        }
+        st_free(&rf);
+        free(type);
+    }
+    /* parts + merge give the bytes of one whole run; inspect says where the experts go */
+    assert_int_equal(tu_sh("%s convert %s %s/tw -w 3 --names torchtitan --device cpu -q", tu_bfshard(), in5, tmp), 0);
+    static const char *const parts[] = {"2", "0-1"};
+    for (size_t i = 0; i < 2; i++)
+        assert_int_equal(tu_sh("%s convert %s %s/tp -w 3 --names torchtitan --ranks %s --device cpu -q", tu_bfshard(), in5, tmp,
+                               parts[i]), 0);
+    assert_int_equal(tu_sh("%s merge %s/tp -q", tu_bfshard(), tmp), 0);
+    assert_int_equal(tu_sh("diff -r %s/tw %s/tp", tmp, tmp), 0);
+    assert_int_equal(tu_sh("%s inspect %s -w 3 --names torchtitan | grep -q '^names: .* 15 per-expert tensor(s) of 5 experts whole'",
+                           tu_bfshard(), in5), 0);
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
 /* The float32 rule (src/plan/fp32.c): decided on the model's name of a checkpoint key, upstream's
  * search semantics (anywhere in the name, `.` any character), per model type. */
 static void fp32_rule_keys(void **s)
@@ -402,6 +530,7 @@ int main(void)
         cmocka_unit_test(packs_refused_and_told),
         cmocka_unit_test(parts_and_resume_identical),
         cmocka_unit_test(fp32_rule_keys),
+        cmocka_unit_test(torchtitan_placement),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -202,7 +202,7 @@ def convert(input: Union[str, os.PathLike], outdir: Union[str, os.PathLike], wor
     models--org--name folder; revision="branch, tag or commit"): see resolve().
 
     options (as the CLI's, see `bfshard convert --help`): layout ("dcp", "hf"), names
-    ("transformers", "checkpoint", "auto"; docs/NAMES.md), device
+    ("transformers", "checkpoint", "torchtitan", "auto"; docs/NAMES.md), device
     ("auto", "cpu", "cuda", "cuda:N[,M]"), threads, mem, max_rss, gpu_mem, max_shard_size (ints or
     "512M"-style strings), mxfp4_layout ("hf", "openai"), keep_dtype, force, sha256, cpu_level
     (None, "scalar", "avx2", "avx512"), compress (None, "zstd[:LEVEL]",

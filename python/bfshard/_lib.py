@@ -20,7 +20,7 @@ EINTERNAL, EUSAGE, EINPUT, EIO, ENOMEM, EDEVICE, EVERIFY, EEXIST, EINTR = range(
 
 LAYOUT = {"dcp": 0, "hf": 1}
 MXFP4_LAYOUT = {"hf": 0, "openai": 1}
-NAMES = {"auto": 0, "checkpoint": 1, "transformers": 2}
+NAMES = {"auto": 0, "checkpoint": 1, "transformers": 2, "torchtitan": 3}
 CPU_LEVEL = {None: -1, "best": -1, "scalar": 0, "avx2": 1, "avx512": 2}
 ZST_MODE = {"zstd": 0, "zstd-bytegroup": 1}
 

@@ -60,8 +60,10 @@ static const char *const usage_convert =
     "  --max-shard-size N    hf layout: split files at N bytes (default 5GB)\n"
     "  --names N             transformers: the names and shapes of transformers 5's state_dict\n"
     "                        (MoE experts packed 3-D, keys renamed; docs/NAMES.md); checkpoint:\n"
-    "                        the input's names. Default: transformers for --layout dcp when the\n"
-    "                        model type is in the table, else checkpoint\n"
+    "                        the input's names; torchtitan: the input's names, each expert in the\n"
+    "                        file of the rank torchtitan's FSDP gives it (docs/LOADING.md).\n"
+    "                        Default: transformers for --layout dcp when the model type is in the\n"
+    "                        table, else checkpoint\n"
     "  --device D            auto (CUDA when present, else CPU; default), cpu, cuda, cuda:N[,M...]\n"
     "  -T, --threads N       CPU threads (default: all online CPUs)\n"
     "  --mem BYTES           host buffer budget, K/M/G suffixes (default 256M)\n"
@@ -268,7 +270,7 @@ static const char *opt_compress(void *base, const char *v, const char **arg)
 static const cli_choice layouts[] = {{"dcp", BFS_LAYOUT_DCP}, {"hf", BFS_LAYOUT_HF}, {NULL, 0}};
 static const cli_choice mxfp4_layouts[] = {{"hf", BFS_MXFP4_HF}, {"openai", BFS_MXFP4_OPENAI}, {NULL, 0}};
 static const cli_choice names_modes[] = {{"transformers", BFS_NAMES_TRANSFORMERS}, {"checkpoint", BFS_NAMES_CHECKPOINT},
-                                          {"auto", BFS_NAMES_AUTO}, {NULL, 0}};
+                                          {"torchtitan", BFS_NAMES_TORCHTITAN}, {"auto", BFS_NAMES_AUTO}, {NULL, 0}};
 static const cli_choice cpu_levels[] = {{"scalar", 0}, {"avx2", 1}, {"avx512", 2}, {NULL, 0}};
 
 static const cli_choice progress_modes[] = {{"json", CLI_PROGRESS_JSON}, {"bar", CLI_PROGRESS_BAR},
@@ -306,7 +308,7 @@ static const cli_opt convert_opts[] = { /* convert, inspect, verify */
     {"--mxfp4-layout", NULL, CLI_ENUM, AT(co.mxfp4_layout), .choices = mxfp4_layouts,
      .err = "--mxfp4-layout must be hf or openai, got '%s'"},
     {"--names", NULL, CLI_ENUM, AT(co.names), .choices = names_modes,
-     .err = "--names must be transformers, checkpoint or auto, got '%s'"},
+     .err = "--names must be transformers, checkpoint, torchtitan or auto, got '%s'"},
     {"--device", NULL, CLI_STR, AT(co.device), .err = "%s needs a value", .err_names_opt = 1},
     {"--compress", NULL, CLI_FN, 0, .fn = opt_compress},
     {"--cpu-level", NULL, CLI_ENUM, AT(co.cpu_level), .choices = cpu_levels,

@@ -82,6 +82,8 @@ static int bfs__fingerprint(bfs_run *r)
         snprintf(opt + strlen(opt), sizeof opt - strlen(opt), " sha256");
     if (r->plan->names_family) /* target names: other names and shapes (only then, as above) */
         snprintf(opt + strlen(opt), sizeof opt - strlen(opt), " names=%s", r->plan->names_family);
+    if (r->plan->names_target) /* another placement of the experts */
+        snprintf(opt + strlen(opt), sizeof opt - strlen(opt), " names=%s", r->plan->names_target);
     XXH3_128bits_update(st, opt, strlen(opt));
     for (int i = 0; i < r->in->nfiles; i++) {
         const bfs_infile *f = &r->in->files[i];
@@ -238,7 +240,8 @@ static int bfs__validate_opts(const bfs_convert_opts *o)
         return bfs__err(BFS_EUSAGE, "--layout hf writes one consolidated checkpoint: --world-size must be 1 (got %d)", o->world_size);
     if (o->mxfp4_layout != BFS_MXFP4_HF && o->mxfp4_layout != BFS_MXFP4_OPENAI)
         return bfs__err(BFS_EUSAGE, "unknown MXFP4 layout %d", o->mxfp4_layout);
-    if (o->names != BFS_NAMES_AUTO && o->names != BFS_NAMES_CHECKPOINT && o->names != BFS_NAMES_TRANSFORMERS)
+    if (o->names != BFS_NAMES_AUTO && o->names != BFS_NAMES_CHECKPOINT && o->names != BFS_NAMES_TRANSFORMERS &&
+        o->names != BFS_NAMES_TORCHTITAN)
         return bfs__err(BFS_EUSAGE, "unknown --names %d", o->names);
     if (o->compress_level < -7 || o->compress_level > 22 ||
         (o->compress_mode != BFS_ZST_PLAIN && o->compress_mode != BFS_ZST_BYTEGROUP))
@@ -508,6 +511,9 @@ static int bfs__run_start(bfs_run *r, const char *input)
              r->be->name, r->ring.n, (unsigned long long)r->ring.slot, (unsigned long long)r->ring.unit);
     if (r->plan->names_family) /* docs/NAMES.md */
         bfs__log(r, "names: transformers 5's state_dict (the table's row \"%s\"): experts packed, keys renamed", r->plan->names_family);
+    if (r->plan->names_target) /* docs/NAMES.md */
+        bfs__log(r, "names: checkpoint names, for torchtitan; %zu per-expert tensor(s) whole in their owner's rank file (%llu experts)",
+                 r->plan->tt_experts, (unsigned long long)r->plan->tt_E);
     if (r->plan->names_unmapped)
         bfs__log(r, "warning: %zu per-expert tensor(s) keep checkpoint names: DCP will not load them into a transformers 5 model", r->plan->names_unmapped);
     {

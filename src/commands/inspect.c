@@ -151,7 +151,8 @@ static json_t *bfs__names_info(const bfs_plan *p, const bfs_convert_opts *o, FIL
         else if (k + 4 < sizeof list)
             k += (size_t)snprintf(list + k, sizeof list - k, ", ...");
     }
-    json_t *j = json_pack("{s:s, s:s?, s:I, s:I, s:I, s:o}", "mode", p->names_family ? "transformers" : "checkpoint",
+    const char *mode = p->names_family ? "transformers" : p->names_target ? p->names_target : "checkpoint";
+    json_t *j = json_pack("{s:s, s:s?, s:I, s:I, s:I, s:o}", "mode", mode,
                           "table", p->names_family, "packed_tensors", (json_int_t)npk, "from_tensors", (json_int_t)nmem,
                           "experts", (json_int_t)E, "experts_per_rank", per);
     if (j && p->names_unmapped)
@@ -160,6 +161,12 @@ static json_t *bfs__names_info(const bfs_plan *p, const bfs_convert_opts *o, FIL
         fprintf(out, "\nnames: transformers 5's state_dict (the table's row \"%s\", docs/NAMES.md): %zu packed expert "
                 "tensors from %zu per-expert ones%s%s%s\n", p->names_family, npk, nmem, npk && list[0] ? "; experts per rank: " : "",
                 npk ? list : "", npk && E % (uint64_t)o->world_size ? " (W does not divide E: torch.chunk)" : "");
+    if (j && p->names_target)
+        json_object_set_new(j, "whole_experts", json_integer((json_int_t)p->tt_experts));
+    if (out && p->names_target)
+        fprintf(out, "\nnames: checkpoint names, for torchtitan (docs/NAMES.md): %zu per-expert tensor(s) of %llu experts whole "
+                "in their owner's rank file%s\n", p->tt_experts, (unsigned long long)p->tt_E,
+                p->tt_E && (uint64_t)o->world_size > p->tt_E ? " (W > E: every expert's rows on every rank)" : "");
     if (out && p->names_unmapped)
         fprintf(out, "\nwarning: %zu per-expert tensor(s) keep their checkpoint names (%s): transformers 5 packs "
                 "experts on load, so DCP will not load them into its model\n", p->names_unmapped,

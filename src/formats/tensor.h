@@ -44,8 +44,11 @@ typedef struct bfs_ltensor {
     const struct bfs_ltensor *members;
     uint32_t npack;
     const char *rule;     /* the naming rule that made the name, for the manifest (static); NULL: none */
-    bool whole;           /* the model keeps it as a buffer, which FSDP2 does not shard: written whole,
-                           * on rank 0 only, like a 0-d tensor (src/plan/names.c) */
+    bool whole;           /* written whole to one rank's file (whole_rank), like a 0-d tensor to rank 0:
+                           * a buffer of the model, which FSDP2 does not shard (rank 0), or a
+                           * whole expert on the rank that owns it (--names torchtitan); src/plan/names.c */
+    uint32_t whole_rank;
+    const char *whole_why; /* the manifest's reason (static); NULL: a buffer of the model */
     /* kind-specific: one kind's members only (a plan holds one of these per tensor; the
      * plan zeroes the entry before each format's claim) */
     union {

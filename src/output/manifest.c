@@ -47,7 +47,9 @@ static json_t *bfs__manifest_head(const bfs_manifest_in *mi)
                                              mi->plan->layout == BFS_LAYOUT_DCP ? "dcp" : "hf", "mxfp4_layout",
                                              o->mxfp4_layout == BFS_MXFP4_HF ? "hf" : "openai", "keep_dtype",
                                              o->keep_dtype, "max_shard_size", (json_int_t)o->max_shard_size, "names",
-                                             mi->plan->names_family ? "transformers" : "checkpoint")) == 0;
+                                             mi->plan->names_family   ? "transformers"
+                                             : mi->plan->names_target ? mi->plan->names_target
+                                                                      : "checkpoint")) == 0;
     /* the target-name table's row applied, and per-expert tensors left under checkpoint names */
     if (ok && mi->plan->names_family)
         ok = json_object_set_new(m, "names", json_pack("{s:s, s:s}", "table", mi->plan->names_family, "doc",
@@ -164,8 +166,10 @@ static json_t *bfs__manifest_tensor(const bfs_manifest_in *mi, size_t i)
     if (whole && t->keep_fp32) /* written as stored: the model keeps it in float32 (src/plan/fp32.c) */
         whole = json_object_set_new(e, "dtype_rule", json_pack("{s:s, s:s}", "keeps_float32", t->fp32_why, "pattern",
                                                                t->fp32_pat)) == 0;
-    if (whole && t->whole) /* a model buffer: whole on rank 0 (docs/NAMES.md) */
+    if (whole && t->whole && !t->whole_why) /* a model buffer: whole on rank 0 (docs/NAMES.md) */
         whole = json_object_set_new(e, "placement", json_string("whole on rank 0 (a buffer of the model)")) == 0;
+    if (whole && t->whole && t->whole_why) /* a whole expert on its owner's rank (--names torchtitan) */
+        whole = json_object_set_new(e, "placement", json_sprintf("whole on rank %u (%s)", t->whole_rank, t->whole_why)) == 0;
     if (whole &&
         (t->kind == BFS_K_BNB4 || t->kind == BFS_K_CAST || (t->kind == BFS_K_PASS && t->out_dtype != t->src_dtype)))
         whole = json_object_set_new(e, "source_dtype", json_string(bfs__dtype_name(t->src_dtype))) == 0;

@@ -146,6 +146,121 @@ static const bfs_nfamily bfs__nfamilies[] = {
     {NULL, NULL, {NULL, NULL}, NULL, NULL, NULL},
 };
 
+/* ---- torchtitan: checkpoint names, each expert in the file of the rank that owns it ------
+ * torchtitan's CheckpointManager (checkpoint.initial_load_in_hf) asks DCP for the Hub's
+ * per-expert names (its adapters' from_hf_map), one expert at a time, and packs them itself.
+ * With expert parallelism off its FSDP shards the E experts of a layer over the W ranks:
+ * Shard(0) (whole experts, torch.chunk: rank r owns experts [r*c, (r+1)*c), c = ceil(E/W))
+ * when W <= E, Shard(1) (every expert's rows over all ranks, as --names checkpoint writes
+ * them) when W > E (torchtitan 0.3.0 distributed/fsdp.py:230). Its adapter asks each rank
+ * for the experts it owns (models/utils.py:164, which refuses W not dividing E: 0.3.0 loads
+ * nothing then). So when W <= E each per-expert tensor is written whole to its owner's file.
+ * The rows are data: per model type, the per-expert names of the adapter torchtitan uses for
+ * it, verbatim ("{}": a layer or expert number); dev/names_table.py torchtitan compares them
+ * with the installed torchtitan's adapters. */
+typedef struct bfs_ttrow {
+    const char *const *types;  /* config.json model_type values */
+    const char *adapter;       /* the adapter's from_hf_map, torchtitan 0.3.0 file:line */
+    const char *experts[4];    /* its per-expert keys, NULL-terminated */
+    const char *shard;         /* where its FSDP picks Shard(0) or Shard(1) for the experts */
+    const char *split;         /* where its adapter gives each rank its experts (W | E only) */
+} bfs_ttrow;
+
+#define BFS_TT_SHARD "torchtitan/distributed/fsdp.py:230"
+#define BFS_TT_SPLIT "torchtitan/models/utils.py:164"
+
+static const char *const bfs__tt_qwen3[] = {"qwen3_moe", NULL};
+static const char *const bfs__tt_dsv3[] = {"deepseek_v3", "kimi_k2", NULL};
+static const bfs_ttrow bfs__tt_rows[] = {
+    {bfs__tt_qwen3, "torchtitan/models/qwen3/state_dict_adapter.py:48",
+     {"model.layers.{}.mlp.experts.{}.gate_proj.weight", "model.layers.{}.mlp.experts.{}.up_proj.weight",
+      "model.layers.{}.mlp.experts.{}.down_proj.weight", NULL},
+     BFS_TT_SHARD, BFS_TT_SPLIT},
+    {bfs__tt_dsv3, "torchtitan/models/deepseek_v3/state_dict_adapter.py:46",
+     {"model.layers.{}.mlp.experts.{}.gate_proj.weight", "model.layers.{}.mlp.experts.{}.up_proj.weight",
+      "model.layers.{}.mlp.experts.{}.down_proj.weight", NULL},
+     BFS_TT_SHARD, BFS_TT_SPLIT},
+    {NULL, NULL, {NULL}, NULL, NULL},
+};
+
+/* name against a key with "{}" for a decimal number (at most 9 digits): the second number
+ * (the expert) into *expert */
+static bool bfs__tt_match(const char *pat, const char *name, uint64_t *expert)
+{
+    int k = 0;
+    while (*pat) {
+        if (pat[0] == '{' && pat[1] == '}') {
+            uint64_t v = 0;
+            int n = 0;
+            for (; *name >= '0' && *name <= '9'; name++, n++)
+                v = v * 10 + (uint64_t)(*name - '0');
+            if (n == 0 || n > 9)
+                return false;
+            if (k++ == 1)
+                *expert = v;
+            pat += 2;
+        } else if (*pat++ != *name++) {
+            return false;
+        }
+    }
+    return *name == '\0' && k == 2;
+}
+
+static const bfs_ttrow *bfs__tt_row_of(const char *model_type)
+{
+    for (const bfs_ttrow *r = bfs__tt_rows; model_type && r->types; r++)
+        for (const char *const *t = r->types; *t; t++)
+            if (strcmp(*t, model_type) == 0)
+                return r;
+    return NULL;
+}
+
+static bool bfs__tt_expert(const bfs_ttrow *row, const bfs_ltensor *t, uint64_t *e)
+{
+    for (int j = 0; row && t->ndim > 0 && row->experts[j]; j++)
+        if (bfs__tt_match(row->experts[j], t->name, e))
+            return true;
+    return false;
+}
+
+uint64_t bfs__torchtitan_owner(uint64_t e, uint64_t E, uint64_t W)
+{
+    const uint64_t per = (E + W - 1) / W; /* FSDP2's torch.chunk of dim 0 */
+    return W > E ? UINT64_MAX : e / per;
+}
+
+int bfs__torchtitan_key(const char *model_type, const char *key, uint64_t *expert)
+{
+    const bfs_ttrow *row = bfs__tt_row_of(model_type);
+    for (int j = 0; row && row->experts[j]; j++)
+        if (bfs__tt_match(row->experts[j], key, expert))
+            return 1;
+    return 0;
+}
+
+int bfs__plan_torchtitan(bfs_plan *p, const char *model_type, int world_size)
+{
+    const bfs_ttrow *row = bfs__tt_row_of(model_type);
+    const uint64_t W = world_size > 0 ? (uint64_t)world_size : 1;
+    uint64_t E = 0, e = 0;
+    p->names_target = "torchtitan";
+    p->tt_experts = 0;
+    for (size_t i = 0; row && i < p->nt; i++)
+        if (bfs__tt_expert(row, &p->t[i], &e) && e + 1 > E)
+            E = e + 1;
+    p->tt_E = E;
+    if (E == 0 || W > E) /* Shard(1): every expert's rows by torch.chunk, as written already */
+        return 0;
+    for (size_t i = 0; i < p->nt; i++)
+        if (bfs__tt_expert(row, &p->t[i], &e)) {
+            p->t[i].whole = true;
+            p->t[i].whole_rank = (uint32_t)bfs__torchtitan_owner(e, E, W);
+            p->t[i].whole_why = "its expert's owner under torchtitan's FSDP, " BFS_TT_SHARD;
+            p->tt_experts++;
+        }
+    return 0;
+}
+
 /* ---- upstream's patterns ---------------------------------------------------------------- */
 #define BFS_RX_MAX 160
 enum { BFS_RX_LIT, BFS_RX_ANY, BFS_RX_STAR };
@@ -504,6 +619,8 @@ int bfs__plan_names(bfs_plan *p, const char *model_type, int mode, int layout)
     const bool want = mode == BFS_NAMES_TRANSFORMERS || (mode == BFS_NAMES_AUTO && layout == BFS_LAYOUT_DCP);
     p->names_family = NULL;
     p->names_unmapped = 0;
+    if (mode == BFS_NAMES_TORCHTITAN) /* checkpoint names, torchtitan's own (bfs__plan_torchtitan) */
+        return 0;
     if (!want || !f) {
         /* per-expert tensors left under checkpoint names in the DCP layout: transformers 5
          * packs them on load, so DCP will not find them (for the log, inspect, the manifest) */

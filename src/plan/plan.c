@@ -151,6 +151,8 @@ int bfs__plan_tensors(const bfs_input *in, const bfs_convert_opts *o, bfs_plan *
         const char *mts = json_is_string(mt) ? json_string_value(mt) : NULL;
         BFS_TRY(bfs__plan_fp32(p, mts, o->keep_dtype != 0)); /* on checkpoint names, before the names pass */
         BFS_TRY(bfs__plan_names(p, mts, o->names, o->layout));
+        if (o->names == BFS_NAMES_TORCHTITAN)
+            BFS_TRY(bfs__plan_torchtitan(p, mts, o->layout == BFS_LAYOUT_DCP ? o->world_size : 1));
     }
     qsort(p->t, p->nt, sizeof *p->t, bfs__cmp_lt);
     for (size_t i = 1; i < p->nt; i++)
@@ -258,11 +260,17 @@ static int bfs__file_order(const bfs_plan *p, bfs_outfile *f)
  * tensors once and each tensor's ranks costs the number of pieces, never ranks x tensors. */
 static uint64_t bfs__dcp_ranks(const bfs_ltensor *t, uint64_t W)
 {
-    if (t->ndim == 0 || t->d0 == 0 || t->whole) /* a 0-d tensor cannot be chunked; an empty one is recorded
-                                                  * once; a model's buffer is whole: rank 0 */
-        return 1;
+    if (t->ndim == 0 || t->d0 == 0 || t->whole) /* a 0-d tensor cannot be chunked; an empty one is recorded */
+        return 1;          /* once; a whole one: on one rank (bfs__dcp_rank0) */
     const uint64_t chunk = (t->d0 + W - 1) / W;
     return (t->d0 + chunk - 1) / chunk;
+}
+
+/* The first rank holding rows of tensor t: a tensor written whole on whole_rank (a 0-d one
+ * on rank 0); every other one's n ranks (bfs__dcp_ranks) are [0, n). */
+static uint64_t bfs__dcp_rank0(const bfs_ltensor *t)
+{
+    return t->whole && t->ndim > 0 ? t->whole_rank : 0;
 }
 
 /* File r's pieces (f->npieces of them, the layout's count): one per tensor with rows on
@@ -279,7 +287,7 @@ static int bfs__dcp_file(bfs_plan *p, uint64_t W, uint64_t r, bfs_outfile *f)
     for (size_t k = 0; k < p->nt; k++) { /* in file order (p->dcp_order) */
         const size_t i = p->dcp_order[k];
         const bfs_ltensor *t = &p->t[i];
-        if (r >= p->dcp_n[i])
+        if (r < bfs__dcp_rank0(t) || r >= bfs__dcp_rank0(t) + p->dcp_n[i])
             continue;
         if (f->npieces == want)
             return bfs__err(BFS_EINTERNAL, "%s: more pieces than the layout counted (%zu)", f->name, want);
@@ -337,7 +345,7 @@ static int bfs__layout_dcp(bfs_plan *p, uint64_t W, const bool *only)
         p->dcp_n[i] = n; /* <= W */
         if (p->dcp_first_nd == p->nt && t->ndim > 0)
             p->dcp_first_nd = i;
-        for (uint64_t r = 0; r < n; r++) {
+        for (uint64_t r = bfs__dcp_rank0(t); r < bfs__dcp_rank0(t) + n; r++) {
             count[r]++;
             if (only && !only[r]) {
                 uint64_t a = 0, b = 0;

@@ -48,6 +48,9 @@ typedef struct bfs_plan {
     const char *names_family; /* the target-name table's row applied (names.c), NULL: checkpoint names */
     size_t names_unmapped;    /* per-expert tensors left under checkpoint names (DCP will not
                                * load them into a transformers 5 model) */
+    const char *names_target; /* "torchtitan" (--names torchtitan: checkpoint names), else NULL */
+    uint64_t tt_E;            /* torchtitan: the experts of a layer (0: none per-expert) */
+    size_t tt_experts;        /* torchtitan: per-expert tensors written whole on their owner's rank */
     const char **dropped; /* input tensors dropped (activation / KV-cache scales), by name
                            * (pointers into the input's headers), sorted */
 } bfs_plan;
@@ -64,6 +67,16 @@ int bfs__plan_names(bfs_plan *p, const char *model_type, int mode, int layout);
  * or the packed tensor's name when a pack takes it (*expert, *member: its place; *member
  * -1 when none does). The input unchanged for a model type not in the table. */
 int bfs__names_key(const char *model_type, const char *key, char **out, uint64_t *expert, int *member);
+/* --names torchtitan (names.c): checkpoint names; in the DCP layout with W <= E, each per-expert
+ * tensor of model_type's torchtitan row written whole to its expert's owner (whole,
+ * whole_rank); p->names_target, p->tt_E, p->tt_experts set. After bfs__plan_names. */
+int bfs__plan_torchtitan(bfs_plan *p, const char *model_type, int world_size);
+/* The rank that owns expert e of E under torchtitan's FSDP over W ranks (torch.chunk of dim 0),
+ * or UINT64_MAX when W > E (every rank holds rows of every expert). */
+uint64_t bfs__torchtitan_owner(uint64_t e, uint64_t E, uint64_t W);
+/* For tests: 1 when key is a per-expert name of model_type's torchtitan row (*expert: its
+ * number), else 0. */
+int bfs__torchtitan_key(const char *model_type, const char *key, uint64_t *expert);
 /* The table's row for a model type ("qwen2_moe" for deepseek_v3), or NULL. */
 const char *bfs__names_family(const char *model_type);
 /* Float tensors the model keeps in float32 (fp32.c): before bfs__plan_names, each cast or
@@ -104,12 +117,12 @@ int bfs__plan_header(const bfs_plan *p, const bfs_outfile *f, char **out);
 int bfs__plan_header_into(const bfs_plan *p, const bfs_outfile *f, char *buf, size_t cap);
 
 /* Rows [*row0, *row1) of tensor t in rank r's file of W: FSDP2's Shard(0) / torch.chunk rule
- * (bfs__chunk_rows); a 0-d tensor, and one the model keeps whole (t->whole), on rank 0. */
+ * (bfs__chunk_rows); a 0-d tensor on rank 0, one written whole (t->whole) on t->whole_rank. */
 #define bfs__rank_rows(t, W, r, row0, row1)                                                        \
     do {                                                                                           \
         if ((t)->ndim == 0 || (t)->whole) {                                                        \
             *(row0) = 0;                                                                           \
-            *(row1) = (r) == 0 ? ((t)->ndim == 0 ? 1 : (t)->d0) : 0;                               \
+            *(row1) = (uint64_t)(r) == ((t)->ndim == 0 ? 0 : (t)->whole_rank) ? ((t)->ndim == 0 ? 1 : (t)->d0) : 0; \
         } else {                                                                                   \
             bfs__chunk_rows((t)->d0, (W), (r), (row0), (row1));                                     \
         }                                                                                          \
