@@ -11,7 +11,7 @@
  * recognises and what each keeps; `make interop` compares each row with the installed
  * transformers, dev/names_table.py fp32). Upstream matches them as core_model_loading.py does
  * (build_glob_alternation + .search): against the model's own name of the tensor (after its
- * checkpoint conversion mapping: bfs__names_key), anywhere in it, `.` matching any character
+ * checkpoint conversion mapping: bfs__nkeys_get), anywhere in it, `.` matching any character
  * and `*` any run. Whatever --names writes, the rule is decided on the model's name.
  */
 #include "plan/plan.h"
@@ -107,13 +107,13 @@ static int bfs__f32_table_ok(void)
 
 /* row r's first pattern found in the model's name of checkpoint key `key`: 1 (*why, *pat set), 0,
  * or a negative error */
-static int bfs__f32_match(const bfs_f32row *r, const char *model_type, const char *key, const char **why,
+static int bfs__f32_match(const bfs_f32row *r, const bfs_nkeys *names, const char *key, const char **why,
                           const char **pat)
 {
     char *name = NULL;
     uint64_t e;
     int member;
-    const int rc = bfs__names_key(model_type, key, &name, &e, &member);
+    const int rc = bfs__nkeys_get(names, key, &name, &e, &member);
     *why = *pat = NULL;
     if (rc < 0)
         return rc;
@@ -132,19 +132,26 @@ int bfs__fp32_key(const char *model_type, const char *key, const char **why, con
     *why = *pat = NULL;
     if (!r)
         return 0;
-    const int rc = bfs__f32_table_ok();
-    return rc < 0 ? rc : bfs__f32_match(r, model_type, key, why, pat);
+    bfs_nkeys *names = NULL;
+    int rc = bfs__f32_table_ok();
+    if (rc == 0)
+        rc = bfs__nkeys_open(model_type, &names);
+    if (rc == 0)
+        rc = bfs__f32_match(r, names, key, why, pat);
+    bfs__nkeys_free(names);
+    return rc;
 }
 
 int bfs__plan_fp32(bfs_plan *p, const char *model_type, bool keep_dtype)
 {
     const bfs_f32row *r = bfs__f32row_of(model_type);
+    bfs_nkeys *names = NULL; /* the model's name rules, compiled once for the plan */
     if (!r)
         return 0;
-    const int ok = bfs__f32_table_ok();
-    if (ok < 0)
-        return ok;
-    for (size_t i = 0; i < p->nt; i++) {
+    int rc = bfs__f32_table_ok();
+    if (rc == 0)
+        rc = bfs__nkeys_open(model_type, &names);
+    for (size_t i = 0; rc == 0 && i < p->nt; i++) {
         bfs_ltensor *t = &p->t[i];
         /* only a float tensor no format dequantizes: a quantized one is dequantized to BF16 as
          * upstream's loader makes it */
@@ -154,11 +161,11 @@ int bfs__plan_fp32(bfs_plan *p, const char *model_type, bool keep_dtype)
             t->src_dtype != BFS_DT_BF16)
             continue;
         const char *why, *pat;
-        const int rc = bfs__f32_match(r, model_type, t->name, &why, &pat);
-        if (rc < 0)
-            return rc;
-        if (rc == 0)
+        const int hit = bfs__f32_match(r, names, t->name, &why, &pat);
+        if (hit <= 0) {
+            rc = hit;
             continue;
+        }
         t->keep_fp32 = true;
         t->fp32_why = why;
         t->fp32_pat = pat;
@@ -169,7 +176,8 @@ int bfs__plan_fp32(bfs_plan *p, const char *model_type, bool keep_dtype)
         t->transform = keep_dtype ? "copy (the model keeps it in float32; --keep-dtype)"
                                   : "copy (the model keeps it in float32)";
     }
-    return 0;
+    bfs__nkeys_free(names);
+    return rc;
 }
 
 size_t bfs__fp32_summary(const bfs_plan *p, char *buf, size_t cap)

@@ -530,18 +530,41 @@ static int bfs__name_one(const bfs_nfamily *f, const bfs_ncomp *c, char **name, 
     return 0;
 }
 
-int bfs__names_key(const char *model_type, const char *key, char **out, uint64_t *expert, int *member)
+struct bfs_nkeys {
+    const bfs_nfamily *f; /* NULL: a model type not in the table (names unchanged) */
+    bfs_ncomp c;
+};
+
+int bfs__nkeys_open(const char *model_type, bfs_nkeys **out)
 {
-    const bfs_nfamily *f = bfs__nfamily_of(model_type);
-    bfs_ncomp *c = malloc(sizeof *c);
+    bfs_nkeys *k = malloc(sizeof *k);
+    *out = NULL;
+    if (!k)
+        return bfs__err(BFS_ENOMEM, "out of memory");
+    k->f = bfs__nfamily_of(model_type);
+    const int rc = k->f ? bfs__ncomp(k->f, &k->c) : 0;
+    if (rc < 0) {
+        free(k);
+        return rc;
+    }
+    *out = k;
+    return 0;
+}
+
+void bfs__nkeys_free(bfs_nkeys *k)
+{
+    free(k);
+}
+
+int bfs__nkeys_get(const bfs_nkeys *k, const char *key, char **out, uint64_t *expert, int *member)
+{
     bfs_nmatch m = {0};
     bool hit = false;
     const char *rule = NULL;
     char *name = bfs__strdup(key);
-    int rc = !c || !name ? bfs__err(BFS_ENOMEM, "out of memory") : f ? bfs__ncomp(f, c) : 0;
-    if (rc == 0 && f)
-        rc = bfs__name_one(f, c, &name, &rule, &m, &hit);
-    free(c);
+    int rc = !name ? bfs__err(BFS_ENOMEM, "out of memory") : 0;
+    if (rc == 0 && k->f)
+        rc = bfs__name_one(k->f, &k->c, &name, &rule, &m, &hit);
     *expert = hit ? m.e : 0;
     *member = hit ? m.j : -1;
     if (rc < 0 || hit) {
@@ -549,6 +572,17 @@ int bfs__names_key(const char *model_type, const char *key, char **out, uint64_t
         name = m.target;
     }
     *out = rc < 0 ? NULL : name;
+    return rc;
+}
+
+int bfs__names_key(const char *model_type, const char *key, char **out, uint64_t *expert, int *member)
+{
+    bfs_nkeys *k = NULL;
+    int rc = bfs__nkeys_open(model_type, &k);
+    *out = NULL;
+    if (rc == 0)
+        rc = bfs__nkeys_get(k, key, out, expert, member);
+    bfs__nkeys_free(k);
     return rc;
 }
 

@@ -67,6 +67,12 @@ int bfs__plan_names(bfs_plan *p, const char *model_type, int mode, int layout);
  * or the packed tensor's name when a pack takes it (*expert, *member: its place; *member
  * -1 when none does). The input unchanged for a model type not in the table. */
 int bfs__names_key(const char *model_type, const char *key, char **out, uint64_t *expert, int *member);
+/* The same with model_type's rules compiled once (bfs__nkeys_open), for a caller naming many
+ * keys (the float32 rule over a plan's tensors). */
+typedef struct bfs_nkeys bfs_nkeys;
+int bfs__nkeys_open(const char *model_type, bfs_nkeys **out);
+int bfs__nkeys_get(const bfs_nkeys *k, const char *key, char **out, uint64_t *expert, int *member);
+void bfs__nkeys_free(bfs_nkeys *k);
 /* --names torchtitan (names.c): checkpoint names; in the DCP layout with W <= E, each per-expert
  * tensor of model_type's torchtitan row written whole to its expert's owner (whole,
  * whole_rank); p->names_target, p->tt_E, p->tt_experts set. After bfs__plan_names. */
