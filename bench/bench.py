@@ -3,7 +3,8 @@
 
 Everything runs on the same synthetic checkpoints (bench/gen_synth.py: gpt-oss-20b
 MXFP4 shapes, and a Llama-3-8B-shaped bitsandbytes NF4 model with double quant),
-cached under build/bench-data. One table on stdout; the same figures as JSON in
+cached under build/bench-data (a folder per version of the generator). One table on stdout; the
+same figures as JSON in
 bench/out/bench-<time>.json and bench/out/latest.json (text: latest.txt). With --docs and
 --readme (`make bench` passes both) it also writes docs/bench-results.md and the results table
 between README.md's bench markers (bench/results_md.py: the one place the figures are typed).
@@ -128,6 +129,15 @@ MEM_ROWS = ("64M", "256M", "1G")  # bfshard_disk is the default, 256M; the other
 
 def log(*a):
     print("bench:", *a, file=sys.stderr, flush=True)
+
+
+def data_dir(root):
+    """where the synthetic checkpoints live: under root, in a folder named after the generator's
+    hash, so a changed bench/gen_synth.py makes its data again instead of reusing stale files"""
+    import hashlib
+    with open(os.path.join(HERE, "gen_synth.py"), "rb") as f:
+        tag = hashlib.sha256(f.read()).hexdigest()[:12]
+    return os.path.join(os.path.abspath(root), "gen-" + tag)
 
 
 def loadavg():
@@ -272,7 +282,7 @@ class Bench:
         self.build = os.path.join(ROOT, a.build) if not os.path.isabs(a.build) else a.build
         self.bfshard = os.path.join(self.build, "bfshard")
         self.py = a.python
-        self.data = os.path.abspath(a.data)
+        self.data = data_dir(a.data)
         self.disk = os.path.abspath(a.disk_dir)
         self.shm = a.shm
         self.nproc = os.cpu_count() or 1

@@ -198,8 +198,10 @@ def gen_gptoss(out, layers, vocab, pools):
         "architectures": ["GptOssForCausalLM"],
         "attention_bias": True,
         "attention_dropout": 0.0,
-        "eos_token_id": 200002,
-        "pad_token_id": 199999,
+        # the real ids, or the last one a shrunk vocabulary (--vocab) has: from_config refuses
+        # a pad id outside the embedding
+        "eos_token_id": min(200002, vocab - 1),
+        "pad_token_id": min(199999, vocab - 1),
         "experts_per_token": 4,
         "head_dim": GPTOSS["head_dim"],
         "hidden_act": "silu",
@@ -315,8 +317,8 @@ def gen_bnb(out, layers, vocab, pools):
         "architectures": ["LlamaForCausalLM"],
         "attention_bias": False,
         "attention_dropout": 0.0,
-        "bos_token_id": 128000,
-        "eos_token_id": 128001,
+        "bos_token_id": min(128000, vocab - 1),
+        "eos_token_id": min(128001, vocab - 1),
         "head_dim": LLAMA["head_dim"],
         "hidden_act": "silu",
         "hidden_size": H,

@@ -79,8 +79,6 @@ def child_load(rank, W, port, outdir, threads):
     dist.init_process_group("gloo", rank=rank, world_size=W, timeout=datetime.timedelta(seconds=600))
     mesh = init_device_mesh("cpu", (W,))
     cfg = AutoConfig.from_pretrained(outdir)
-    if getattr(cfg, "pad_token_id", None) is not None and cfg.pad_token_id >= cfg.vocab_size:
-        cfg.pad_token_id = None  # gen_synth's shrunk vocabulary (--vocab) keeps the real model's pad id
     with torch.device("meta"):
         m = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     for b in m.model.layers:

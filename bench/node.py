@@ -26,7 +26,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from bench import TIME, parse_time_v, loadavg, reread_cache, warm_cache  # noqa: E402
+from bench import TIME, data_dir, parse_time_v, loadavg, reread_cache, warm_cache  # noqa: E402
 
 BAR = 0.6
 
@@ -165,7 +165,7 @@ def main():
     ap.add_argument("--cases", default="w8,hf")
     ap.add_argument("--before", default=None, help="another bfshard binary, run in the same rounds (before/after)")
     a = ap.parse_args()
-    res = run(os.path.join(a.build, "bfshard"), a.data, a.python, a.layers, a.vocab, a.rounds, a.shm, a.cases,
+    res = run(os.path.join(a.build, "bfshard"), data_dir(a.data), a.python, a.layers, a.vocab, a.rounds, a.shm, a.cases,
               a.before)
     nproc = res["nproc"]
     for c, x in res["cases"].items():
