@@ -45,6 +45,9 @@
  */
 #include "input/srchash.h"
 #include "base/bfs_io.h"
+#include "../../kernels/bfs_kernels.h"
+
+#include <stdatomic.h>
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -65,7 +68,7 @@ static void bfs__hash_mapped(XXH3_state_t *st, const uint8_t *p, uint64_t n)
         if (st) { /* asked for whole: a part's maps read no further than asked (MADV_RANDOM) */
             const uintptr_t wa = (uintptr_t)(p + o) / pg * pg;
             (void)madvise((void *)wa, (uintptr_t)(p + o + w) - wa, MADV_WILLNEED);
-            XXH3_128bits_update(st, p + o, w);
+            bfs__xxh128_update(st, p + o, w);
         }
         const uintptr_t a = ((uintptr_t)(p + o) + pg - 1) / pg * pg, b = (uintptr_t)(p + o + w) / pg * pg;
         if (b > a)
@@ -103,7 +106,25 @@ struct bfs_srchash {
     size_t nopen, copen;
     uint64_t (*sum)[2];    /* per file: this run's terms added, {low64, high64} */
     uint64_t read, hashed;
+    XXH3_state_t *one;     /* a block hashed whole (the same digest as XXH3_128bits_withSeed) */
 };
+
+void bfs__xxh128_update(XXH3_state_t *st, const void *p, size_t n)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    static _Atomic int avx2 = -1;
+    int a = atomic_load_explicit(&avx2, memory_order_relaxed);
+    if (a < 0) {
+        a = bfs_kernels_best_level() >= BFS_CPU_AVX2;
+        atomic_store_explicit(&avx2, a, memory_order_relaxed);
+    }
+    if (a) {
+        bfs__xxh3_128_update_avx2(st, p, n);
+        return;
+    }
+#endif
+    XXH3_128bits_update(st, p, n);
+}
 
 void bfs__srchash_free(bfs_srchash *h)
 {
@@ -116,6 +137,7 @@ void bfs__srchash_free(bfs_srchash *h)
         free(h->th[i].sp);
     free(h->th);
     free(h->sum);
+    XXH3_freeState(h->one);
     free(h);
 }
 
@@ -139,7 +161,8 @@ int bfs__srchash_create(const bfs_input *in, const bool *unit_read, bool rank0, 
     h->dry = dry;
     h->sum = calloc((size_t)in->nfiles + 1, sizeof *h->sum);
     h->th = calloc(in->nraw + 1, sizeof *h->th);
-    if (!h->sum || !h->th)
+    h->one = dry ? NULL : XXH3_createState();
+    if (!h->sum || !h->th || (!dry && !h->one))
         BFS_FAIL(BFS_ENOMEM, "out of memory");
     for (int f = 0; f < in->nfiles; f++) {
         const uint64_t n = in->files[f].h.data_start;
@@ -305,7 +328,9 @@ static int bfs__srchash_range(bfs_srchash *h, const bfs_srange *s, const bfs_sra
     if (e <= a)
         return 0;
     if (!h->dry && !b->st && b->cursor == lo && a == lo && e == hi) { /* the whole block at once */
-        bfs__term_add(h, r->file, XXH3_128bits_withSeed(r->data + lo, (size_t)(hi - lo), r->file_offset + lo));
+        XXH3_128bits_reset_withSeed(h->one, r->file_offset + lo);
+        bfs__xxh128_update(h->one, r->data + lo, (size_t)(hi - lo));
+        bfs__term_add(h, r->file, XXH3_128bits_digest(h->one));
         b->cursor = hi;
         return bfs__block_close(h, k);
     }
@@ -317,7 +342,7 @@ static int bfs__srchash_range(bfs_srchash *h, const bfs_srange *s, const bfs_sra
         XXH3_128bits_reset_withSeed(b->st, r->file_offset + lo);
     }
     if (!h->dry)
-        XXH3_128bits_update(b->st, r->data + a, (size_t)(e - a));
+        bfs__xxh128_update(b->st, r->data + a, (size_t)(e - a));
     b->cursor = e;
     return e == hi ? bfs__block_close(h, k) : 0;
 }

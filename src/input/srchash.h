@@ -8,6 +8,8 @@
 
 #include "input/input.h"
 
+#include <xxhash.h>
+
 /* The source hash's window: srchash.c reads the input through the map in steps of this
  * and drops them (the memory model, src/output/units.c, counts it) */
 #define BFS_SRC_HASH_WINDOW (4u << 20)
@@ -16,6 +18,10 @@
 #define BFS_SRC_HASH_SCHEME "blocks-1"
 
 typedef struct bfs_srchash bfs_srchash;
+
+/* XXH3-128 update with the fastest code this CPU runs (the same digest everywhere): the
+ * source hashes', the writer's and the hash check's. */
+void bfs__xxh128_update(XXH3_state_t *st, const void *p, size_t n);
 
 /* unit_read[i]: some unit reads in->raw[i] (bfs__sources_read); the others are one block
  * each, rank 0's. rank0: this run adds rank 0's terms (the headers, those tensors): a whole
