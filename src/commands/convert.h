@@ -88,6 +88,7 @@ typedef struct bfs_run {
     int slot;                  /* the unit buffer to fill next (bfs__slot_next) */
     int live;                  /* buffers used so far: [0, live) (bfs__slot_next) */
     uint64_t waited;           /* units that waited in the ring for their file (BFSHARD_STAGES) */
+    uint64_t interleaved;      /* a group's units cut in turn with another file's piece (BFSHARD_STAGES) */
     bfs_wjob pend[BFS_RING_MAX]; /* a file's first units, waiting for the file before to be committed */
     int pend_slot[BFS_RING_MAX], npend; /* their buffers (-1: none) */
     bfs_prange *pr;            /* a batch's input pages (BFS_BATCH_MAX * BFS_UNIT_MAX_SRC) */

@@ -82,6 +82,7 @@ static int bfs__group_drain(bfs_run *r, int n)
                 continue;
             bool done = false;
             BFS_TRY(bfs__piece_step(r, k, &r->plan->files[k->fidx], &k->pc, &done));
+            r->interleaved += active > 1;
             k->in_piece = !done;
             more = more || !done;
         }
