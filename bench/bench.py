@@ -1171,7 +1171,8 @@ class Bench:
             P(f"node: gpt-oss {nd['layers']} layers to tmpfs vs {nd['nproc']} concurrent dd writers of the same bytes, "
               f"medians of {nd['rounds']} interleaved rounds (bench/node.py)")
             for c, x in nd["cases"].items():
-                P(f"    {c:3s} {x['ratio_median']:.2f}x dd, {x['gbps_median']:.2f} GB/s vs dd {x['dd_gbps']:.2f} GB/s, "
+                one = (f" (1 dd {x['dd1_gbps']:.2f} GB/s, {x['ratio_dd1_median']:.2f}x)" if "dd1_gbps" in x else "")
+                P(f"    {c:3s} {x['ratio_median']:.2f}x dd, {x['gbps_median']:.2f} GB/s vs dd {x['dd_gbps']:.2f} GB/s{one}, "
                   f"peak RSS {x['peak_rss_mb']:.0f} MB, CPU {x['cpu_percent']}%, {x['writers']} writer(s), busy "
                   + " ".join(f"{k} {v:.2f}" for k, v in x["busy"].items())
                   + (f"; verify {x['verify_s']:.2f} s vs {nd['nproc']} xxh128sum {x['xxh128sum_s']:.2f} s"

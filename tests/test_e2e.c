@@ -176,6 +176,46 @@ static void ring_identical(void **s)
     script_ok("tests/ring_identical.sh", "ring");
 }
 
+/* A group's large pieces cut unit by unit in turn (convert_inter.c: several units a piece,
+ * each rank file's source block kept open meanwhile, srchash.c), written buffered to tmpfs
+ * (/dev/shm where there is one) and with O_DIRECT where the filesystem takes it: the same
+ * files, manifest and input counts as one rank file at a time. */
+static void group_units_interleaved(void **s)
+{
+    (void)s;
+    char *tmp = tu_tmpdir("ginter");
+    char in[4096], out[4096];
+    snprintf(in, sizeof in, "%s/in", tmp);
+    snprintf(out, sizeof out, "/dev/shm/bfs-test-ginter-%d", (int)getpid());
+    const bool shm = tu_sh("mkdir %s 2>/dev/null", out) == 0;
+    if (!shm)
+        snprintf(out, sizeof out, "%s", tmp);
+    assert_int_equal(tu_sh("mkdir -p %s", in), 0);
+    tu_gen_mxfp4(in, 16, 2, true); /* experts of 1.5 MB: a rank's 8 are 3 units at --mem 8M */
+    const char *runs[][2] = {{"one", "BFSHARD_GROUP=1"},
+                             {"buffered", "BFSHARD_DIRECT=0 BFSHARD_WRITERS=2"},
+                             {"direct", "BFSHARD_WRITERS=2"}};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(tu_sh("%s BFSHARD_STAGES=1 %s convert %s %s/%s --world-size 2 --mem 8M --device cpu -q "
+                               "--json >%s/%s.json 2>%s/%s.stages",
+                               runs[i][1], tu_bfshard(), in, out, runs[i][0], tmp, runs[i][0], tmp, runs[i][0]),
+                         0);
+        if (i == 0)
+            continue;
+        assert_int_equal(tu_sh("diff -r %s/one %s/%s", out, out, runs[i][0]), 0);
+        assert_int_equal(tu_sh("grep -q '\"units_interleaved\": [1-9]' %s/%s.stages", tmp, runs[i][0]), 0);
+        assert_int_equal(tu_sh("test \"$(grep -o '\"\\(input_bytes_read\\|source_bytes_hashed\\)\": [0-9]*' %s/one.json)\" = "
+                               "\"$(grep -o '\"\\(input_bytes_read\\|source_bytes_hashed\\)\": [0-9]*' %s/%s.json)\"",
+                               tmp, tmp, runs[i][0]),
+                         0);
+    }
+    assert_int_equal(tu_sh("grep -q '\"buffered_bytes\": [1-9][0-9]\\{6\\}' %s/buffered.stages", tmp), 0);
+    if (shm)
+        tu_rmrf(out);
+    tu_rmrf(tmp);
+    free(tmp);
+}
+
 static void outputs_and_sums(void **s)
 {
     (void)s;
@@ -404,6 +444,7 @@ int main(void)
         cmocka_unit_test(levels_identical),
         cmocka_unit_test(groups_identical),
         cmocka_unit_test(ring_identical),
+        cmocka_unit_test(group_units_interleaved),
         cmocka_unit_test(outputs_and_sums),
         cmocka_unit_test(verify_names_flipped_byte),
         cmocka_unit_test(interrupt_and_resume),

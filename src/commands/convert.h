@@ -88,6 +88,7 @@ typedef struct bfs_run {
     int slot;                  /* the unit buffer to fill next (bfs__slot_next) */
     int live;                  /* buffers used so far: [0, live) (bfs__slot_next) */
     uint64_t waited;           /* units that waited in the ring for their file (BFSHARD_STAGES) */
+    uint64_t interleaved;      /* a group's units cut in turn with another file's piece (BFSHARD_STAGES) */
     bfs_wjob pend[BFS_RING_MAX]; /* a file's first units, waiting for the file before to be committed */
     int pend_slot[BFS_RING_MAX], npend; /* their buffers (-1: none) */
     bfs_prange *pr;            /* a batch's input pages (BFS_BATCH_MAX * BFS_UNIT_MAX_SRC) */
@@ -130,8 +131,8 @@ int bfs__write_batch(bfs_run *r, bfs_rank *rk, const bfs_outfile *of, size_t p0,
 int bfs__piece_begin(bfs_run *r, bfs_rank *rk, const bfs_outfile *of, size_t pi, bfs_pcur *pc, bool *done);
 int bfs__piece_step(bfs_run *r, bfs_rank *rk, const bfs_outfile *of, bfs_pcur *pc, bool *done);
 int bfs__write_file(bfs_run *r, int fidx);
-/* Files fidx[0..n) (2 <= n <= BFS_GROUP_MAX, consecutive, none reused) written together
- * (units.h: groups), each committed in order at the end. */
+/* (convert_inter.c) Files fidx[0..n) (2 <= n <= BFS_GROUP_MAX, consecutive, none reused)
+ * written together (units.h: groups), each committed in order at the end. */
 int bfs__write_group(bfs_run *r, const int *fidx, int n);
 /* A group's files begun (the files before committed first), and at its end ended and
  * committed in file order. */
@@ -140,6 +141,10 @@ int bfs__group_close(bfs_run *r, const int *fidx, int n);
 /* convert_inter.c: the same for files that hold different tensors (the HF layout): their
  * units interleaved, one each in turn, so that the writer's lanes write them at once. */
 int bfs__write_interleaved(bfs_run *r, const int *fidx, int n);
+/* (convert_ranks.c, for bfs__write_group) the window's buffer done with: the next batch or
+ * unit takes the next one; a window's input pages released, merged across the group's files */
+void bfs__carve_close(bfs_run *r);
+int bfs__release_window(bfs_run *r, const bfs_gwalk *gw);
 /* Bytes up to `end` of the current buffer (r->slot) filled: what BFSHARD_STAGES reports
  * as the buffers' touched bytes, beside the memory model's count (units.h). */
 static inline void bfs__slot_touch(bfs_run *r, const uint8_t *end)

@@ -5,10 +5,10 @@
  * it is committed, the next file's units waiting in the ring meanwhile (bfs__unit_push,
  * bfs__rank_start / bfs__rank_finish), its compressed copy (bfs__zcopy_*), a file reused
  * from an interrupted run re-hashed (bfs__rehash_pieces, bfs__hash_reused_sources), the
- * input pages each unit read released (bfs__advise_sources); and a group of rank files
- * written together, window by window (bfs__write_group, units.h: groups), their batches
- * carved from one buffer (bfs__carve) and each window's input pages released after it
- * (bfs__release_window).
+ * input pages each unit read released (bfs__advise_sources); and for a group of rank files
+ * written together, window by window (bfs__write_group, convert_inter.c; units.h: groups),
+ * their batches carved from one buffer (bfs__carve) and each window's input pages released
+ * after it (bfs__release_window).
  */
 #include "commands/convert.h"
 #include "commands/commands.h"
@@ -560,7 +560,7 @@ static void bfs__release_batch(bfs_run *r, const bfs_outfile *of, size_t p0, siz
 
 /* ---- groups (units.h): a window's batches carved from one buffer ---------------------- */
 /* The window's buffer done with: the next batch or unit takes the next one. */
-static void bfs__carve_close(bfs_run *r)
+void bfs__carve_close(bfs_run *r)
 {
     if (r->carved) {
         bfs__slot_next(r);
@@ -672,7 +672,7 @@ cleanup:
 }
 
 /* A window's input pages released, merged across the group's files (units.h). */
-static int bfs__release_window(bfs_run *r, const bfs_gwalk *gw)
+int bfs__release_window(bfs_run *r, const bfs_gwalk *gw)
 {
     const uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
     size_t n = bfs__window_pages(gw, r->wsteps, r->nwsteps, pg, false, &r->ws);
@@ -686,39 +686,6 @@ static int bfs__release_window(bfs_run *r, const bfs_gwalk *gw)
         bfs__drop_cache(&r->in->files[r->ws.pr[i].file], r->ws.pr[i].a, r->ws.pr[i].b);
     r->nwsteps = 0;
     return 0;
-}
-
-int bfs__write_group(bfs_run *r, const int *fidx, int n)
-{
-    int rc = 0;
-    bfs_gwalk gw;
-    bfs_gstep s;
-    BFS_TRY(bfs__group_open(r, fidx, n));
-    bfs__gwalk_init(&gw, r->plan, fidx, n, &r->ring);
-    while (bfs__gwalk_next(&gw, &s)) {
-        if (s.window_end || !s.batch)
-            bfs__carve_close(r);
-        if (s.window_end) {
-            const double t0 = bfs__now();
-            BFS_TRY(bfs__release_window(r, &gw));
-            r->t_read += bfs__now() - t0;
-            continue;
-        }
-        bfs_rank *const k = &r->grp[s.g];
-        const bfs_outfile *of = &r->plan->files[k->fidx];
-        k->pf = r->prefetch ? bfs__prefetch_ahead(r->in, r->plan, of, k->pf, s.p0) : k->pf; /* a part: by hand */
-        if (!s.batch) {
-            BFS_TRY(bfs__write_piece(r, k, of, s.p0));
-            continue;
-        }
-        BFS_TRY(bfs__write_batch(r, k, of, s.p0, s.p1, true));
-        if (bfs__grow((void **)&r->wsteps, &r->cwsteps, r->nwsteps + 1, sizeof *r->wsteps) < 0)
-            BFS_FAIL(BFS_ENOMEM, "out of memory");
-        r->wsteps[r->nwsteps++] = s;
-    }
-    BFS_TRY(bfs__group_close(r, fidx, n));
-cleanup:
-    return rc; /* on failure, bfs__ranks_abort */
 }
 
 int bfs__group_open(bfs_run *r, const int *fidx, int n)

@@ -53,14 +53,15 @@ void bfs__stages_print(const bfs_run *r, double total)
             "\"write_s\": %.4f, \"zst_s\": %.4f, \"tail_s\": %.4f, \"commit_s\": %.4f, \"direct_bytes\": %llu, "
             "\"buffered_bytes\": %llu, \"input_s\": %.4f, \"plan_s\": %.4f, \"layout_s\": %.4f, \"setup_s\": %.4f, "
             "\"files_s\": %.4f, \"manifest_s\": %.4f, \"sha256_s\": %.4f, \"writer_busy\": %.4f, "
-            "\"writer_busy_files\": %.4f, \"buffers\": %d, \"buffers_used\": %d, \"buffers_touched_bytes\": %llu, \"units_waited\": %llu, \"buffer_bytes\": %llu, \"unit_bytes\": %llu, \"group\": %d, "
+            "\"writer_busy_files\": %.4f, \"buffers\": %d, \"buffers_used\": %d, \"buffers_touched_bytes\": %llu, \"units_waited\": %llu, \"units_interleaved\": %llu, \"buffer_bytes\": %llu, \"unit_bytes\": %llu, \"group\": %d, "
             "\"input_bytes_read\": %llu, \"source_bytes_hashed\": %llu, \"device_bytes_read\": %lld, \"read_s\": %.4f, "
             "\"writers\": %d, \"busy_read\": %.4f, \"busy_dequant\": %.4f, \"busy_hash\": %.4f, \"busy_write\": %.4f}\n",
             total, r->t_dequant, s->hash, s->wait, s->write, s->zst, s->tail, r->t_commit,
             (unsigned long long)s->direct_bytes, (unsigned long long)s->buffered_bytes, r->t_input, r->t_plan,
             r->t_layout, r->t_setup, r->t_files, r->t_manifest, s->sha, total > 0 ? s->write / total : 0.0,
             r->t_files > 0 ? s->write / r->t_files : 0.0, r->ring.n, r->live,
-            (unsigned long long)touched, (unsigned long long)r->waited, (unsigned long long)r->ring.slot,
+            (unsigned long long)touched, (unsigned long long)r->waited, (unsigned long long)r->interleaved,
+            (unsigned long long)r->ring.slot,
             (unsigned long long)r->ring.unit, r->group, (unsigned long long)r->in_read, (unsigned long long)r->src_read,
             dev == UINT64_MAX || r->dev_read0 == UINT64_MAX ? -1LL : (long long)(dev - r->dev_read0), r->t_read,
             r->w.nlanes, b_read, b_dequant, b_hash, b_write);

@@ -27,9 +27,12 @@
  * How each block's hash comes from the bytes the kernels read: convert.c runs a unit as
  * identity check -> kernel -> bfs__srchash_ranges() -> identity check, and the unit's
  * ranges (the same mapping the kernel read) are streamed into their blocks in order,
- * every byte once: a tensor's units read increasing rows, also across the rank files, so
- * a block is hashed from its start as its rank's units reach it (a range re-read -- a scale
- * row shared by two units, bnb's 1 KiB nested code -- is hashed the first time). A block
+ * every byte once: a tensor's units read increasing rows in each rank file, and the rank
+ * files begin it in rank order, so a block is hashed from its start as its rank's units
+ * reach it (a range re-read -- a scale row shared by two units, bnb's 1 KiB nested code --
+ * is hashed the first time). Rank files written one after another end a block when the
+ * next one begins; interleaved unit by unit (a group's large pieces, convert_ranks.c) they
+ * keep one block each open at once (bfs__srchash_hold). A block
  * read whole by one unit is hashed in one call. The identity (device, inode, size, mtime,
  * ctime) is the same before the kernel and after the hash, so no write reached the file
  * between the kernel's read and the hash's read: they read the same bytes. A file that
@@ -42,6 +45,9 @@
  */
 #include "input/srchash.h"
 #include "base/bfs_io.h"
+#include "../../kernels/bfs_kernels.h"
+
+#include <stdatomic.h>
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -62,7 +68,7 @@ static void bfs__hash_mapped(XXH3_state_t *st, const uint8_t *p, uint64_t n)
         if (st) { /* asked for whole: a part's maps read no further than asked (MADV_RANDOM) */
             const uintptr_t wa = (uintptr_t)(p + o) / pg * pg;
             (void)madvise((void *)wa, (uintptr_t)(p + o + w) - wa, MADV_WILLNEED);
-            XXH3_128bits_update(st, p + o, w);
+            bfs__xxh128_update(st, p + o, w);
         }
         const uintptr_t a = ((uintptr_t)(p + o) + pg - 1) / pg * pg, b = (uintptr_t)(p + o + w) / pg * pg;
         if (b > a)
@@ -71,32 +77,67 @@ static void bfs__hash_mapped(XXH3_state_t *st, const uint8_t *p, uint64_t n)
     }
 }
 
+/* a block begun and not yet closed: [lo, hi) of raw tensor `raw`'s data, [lo, cursor) hashed */
 typedef struct {
-    uint64_t lo, hi;  /* the block begun, [lo, hi) of the tensor's data (while open) */
-    uint64_t cursor;  /* [lo, cursor) of it hashed */
-    uint64_t done;    /* every block this run hashes of the tensor below here is done */
-    uint64_t rd;      /* the units' ranges read up to here (their union is counted) */
-    XXH3_state_t *st; /* while the open block is partly hashed */
-    bool open;
+    size_t raw;
+    uint64_t lo, hi, cursor;
+    XXH3_state_t *st; /* while partly hashed */
+} bfs_sblock;
+
+typedef struct {
+    uint64_t a, b;
+} bfs_span;
+
+typedef struct {
+    uint64_t front;   /* the end of the last block begun: a tensor's blocks begin in increasing order */
+    uint32_t nopen;   /* its blocks open (in bfs_srchash.open) */
+    /* the union of the units' ranges read, counted once: sorted disjoint spans */
+    uint32_t nsp, csp;
+    bfs_span *sp;
 } bfs_tensor_hash;
 
 struct bfs_srchash {
     const bfs_input *in;
     const bool *unit_read; /* per raw tensor */
     bool rank0, dry;
+    bool hold;             /* bfs__srchash_hold */
     bfs_tensor_hash *th;   /* per raw tensor (in->raw) */
+    bfs_sblock *open;      /* the blocks open, of every tensor (a few: one per rank file in flight) */
+    size_t nopen, copen;
     uint64_t (*sum)[2];    /* per file: this run's terms added, {low64, high64} */
     uint64_t read, hashed;
+    XXH3_state_t *one;     /* a block hashed whole (the same digest as XXH3_128bits_withSeed) */
 };
+
+void bfs__xxh128_update(XXH3_state_t *st, const void *p, size_t n)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    static _Atomic int avx2 = -1;
+    int a = atomic_load_explicit(&avx2, memory_order_relaxed);
+    if (a < 0) {
+        a = bfs_kernels_best_level() >= BFS_CPU_AVX2;
+        atomic_store_explicit(&avx2, a, memory_order_relaxed);
+    }
+    if (a) {
+        bfs__xxh3_128_update_avx2(st, p, n);
+        return;
+    }
+#endif
+    XXH3_128bits_update(st, p, n);
+}
 
 void bfs__srchash_free(bfs_srchash *h)
 {
     if (!h)
         return;
+    for (size_t i = 0; i < h->nopen; i++)
+        XXH3_freeState(h->open[i].st);
+    free(h->open);
     for (size_t i = 0; h->th && i < h->in->nraw; i++)
-        XXH3_freeState(h->th[i].st);
+        free(h->th[i].sp);
     free(h->th);
     free(h->sum);
+    XXH3_freeState(h->one);
     free(h);
 }
 
@@ -120,7 +161,8 @@ int bfs__srchash_create(const bfs_input *in, const bool *unit_read, bool rank0, 
     h->dry = dry;
     h->sum = calloc((size_t)in->nfiles + 1, sizeof *h->sum);
     h->th = calloc(in->nraw + 1, sizeof *h->th);
-    if (!h->sum || !h->th)
+    h->one = dry ? NULL : XXH3_createState();
+    if (!h->sum || !h->th || (!dry && !h->one))
         BFS_FAIL(BFS_ENOMEM, "out of memory");
     for (int f = 0; f < in->nfiles; f++) {
         const uint64_t n = in->files[f].h.data_start;
@@ -138,55 +180,125 @@ cleanup:
     return rc;
 }
 
-/* bytes [t->cursor, to) of r's open block, which no kernel read, from the map */
-static int bfs__block_fill(bfs_srchash *h, const bfs_raw *r, bfs_tensor_hash *t, uint64_t to)
+/* bytes [b->cursor, to) of r's open block b, which no kernel read, from the map */
+static int bfs__block_fill(bfs_srchash *h, const bfs_raw *r, bfs_sblock *b, uint64_t to)
 {
-    if (to <= t->cursor)
+    if (to <= b->cursor)
         return 0;
-    if (!h->dry && !t->st) {
-        if (!(t->st = XXH3_createState()))
+    if (!h->dry && !b->st) {
+        if (!(b->st = XXH3_createState()))
             return bfs__err(BFS_ENOMEM, "out of memory hashing tensor \"%s\"", r->st->name);
-        XXH3_128bits_reset_withSeed(t->st, r->file_offset + t->lo);
+        XXH3_128bits_reset_withSeed(b->st, r->file_offset + b->lo);
     }
-    bfs__hash_mapped(h->dry ? NULL : t->st, r->data + t->cursor, to - t->cursor);
-    h->read += to - t->cursor;
-    t->cursor = to;
+    bfs__hash_mapped(h->dry ? NULL : b->st, r->data + b->cursor, to - b->cursor);
+    h->read += to - b->cursor;
+    b->cursor = to;
     return 0;
 }
 
-/* the open block hashed to its end (the rest from the map): its term added */
-static int bfs__block_close(bfs_srchash *h, const bfs_raw *r, bfs_tensor_hash *t)
+/* open block k hashed to its end (the rest from the map): its term added, k no longer open */
+static int bfs__block_close(bfs_srchash *h, size_t k)
 {
-    const int rc = bfs__block_fill(h, r, t, t->hi);
+    bfs_sblock *const b = &h->open[k];
+    const bfs_raw *r = &h->in->raw[b->raw];
+    const int rc = bfs__block_fill(h, r, b, b->hi);
     if (rc < 0)
         return rc;
-    if (t->st) /* (none: dry, or added whole by the caller) */
-        bfs__term_add(h, r->file, XXH3_128bits_digest(t->st));
-    XXH3_freeState(t->st);
-    t->st = NULL;
-    t->open = false;
-    t->done = t->hi;
-    h->hashed += t->hi - t->lo;
+    if (b->st) /* (none: dry, or added whole by the caller) */
+        bfs__term_add(h, r->file, XXH3_128bits_digest(b->st));
+    XXH3_freeState(b->st);
+    h->hashed += b->hi - b->lo;
+    h->th[b->raw].nopen--;
+    h->open[k] = h->open[--h->nopen];
     return 0;
 }
 
-/* the block [lo, hi) of r that range [off, end) falls in: begun, or the one open */
-static int bfs__block_enter(bfs_srchash *h, const bfs_raw *r, bfs_tensor_hash *t, uint64_t lo, uint64_t hi)
+/* [a, e) of a tensor's data read by a unit, added to the union of its reads: *added, the
+ * bytes not in it before. A tensor's ranges come in increasing order per rank file (new
+ * spans at the end), in turn between rank files when their units are interleaved. */
+static int bfs__read_add(bfs_tensor_hash *t, uint64_t a, uint64_t e, uint64_t *added)
 {
-    if (t->open && lo == t->lo && hi == t->hi)
-        return 1;
-    if (t->open && lo >= t->hi) {
-        const int rc = bfs__block_close(h, r, t); /* the last unit of its rank has passed */
-        if (rc < 0)
-            return rc;
+    *added = 0;
+    if (e <= a)
+        return 0;
+    uint32_t i = t->nsp, j = t->nsp; /* spans [i, j) touch [a, e) */
+    while (i > 0 && t->sp[i - 1].b >= a)
+        i--;
+    while (j > i && t->sp[j - 1].a > e)
+        j--;
+    uint64_t covered = 0, na = a, nb = e;
+    for (uint32_t k = i; k < j; k++) {
+        const uint64_t oa = a > t->sp[k].a ? a : t->sp[k].a, ob = e < t->sp[k].b ? e : t->sp[k].b;
+        covered += ob > oa ? ob - oa : 0;
+        na = t->sp[k].a < na ? t->sp[k].a : na;
+        nb = t->sp[k].b > nb ? t->sp[k].b : nb;
     }
-    if (!t->open && hi <= t->done)
+    *added = (e - a) - covered;
+    if (j == i) { /* a span of its own */
+        if (t->nsp == t->csp) {
+            const uint32_t c = t->csp ? 2 * t->csp : 1;
+            bfs_span *p = realloc(t->sp, (size_t)c * sizeof *p);
+            if (!p)
+                return -1;
+            t->sp = p;
+            t->csp = c;
+        }
+        memmove(&t->sp[i + 1], &t->sp[i], (size_t)(t->nsp - i) * sizeof *t->sp);
+        t->nsp++;
+    } else { /* spans [i, j) merged into one */
+        memmove(&t->sp[i + 1], &t->sp[j], (size_t)(t->nsp - j) * sizeof *t->sp);
+        t->nsp -= j - i - 1;
+    }
+    t->sp[i] = (bfs_span){na, nb};
+    return 0;
+}
+
+/* the block [lo, hi) of raw tensor ri that a range falls in: *k, the open one or one begun;
+ * 0 when it was closed already (a range re-read after its block's end) */
+static int bfs__block_enter(bfs_srchash *h, size_t ri, uint64_t lo, uint64_t hi, size_t *k)
+{
+    const bfs_raw *r = &h->in->raw[ri];
+    bfs_tensor_hash *const t = &h->th[ri];
+    for (size_t i = 0; t->nopen > 0 && i < h->nopen;) {
+        const bfs_sblock *b = &h->open[i];
+        if (b->raw != ri) {
+            i++;
+            continue;
+        }
+        if (b->lo == lo && b->hi == hi) {
+            *k = i;
+            return 1;
+        }
+        if (!h->hold && lo >= b->hi) { /* the last unit of its rank has passed */
+            const int rc = bfs__block_close(h, i);
+            if (rc < 0)
+                return rc;
+            continue; /* the last open block moved into i */
+        }
+        if (!h->hold || (lo < b->hi && hi > b->lo))
+            return bfs__err(BFS_EINTERNAL, "%s: tensor \"%s\": source block [%llu, %llu) while [%llu, %llu) is open",
+                            h->in->files[r->file].path, r->st->name, (unsigned long long)lo, (unsigned long long)hi,
+                            (unsigned long long)b->lo, (unsigned long long)b->hi);
+        i++;
+    }
+    if (hi <= t->front)
         return 0; /* hashed already: a range re-read after its block's end */
-    if (t->open || lo < t->done)
-        return bfs__err(BFS_EINTERNAL, "%s: tensor \"%s\": source block [%llu, %llu) after [%llu, %llu)",
+    if (lo < t->front)
+        return bfs__err(BFS_EINTERNAL, "%s: tensor \"%s\": source block [%llu, %llu) after one up to %llu",
                         h->in->files[r->file].path, r->st->name, (unsigned long long)lo, (unsigned long long)hi,
-                        (unsigned long long)(t->open ? t->lo : 0), (unsigned long long)(t->open ? t->hi : t->done));
-    *t = (bfs_tensor_hash){.lo = lo, .hi = hi, .cursor = lo, .done = t->done, .rd = t->rd, .open = true};
+                        (unsigned long long)t->front);
+    if (h->nopen == h->copen) {
+        const size_t c = h->copen ? 2 * h->copen : 8;
+        bfs_sblock *p = realloc(h->open, c * sizeof *p);
+        if (!p)
+            return bfs__err(BFS_ENOMEM, "out of memory hashing tensor \"%s\"", r->st->name);
+        h->open = p;
+        h->copen = c;
+    }
+    h->open[h->nopen] = (bfs_sblock){.raw = ri, .lo = lo, .hi = hi, .cursor = lo};
+    *k = h->nopen++;
+    t->nopen++;
+    t->front = hi;
     return 1;
 }
 
@@ -194,41 +306,48 @@ static int bfs__block_enter(bfs_srchash *h, const bfs_raw *r, bfs_tensor_hash *t
 static int bfs__srchash_range(bfs_srchash *h, const bfs_srange *s, const bfs_srange *blk)
 {
     const bfs_raw *r = s->r;
-    bfs_tensor_hash *t = &h->th[r - h->in->raw];
+    const size_t ri = (size_t)(r - h->in->raw);
+    bfs_tensor_hash *t = &h->th[ri];
     const uint64_t off = s->off, end = s->off + s->len, lo = blk->off, hi = blk->off + blk->len;
     if (blk->r != r || end > r->nbytes || hi > r->nbytes)
         return bfs__err(BFS_EINTERNAL, "%s: tensor \"%s\": source bytes [%llu, %llu) or block [%llu, %llu) outside its %llu",
                         h->in->files[r->file].path, r->st->name, (unsigned long long)off, (unsigned long long)end,
                         (unsigned long long)lo, (unsigned long long)hi, (unsigned long long)r->nbytes);
-    if (end > t->rd) { /* the union of the units' reads: they come in increasing order */
-        h->read += end - (off > t->rd ? off : t->rd);
-        t->rd = end;
-    }
+    uint64_t added;
+    if (bfs__read_add(t, off, end, &added) < 0)
+        return bfs__err(BFS_ENOMEM, "out of memory hashing tensor \"%s\"", r->st->name);
+    h->read += added;
     if (lo == hi)
         return 0;
-    int rc = bfs__block_enter(h, r, t, lo, hi);
+    size_t k = 0;
+    int rc = bfs__block_enter(h, ri, lo, hi, &k);
     if (rc <= 0)
         return rc;
-    const uint64_t a = off > t->cursor ? off : t->cursor, e = end < hi ? end : hi; /* new bytes: [a, e) */
+    bfs_sblock *const b = &h->open[k];
+    const uint64_t a = off > b->cursor ? off : b->cursor, e = end < hi ? end : hi; /* new bytes: [a, e) */
     if (e <= a)
         return 0;
-    if (!h->dry && !t->st && t->cursor == lo && a == lo && e == hi) { /* the whole block at once */
-        bfs__term_add(h, r->file, XXH3_128bits_withSeed(r->data + lo, (size_t)(hi - lo), r->file_offset + lo));
-        t->cursor = hi;
-        return bfs__block_close(h, r, t);
+    if (!h->dry && !b->st && b->cursor == lo && a == lo && e == hi) { /* the whole block at once */
+        XXH3_128bits_reset_withSeed(h->one, r->file_offset + lo);
+        bfs__xxh128_update(h->one, r->data + lo, (size_t)(hi - lo));
+        bfs__term_add(h, r->file, XXH3_128bits_digest(h->one));
+        b->cursor = hi;
+        return bfs__block_close(h, k);
     }
-    if ((rc = bfs__block_fill(h, r, t, a)) < 0) /* bytes before the kernel's range: no kernel read them */
+    if ((rc = bfs__block_fill(h, r, b, a)) < 0) /* bytes before the kernel's range: no kernel read them */
         return rc;
-    if (!h->dry && !t->st) {
-        if (!(t->st = XXH3_createState()))
+    if (!h->dry && !b->st) {
+        if (!(b->st = XXH3_createState()))
             return bfs__err(BFS_ENOMEM, "out of memory hashing tensor \"%s\"", r->st->name);
-        XXH3_128bits_reset_withSeed(t->st, r->file_offset + lo);
+        XXH3_128bits_reset_withSeed(b->st, r->file_offset + lo);
     }
     if (!h->dry)
-        XXH3_128bits_update(t->st, r->data + a, (size_t)(e - a));
-    t->cursor = e;
-    return e == hi ? bfs__block_close(h, r, t) : 0;
+        bfs__xxh128_update(b->st, r->data + a, (size_t)(e - a));
+    b->cursor = e;
+    return e == hi ? bfs__block_close(h, k) : 0;
 }
+
+void bfs__srchash_hold(bfs_srchash *h, bool on) { h->hold = on; }
 
 int bfs__srchash_ranges(bfs_srchash *h, const bfs_srange *s, const bfs_srange *blk, int n)
 {
@@ -243,14 +362,13 @@ int bfs__srchash_ranges(bfs_srchash *h, const bfs_srange *s, const bfs_srange *b
 int bfs__srchash_finish(bfs_srchash *h, char (*hex)[33])
 {
     const bfs_input *in = h->in;
+    while (h->nopen > 0) { /* the rest of a block after its last unit: no kernel reads it */
+        const int rc = bfs__block_close(h, h->nopen - 1);
+        if (rc < 0)
+            return rc;
+    }
     for (size_t i = 0; i < in->nraw; i++) {
         const bfs_raw *r = &in->raw[i];
-        bfs_tensor_hash *t = &h->th[i];
-        if (t->open) { /* the rest of a block after its last unit: no kernel reads it */
-            const int rc = bfs__block_close(h, r, t);
-            if (rc < 0)
-                return rc;
-        }
         if (h->unit_read[i] || !h->rank0 || r->nbytes == 0)
             continue;
         /* read by the planner only: one block, rank 0's */

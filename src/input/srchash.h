@@ -8,6 +8,8 @@
 
 #include "input/input.h"
 
+#include <xxhash.h>
+
 /* The source hash's window: srchash.c reads the input through the map in steps of this
  * and drops them (the memory model, src/output/units.c, counts it) */
 #define BFS_SRC_HASH_WINDOW (4u << 20)
@@ -16,6 +18,10 @@
 #define BFS_SRC_HASH_SCHEME "blocks-1"
 
 typedef struct bfs_srchash bfs_srchash;
+
+/* XXH3-128 update with the fastest code this CPU runs (the same digest everywhere): the
+ * source hashes', the writer's and the hash check's. */
+void bfs__xxh128_update(XXH3_state_t *st, const void *p, size_t n);
 
 /* unit_read[i]: some unit reads in->raw[i] (bfs__sources_read); the others are one block
  * each, rank 0's. rank0: this run adds rank 0's terms (the headers, those tensors): a whole
@@ -26,8 +32,14 @@ void bfs__srchash_free(bfs_srchash *h); /* accepts NULL */
 /* Hash the n input ranges s[] one unit reads (the mapping the kernel read), each into
  * blk[i], the block of s[i].r its rank hashes (bfs__unit_hash_blocks); the caller has
  * checked the inputs' identity before the kernel ran and checks it again after this
- * returns. A tensor's ranges come in increasing order of rows, over the rank files too. */
+ * returns. A tensor's ranges come in increasing order of rows, over the rank files too (in
+ * each rank file's, with bfs__srchash_hold). */
 int bfs__srchash_ranges(bfs_srchash *h, const bfs_srange *s, const bfs_srange *blk, int n);
+/* on: units of several rank files are interleaved (convert's groups), each rank's units
+ * in increasing order, ranks begun in increasing order: a block begun does not end the
+ * open blocks below it (they end once hashed to their end, or at bfs__srchash_finish);
+ * off (the default): a block begun ends the tensor's open block below it. */
+void bfs__srchash_hold(bfs_srchash *h, bool on);
 /* Hash what no unit read of the blocks begun, and rank 0's tensors no unit reads; then
  * per input file this run's sum of terms, 32 hex, into hex[file]: a whole run's is the
  * file's content hash, a part's is its share of it (merge adds them). */

@@ -33,23 +33,6 @@ static double bfs__wnow(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-void bfs__xxh128_update(XXH3_state_t *st, const void *p, size_t n)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    static _Atomic int avx2 = -1;
-    int a = atomic_load_explicit(&avx2, memory_order_relaxed);
-    if (a < 0) {
-        a = bfs_kernels_best_level() >= BFS_CPU_AVX2;
-        atomic_store_explicit(&avx2, a, memory_order_relaxed);
-    }
-    if (a) {
-        bfs__xxh3_128_update_avx2(st, p, n);
-        return;
-    }
-#endif
-    XXH3_128bits_update(st, p, n);
-}
-
 /* bound dirty pages of buffered writes: start writeback of the last window, wait for
  * and drop the one before */
 static void bfs__writer_flush(bfs_wfile *f)

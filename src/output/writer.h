@@ -25,6 +25,7 @@
 #define BFS_WRITER_H
 
 #include "output/units.h"
+#include "input/srchash.h" /* bfs__xxh128_update */
 #include "zst/zst.h"
 #include "base/bfs_io.h"
 
@@ -141,9 +142,6 @@ typedef struct bfs_writer {
     _Atomic uint64_t total; /* tensor bytes over the run */
     bfs_wstages st;    /* the pushing thread's (wait); the lanes keep the rest */
 } bfs_writer;
-
-/* XXH3-128 update with the fastest code this CPU runs (the same digest everywhere). */
-void bfs__xxh128_update(XXH3_state_t *st, const void *p, size_t n);
 
 /* Start the lanes' threads (w zeroed first; w->sha set to hash every file with SHA-256 too,
  * w->nlanes to the lanes wanted). */
