@@ -5,7 +5,8 @@
 
 Output on tmpfs (/dev/shm), input a gpt-oss-shaped MXFP4 checkpoint (bench/gen_synth.py,
 generated once into --data with a python that has numpy: --python), converted with
-`--world-size 8` (the DCP layout) and with `--layout hf`, beside `nproc` concurrent `dd`
+`--world-size 8` (the DCP layout), with `--layout hf` (one shard) and with `--layout hf` in
+shards of 512 MB a layer (about 4, as a full model's output has many), beside `nproc` concurrent `dd`
 writers of the same bytes (each 1/nproc of them, bs=8M): rounds interleaved (dd, W=8, hf,
 then the next round), the median of the rounds' ratios dd time / bfshard time held to
 >= 0.6 (the bar), each run's peak RSS (/usr/bin/time -v) and its stage seconds and busy
@@ -85,7 +86,7 @@ def busy(st):
     return {k: round(st.get(k + "_s", 0.0) / f, 3) for k in ("dequant", "hash", "write")} if f else {}
 
 
-def run(bfshard, data, python, layers=2, vocab=32000, rounds=3, shm=None, cases="w8,hf", before=None):
+def run(bfshard, data, python, layers=2, vocab=32000, rounds=3, shm=None, cases="w8,hf,hf-shards", before=None):
     """the node case; returns its results (ratio medians, PASS against BAR, busy fractions);
     before: another bfshard binary run in the same rounds, its cases named CASE-before"""
     nproc = os.cpu_count() or 1
@@ -95,7 +96,11 @@ def run(bfshard, data, python, layers=2, vocab=32000, rounds=3, shm=None, cases=
         log("generating", inp)
         subprocess.run([python, os.path.join(HERE, "gen_synth.py"), "gpt-oss", inp, "--layers", str(layers),
                         "--vocab", str(vocab)], check=True)
-    argv = {"w8": ["--world-size", "8"], "hf": ["--layout", "hf"]}
+    # hf: one shard here (the default 5 GB shards); hf-shards: shards of 512 MB a layer, about
+    # 4 of them, as a full model's `--layout hf` output has many (gpt-oss-20b: 9 at 5 GB), written
+    # by several lanes at once
+    argv = {"w8": ["--world-size", "8"], "hf": ["--layout", "hf"],
+            "hf-shards": ["--layout", "hf", "--max-shard-size", f"{512 * layers}M"]}
     want = [c for c in cases.split(",") if c in argv]
     bins = {c: bfshard for c in want}
     if before:  # the same cases with the other binary, in the same rounds
@@ -170,7 +175,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--shm", default=f"/dev/shm/bfshard-node-{os.getpid()}")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "out", "node.json"))
-    ap.add_argument("--cases", default="w8,hf")
+    ap.add_argument("--cases", default="w8,hf,hf-shards")
     ap.add_argument("--before", default=None, help="another bfshard binary, run in the same rounds (before/after)")
     a = ap.parse_args()
     res = run(os.path.join(a.build, "bfshard"), data_dir(a.data), a.python, a.layers, a.vocab, a.rounds, a.shm, a.cases,
