@@ -359,8 +359,8 @@ static int bfs__zst_decode_raw(const bfs_zst_reader *r, bfs_zst_dec *d, uint32_t
                             (unsigned long long)r->doff[k], ZSTD_getErrorName(ret));
         if (ob.pos > 0) {
             if (ob.pos > ds - produced)
-                return bfs__err(BFS_EINPUT, "%s: frame %u (compressed offset %llu) decompresses to more than the %llu bytes the seek table gives",
-                                r->what, k, (unsigned long long)c0, (unsigned long long)ds);
+                return bfs__err(BFS_EINPUT, "%s: frame %u (compressed offset %llu, uncompressed offset %llu) decompresses to more than the %llu bytes the seek table gives",
+                                r->what, k, (unsigned long long)c0, (unsigned long long)r->doff[k], (unsigned long long)ds);
             const int rc = sink(user, ob.dst, ob.pos);
             if (rc < 0)
                 return rc;
@@ -368,9 +368,9 @@ static int bfs__zst_decode_raw(const bfs_zst_reader *r, bfs_zst_dec *d, uint32_t
         }
         if (ret == 0) {
             if (in.pos != in.size || left > 0)
-                return bfs__err(BFS_EINPUT, "%s: frame %u: the zstd frame ends at compressed offset %llu but the seek table says %llu",
-                                r->what, k, (unsigned long long)(c0 + cs - left - (in.size - in.pos)),
-                                (unsigned long long)(c0 + cs));
+                return bfs__err(BFS_EINPUT, "%s: frame %u (uncompressed offset %llu): the zstd frame ends at compressed offset %llu but the seek table says %llu",
+                                r->what, k, (unsigned long long)r->doff[k],
+                                (unsigned long long)(c0 + cs - left - (in.size - in.pos)), (unsigned long long)(c0 + cs));
             break;
         }
         if (in.pos == in.size && left == 0 && ob.pos < ob.size)
@@ -379,8 +379,9 @@ static int bfs__zst_decode_raw(const bfs_zst_reader *r, bfs_zst_dec *d, uint32_t
                             (unsigned long long)r->doff[k]);
     }
     if (produced != ds)
-        return bfs__err(BFS_EINPUT, "%s: frame %u (compressed offset %llu) decompresses to %llu bytes, the seek table says %llu",
-                        r->what, k, (unsigned long long)c0, (unsigned long long)produced, (unsigned long long)ds);
+        return bfs__err(BFS_EINPUT, "%s: frame %u (compressed offset %llu, uncompressed offset %llu) decompresses to %llu bytes, the seek table says %llu",
+                        r->what, k, (unsigned long long)c0, (unsigned long long)r->doff[k], (unsigned long long)produced,
+                        (unsigned long long)ds);
     d->frames_decoded++;
     return 0;
 }
