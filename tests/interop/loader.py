@@ -535,8 +535,8 @@ def check_device_glue(work):
     """load()'s path into CUDA shards (bfshard.torch._to_device) with torch.cuda replaced by a
     stand-in that copies at once (streams, events) and CPU tensors in place of the device's: the
     ring's buffers (pinned: here plain) filled by bfs_read_ranges land in every shard, bit for bit,
-    for budgets below, at and above a shard's size; a file cut short, or a copy failing, is one
-    line naming the file."""
+    for budgets below, at and above a shard's size, and the same filled by bfs_read_ranges_zst from
+    a .zst copy of those bytes; a file cut short, or a copy failing, is one line naming the file."""
     import contextlib
     import torch
     import bfshard.torch as bt
@@ -562,6 +562,20 @@ def check_device_glue(work):
     data = torch.randint(0, 256, (3 << 20,), dtype=torch.uint8, generator=torch.Generator().manual_seed(5))
     with open(path, "wb") as f:
         f.write(data.numpy().tobytes())
+    # the same bytes as the one tensor of a safetensors file, compressed (.zst, 64 KiB frames)
+    import ctypes
+    import bfshard
+    hdr = json.dumps({"x": {"dtype": "U8", "shape": [data.numel()], "data_offsets": [0, data.numel()]}}).encode()
+    st_path, zpath = path + ".safetensors", path + ".safetensors.zst"
+    with open(st_path, "wb") as f:
+        f.write(struct.pack("<Q", len(hdr)) + hdr + data.numpy().tobytes())
+    lib = bfshard._c
+    lib.bfs_compress_file.restype, lib.bfs_compress_file.argtypes = ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p,
+                                                                                  ctypes.c_int, ctypes.c_int]
+    if lib.bfs_compress_file(os.fsencode(st_path), os.fsencode(zpath), 1, 2) != 0:
+        record("load()'s path into CUDA shards: compress %s" % st_path, False, lib.bfs_last_error().decode())
+        return
+    ds = 8 + len(hdr)
     shapes = [(1000, 513), (7,), (300, 17), (2048, 64), (1, 1)]
     saved = (torch.cuda.current_stream, torch.cuda.Stream, torch.cuda.Event, torch.cuda.stream, torch.empty)
     real_empty = torch.empty
@@ -582,6 +596,13 @@ def check_device_glue(work):
             bad = [o for o, n, t in items if not torch.equal(t.view(-1).view(torch.uint8), data[o:o + n])]
             if moved != sum(n for _, n, _ in items) or bad:
                 ok, why = False, "budget %d: moved %d, wrong bytes at offsets %s" % (budget, moved, bad)
+                break
+            for t in [t for _, _, t in items]:
+                t.zero_()
+            moved = bt._to_device(zpath, [(o + ds, n, t) for o, n, t in items], 2, budget, zst=True)
+            bad = [o for o, n, t in items if not torch.equal(t.view(-1).view(torch.uint8), data[o:o + n])]
+            if moved != sum(n for _, n, _ in items) or bad:
+                ok, why = False, ".zst, budget %d: moved %d, wrong bytes at offsets %s" % (budget, moved, bad)
                 break
         if ok:
             with open(path, "r+b") as f:
