@@ -260,8 +260,10 @@ int bfs_read_ranges(const char *path, const bfs_range *ranges, size_t n, int thr
  * range are decoded, each once, by `threads` threads (0: one per online CPU, at most 16;
  * never more than there are frames to decode); a frame inside one range is decoded straight
  * into its destination. Every decoded frame's size and checksum is checked. Besides the
- * ranges, a thread holds its zstd decoder (about 1.2 MiB) and, for byte-grouped frames
- * (.bfz), the largest such frame it decodes. BFS_EUSAGE as bfs_read_ranges; BFS_EINPUT: no
+ * ranges, a thread holds about 1.2 MiB of buffers and at most three frames' worth (the
+ * compressed bytes of a frame decoded whole, the decoder's window for a frame decoded in
+ * pieces, a byte-grouped frame's bytes): with the default 4 MiB frames, about 13 MiB a thread
+ * at most. BFS_EUSAGE as bfs_read_ranges; BFS_EINPUT: no
  * seek table (not seekable zstd, or truncated), a corrupt or truncated frame, a checksum
  * that differs, or a range past the decompressed end; BFS_EIO: the file cannot be opened or
  * read. The one-line message names the file, the frame, and its compressed and uncompressed

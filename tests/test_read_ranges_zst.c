@@ -5,7 +5,8 @@
  * borders, inside one frame, covering whole frames (decoded straight into the destination),
  * many small ones, overlapping sources, zero-length and out of order; only the frames a
  * read needs are decoded (a bad checksum elsewhere is not seen); a frame whose checksum
- * differs and a corrupt frame are refused naming the file and the frame's offsets; a
+ * differs, a corrupt frame, and a seek table that lies about where a frame ends or what it
+ * decodes to are refused naming the file and the frame's offsets; a
  * truncated copy (no seek table), a plain file and a range past the decompressed end are
  * refused; bfs_cancel() stops a read (BFS_EINTR) and is cleared by the next one;
  * bfs_zst_uncompressed_size gives the decompressed size.
@@ -274,6 +275,54 @@ static void bad_checksum_and_corrupt_frame(void **state)
     free(buf);
 }
 
+static uint32_t rd32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+static void wr32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* a seek table that lies about two neighbouring frames but still adds up (so it opens): a
+ * compressed size moved from frame k to k + 1 (the frame's bytes end elsewhere), and a
+ * decompressed size moved likewise (the frame decodes to another size); both refused when read,
+ * naming the frame and its offsets, whichever way a frame is decoded (whole, or in pieces) */
+static void seek_table_lies(void **state)
+{
+    (void)state;
+    uint8_t *buf = malloc(file_len);
+    for (int field = 0; field < 2; field++) {
+        size_t n = 0;
+        uint8_t *b = tu_read_file(zst_path, &n);
+        assert_non_null(b);
+        const uint32_t nf = rd32(b + n - 9);
+        const uint32_t k = nf / 2;
+        uint8_t *e = b + n - 9 - 12 * (size_t)(nf - k); /* entry k; entry k + 1 follows */
+        wr32(e + 4 * field, rd32(e + 4 * field) - 2);
+        wr32(e + 12 + 4 * field, rd32(e + 12 + 4 * field) + 2);
+        char p[4200];
+        snprintf(p, sizeof p, "%s/lie%d.zst", dir, field);
+        assert_int_equal(tu_write_file(p, b, n), 0);
+        free(b);
+        for (int whole = 0; whole < 2; whole++) {
+            /* the whole file (frames decoded straight into it), or every byte but the first of
+             * each 4 KiB (every frame only partly asked for: decoded in pieces) */
+            enum { STEP = 4096 };
+            const size_t nr = whole ? 1 : file_len / STEP;
+            bfs_range *r = calloc(nr, sizeof *r);
+            for (size_t i = 0; i < nr; i++)
+                r[i] = whole ? (bfs_range){.offset = 0, .length = file_len, .dest = buf}
+                             : (bfs_range){.offset = i * STEP + 1, .length = STEP - 1, .dest = buf + i * STEP + 1};
+            assert_int_equal(bfs_read_ranges_zst(p, r, nr, 2), BFS_EINPUT);
+            assert_non_null(strstr(bfs_last_error(), p));
+            assert_non_null(strstr(bfs_last_error(), "frame"));
+            assert_non_null(strstr(bfs_last_error(), "uncompressed offset"));
+            assert_null(strchr(bfs_last_error(), '\n'));
+            free(r);
+        }
+    }
+    free(buf);
+}
+
 static atomic_int stop_cancelling;
 
 static void *keep_cancelling(void *arg)
@@ -327,6 +376,7 @@ int main(void)
         cmocka_unit_test(refused),
         cmocka_unit_test(truncated_copy),
         cmocka_unit_test(bad_checksum_and_corrupt_frame),
+        cmocka_unit_test(seek_table_lies),
         cmocka_unit_test(cancelled_mid_read),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

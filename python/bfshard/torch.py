@@ -35,8 +35,11 @@ included) must be the model's state_dict names. Outputs with a version 1 manifes
 conversion in parts not merged yet (bfshard.part-*.json only), load the same way; with a merged
 version 2 manifest, load() also checks every name, global shape and dtype against its tensor
 list, so every rank reaches the same verdict. A rank file that is only present as its
-compressed copy (`bfshard compress --rm`: NAME.zst or NAME.bfz) is decompressed whole into a
-temporary file (TMPDIR: on tmpfs that is memory), mapped and unlinked. verify=True hashes with
+compressed copy (`bfshard compress --rm`: NAME.zst or NAME.bfz) is read by load() through the
+seekable reader (bfs_read_ranges_zst: only the frames holding the shards decoded, by several
+threads, straight into them; casts and 0-d tensors from bounded temporaries), never copied to
+disk; with verify=True, and for rank_state_dict, it is decompressed whole into a temporary file
+(TMPDIR: on tmpfs that is memory), mapped and unlinked. verify=True hashes with
 the `xxhash` package when importable, else the system's libxxhash through ctypes.
 
 Needs torch; `import bfshard` does not import this module (nor torch).
@@ -99,7 +102,8 @@ class LoadResult(NamedTuple):
     files: List[str]         # rank files opened: this rank's, and rank 0's for 0-d tensors
     unexpected: List[str]    # checkpoint tensors not in the model (only with strict=False)
     seconds: float
-    bytes_read: int = 0      # of `bytes`, those read from the file straight into the model (pread, threads)
+    bytes_read: int = 0      # of `bytes`, those read from the file straight into the model (pread, threads;
+                             # or decoded from a compressed copy's frames: uncompressed bytes)
 
 
 def _fail(problems: List[str]) -> "LoadError":
@@ -791,8 +795,11 @@ def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = T
     Where a local shard is a contiguous CPU tensor of the file's dtype, its bytes are read from
     the rank file straight into it with pread(2) by `threads` threads (0: one per CPU this
     process may run on, at most 16) in one call into the C library, the GIL released
-    (LoadResult.bytes_read); the rest (casts, 0-d tensors, GPU or strided shards, a rank file
-    only present compressed) is copied from the file's mapping with copy_. Local shards on a CUDA
+    (LoadResult.bytes_read); the rest (casts, 0-d tensors, strided shards, a tied weight's second
+    name) is copied from the file's mapping with copy_. A rank file only present as its compressed
+    copy is read the same way through the seekable reader (bfs_read_ranges_zst, offsets in the
+    decompressed file), the rest copied from host temporaries of at most max_host_bytes together
+    (or one tensor); with verify=True it is decompressed whole into TMPDIR. Local shards on a CUDA
     device (contiguous, the file's dtype) are read into a ring of pinned host buffers of at most
     `max_host_bytes` together and copied to the device asynchronously on two streams, reads and
     copies overlapping (counted in bytes_read too)."""

@@ -70,6 +70,8 @@ typedef struct bfs_zst_dec { /* owned by zst_read.c */
     size_t outcap;
     uint8_t *gbuf, *gtmp; /* a byte-grouped frame's bytes, and a piece of them restored */
     size_t gcap;
+    uint8_t *cbuf;        /* a frame's compressed bytes, read whole (decode_whole) */
+    size_t ccap;
     uint64_t bytes_read, frames_decoded;
 } bfs_zst_dec;
 typedef int (*bfs_zst_sink)(void *user, const uint8_t *p, size_t n);

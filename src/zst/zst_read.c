@@ -21,6 +21,8 @@
 
 #define BFS_ZST_IN_CHUNK (1u << 20)
 #define BFS_ZST_UNGROUP_PIECE (64u << 10) /* a byte-grouped frame is restored this much at a time */
+#define BFS_ZST_WHOLE_MAX (64u << 20)     /* a frame's compressed bytes up to this are read whole and
+                                           * decoded in one call into a buffer of its size */
 
 struct bfs_zst_reader {
     bfs_src src;
@@ -41,6 +43,7 @@ void bfs__zst_dec_free(bfs_zst_dec *d)
     free(d->outbuf);
     free(d->gbuf);
     free(d->gtmp);
+    free(d->cbuf);
     memset(d, 0, sizeof *d);
 }
 
@@ -386,6 +389,51 @@ static int bfs__zst_decode_raw(const bfs_zst_reader *r, bfs_zst_dec *d, uint32_t
     return 0;
 }
 
+/* Frame k (at most BFS_ZST_WHOLE_MAX compressed bytes) decoded in one call into dst, its
+ * dsize[k] bytes, without the streaming decoder's window (one copy less); the same checks:
+ * exactly one zstd frame, ending where the seek table says, of exactly dsize[k] bytes. */
+static int bfs__zst_decode_whole(const bfs_zst_reader *r, bfs_zst_dec *d, uint32_t k, uint8_t *dst)
+{
+    const uint64_t c0 = r->coff[k], cs = r->coff[k + 1] - c0, ds = r->dsize[k];
+    if (cs > d->ccap) {
+        free(d->cbuf);
+        d->cbuf = malloc((size_t)cs);
+        d->ccap = d->cbuf ? (size_t)cs : 0;
+        if (!d->cbuf)
+            return bfs__err(BFS_ENOMEM, "%s: out of memory for frame %u's %llu compressed bytes", r->what, k,
+                            (unsigned long long)cs);
+    }
+    const int rc = bfs__zst_pread(r, d, d->cbuf, (size_t)cs, c0);
+    if (rc < 0)
+        return rc;
+    const size_t fl = ZSTD_findFrameCompressedSize(d->cbuf, (size_t)cs);
+    if (ZSTD_isError(fl))
+        return bfs__err(BFS_EINPUT, "%s: frame %u (compressed bytes [%llu, %llu), uncompressed offset %llu) is corrupt or truncated: zstd: %s",
+                        r->what, k, (unsigned long long)c0, (unsigned long long)(c0 + cs),
+                        (unsigned long long)r->doff[k], ZSTD_getErrorName(fl));
+    if (fl != cs)
+        return bfs__err(BFS_EINPUT, "%s: frame %u (uncompressed offset %llu): the zstd frame ends at compressed offset %llu but the seek table says %llu",
+                        r->what, k, (unsigned long long)r->doff[k], (unsigned long long)(c0 + fl),
+                        (unsigned long long)(c0 + cs));
+    const size_t got = ZSTD_decompressDCtx(d->dctx, dst, (size_t)ds, d->cbuf, (size_t)cs);
+    if (ZSTD_isError(got) && ZSTD_getErrorCode(got) == ZSTD_error_memory_allocation)
+        return bfs__err(BFS_ENOMEM, "%s: frame %u (compressed offset %llu): zstd: %s", r->what, k,
+                        (unsigned long long)c0, ZSTD_getErrorName(got));
+    if (ZSTD_isError(got) && ZSTD_getErrorCode(got) == ZSTD_error_dstSize_tooSmall)
+        return bfs__err(BFS_EINPUT, "%s: frame %u (compressed offset %llu, uncompressed offset %llu) decompresses to more than the %llu bytes the seek table gives",
+                        r->what, k, (unsigned long long)c0, (unsigned long long)r->doff[k], (unsigned long long)ds);
+    if (ZSTD_isError(got))
+        return bfs__err(BFS_EINPUT, "%s: frame %u (compressed bytes [%llu, %llu), uncompressed offset %llu) is corrupt: zstd: %s",
+                        r->what, k, (unsigned long long)c0, (unsigned long long)(c0 + cs),
+                        (unsigned long long)r->doff[k], ZSTD_getErrorName(got));
+    if (got != ds)
+        return bfs__err(BFS_EINPUT, "%s: frame %u (compressed offset %llu, uncompressed offset %llu) decompresses to %llu bytes, the seek table says %llu",
+                        r->what, k, (unsigned long long)c0, (unsigned long long)r->doff[k], (unsigned long long)got,
+                        (unsigned long long)ds);
+    d->frames_decoded++;
+    return 0;
+}
+
 typedef struct {
     bfs_zst_sink sink; /* NULL: the bytes are already where they belong (direct) */
     void *user;
@@ -434,13 +482,19 @@ int bfs__zst_decode_frame(const bfs_zst_reader *r, bfs_zst_dec *d, uint32_t k, u
             if (!d->gbuf)
                 BFS_FAIL(BFS_ENOMEM, "%s: out of memory for a %zu-byte frame", r->what, ds);
         }
-        BFS_TRY(bfs__zst_decode_raw(r, d, k, d->gbuf, bfs__zst_sink_none, NULL));
+        if (r->coff[k + 1] - r->coff[k] <= BFS_ZST_WHOLE_MAX)
+            BFS_TRY(bfs__zst_decode_whole(r, d, k, d->gbuf));
+        else
+            BFS_TRY(bfs__zst_decode_raw(r, d, k, d->gbuf, bfs__zst_sink_none, NULL));
         for (size_t a = 0; a < ds; a += BFS_ZST_UNGROUP_PIECE) { /* restored a piece at a time */
             const size_t n = ds - a < BFS_ZST_UNGROUP_PIECE ? ds - a : BFS_ZST_UNGROUP_PIECE;
             uint8_t *o = direct ? direct + a : d->gtmp;
             bfs__ungroup_part(o, d->gbuf, ds, a, n);
             BFS_TRY(bfs__zst_sink_hash(&f, o, n));
         }
+    } else if (direct && r->coff[k + 1] - r->coff[k] <= BFS_ZST_WHOLE_MAX) {
+        BFS_TRY(bfs__zst_decode_whole(r, d, k, direct));
+        BFS_TRY(bfs__zst_sink_hash(&f, direct, r->dsize[k]));
     } else {
         BFS_TRY(bfs__zst_decode_raw(r, d, k, direct, bfs__zst_sink_hash, &f));
     }

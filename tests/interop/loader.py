@@ -572,6 +572,8 @@ def check_device_glue(work):
     lib = bfshard._c
     lib.bfs_compress_file.restype, lib.bfs_compress_file.argtypes = ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p,
                                                                                   ctypes.c_int, ctypes.c_int]
+    if os.path.exists(zpath):  # a work folder used before
+        os.unlink(zpath)
     if lib.bfs_compress_file(os.fsencode(st_path), os.fsencode(zpath), 1, 2) != 0:
         record("load()'s path into CUDA shards: compress %s" % st_path, False, lib.bfs_last_error().decode())
         return
