@@ -262,12 +262,12 @@ int bfs_read_ranges(const char *path, const bfs_range *ranges, size_t n, int thr
  * into its destination. Every decoded frame's size and checksum is checked. Besides the
  * ranges, a thread holds about 1.2 MiB of buffers and at most three frames' worth (the
  * compressed bytes of a frame decoded whole, the decoder's window for a frame decoded in
- * pieces, a byte-grouped frame's bytes): with the default 4 MiB frames, about 13 MiB a thread
- * at most. BFS_EUSAGE as bfs_read_ranges; BFS_EINPUT: no
- * seek table (not seekable zstd, or truncated), a corrupt or truncated frame, a checksum
- * that differs, or a range past the decompressed end; BFS_EIO: the file cannot be opened or
- * read. The one-line message names the file, the frame, and its compressed and uncompressed
- * offsets. bfs_cancel() stops it before its next frame: BFS_EINTR. */
+ * pieces, a byte-grouped frame's bytes): with the default 4 MiB frames, about 13 MiB a
+ * thread at most. BFS_EUSAGE as bfs_read_ranges; BFS_EINPUT: no such file, no seek table
+ * (not seekable zstd, or truncated), a corrupt or truncated frame, a checksum that differs,
+ * or a range past the decompressed end; BFS_EIO: the file cannot be opened or read. The
+ * one-line message names the file, and the frame with its compressed and uncompressed
+ * offsets. bfs_cancel() stops it before its next frame: BFS_EINTR (cleared when it starts). */
 int bfs_read_ranges_zst(const char *path, const bfs_range *ranges, size_t n, int threads);
 /* The size of the file a seekable zstd copy decompresses to, from its seek table (checked
  * as bfs_read_ranges_zst checks it; no frame is decoded). */

@@ -297,7 +297,8 @@ def _hash_bytes(data: bytes) -> str:
 
 class _RankFile:
     """A rank file mapped copy-on-write (MAP_PRIVATE: tensors are writable, the file is never
-    changed), its header parsed and checked against the file's size."""
+    changed), or only its compressed copy opened for the seekable reader (stream); its header
+    parsed and checked against the file's size."""
 
     def __init__(self, outdir: str, name: str, entry: Optional[Dict[str, Any]], stream: bool = False):
         """stream=True: a rank file only present as its compressed copy is read through the
@@ -707,10 +708,7 @@ def _to_device(path: str, items: List[Tuple[int, int, "torch.Tensor"]], threads:
         return torch.empty(n, dtype=torch.uint8, pin_memory=True)
 
     def read_into(buf: "torch.Tensor", ranges: List[Tuple[int, int, int]]) -> None:
-        if zst:
-            _read_ranges(path, [(o, n, buf.data_ptr() + b) for o, n, b in ranges], threads, zst=True)
-        else:
-            _read_ranges(path, [(o, n, buf.data_ptr() + b) for o, n, b in ranges], threads)
+        _read_ranges(path, [(o, n, buf.data_ptr() + b) for o, n, b in ranges], threads, zst=zst)
 
     def copy_async(buf: "torch.Tensor", boff: int, n: int, dst: "torch.Tensor", doff: int, stream: Any) -> Any:
         with torch.cuda.stream(stream):
@@ -991,10 +989,7 @@ def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = T
     nthreads = _threads(threads)
     bump = getattr(getattr(torch.autograd, "graph", None), "increment_version", None)
     for f, ranges, written in fast:
-        if f.zst:
-            _read_ranges(f.zst, ranges, nthreads, zst=True)
-        else:
-            _read_ranges(f.path, ranges, nthreads)
+        _read_ranges(f.rpath, ranges, nthreads, zst=f.zst is not None)
         _same_file(f)
         nread += sum(n for _, n, _ in ranges)
         if bump is not None:  # written in place behind autograd's back: as copy_ would, bump their version
@@ -1002,10 +997,7 @@ def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = T
                 if not t.is_inference():  # those have no version counter
                     bump(t)
     for f, items in dev:
-        if f.zst:
-            nread += _to_device(f.zst, items, nthreads, max_host_bytes, zst=True)
-        else:
-            nread += _to_device(f.path, items, nthreads, max_host_bytes)
+        nread += _to_device(f.rpath, items, nthreads, max_host_bytes, zst=f.zst is not None)
         _same_file(f)
     with torch.no_grad():
         _copy_slow(slow, nthreads, max_host_bytes)
