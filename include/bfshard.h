@@ -257,6 +257,24 @@ typedef struct bfs_range {
  * the destinations hold an unspecified part of their bytes. */
 int bfs_read_ranges(const char *path, const bfs_range *ranges, size_t n, int threads);
 
+/* The same out of a seekable zstd copy of a file (a .zst or .bfz of bfshard compress, below):
+ * offset and length are those of the file it decompresses to. Only the frames holding a
+ * range are decoded, each once, by `threads` threads (0: one per online CPU, at most 16;
+ * never more than there are frames to decode); a frame inside one range is decoded straight
+ * into its destination. Every decoded frame's size and checksum is checked. Besides the
+ * ranges, a thread holds about 1.2 MiB of buffers and at most three frames' worth (the
+ * compressed bytes of a frame decoded whole, the decoder's window for a frame decoded in
+ * pieces, a byte-grouped frame's bytes): with the default 4 MiB frames, about 13 MiB a
+ * thread at most. BFS_EUSAGE as bfs_read_ranges; BFS_EINPUT: no such file, no seek table
+ * (not seekable zstd, or truncated), a corrupt or truncated frame, a checksum that differs,
+ * or a range past the decompressed end; BFS_EIO: the file cannot be opened or read. The
+ * one-line message names the file, and the frame with its compressed and uncompressed
+ * offsets. bfs_cancel() stops it before its next frame: BFS_EINTR (cleared when it starts). */
+int bfs_read_ranges_zst(const char *path, const bfs_range *ranges, size_t n, int threads);
+/* The size of the file a seekable zstd copy decompresses to, from its seek table (checked
+ * as bfs_read_ranges_zst checks it; no frame is decoded). */
+int bfs_zst_uncompressed_size(const char *path, uint64_t *size);
+
 /* ---- compressed artifacts (seekable zstd) ------------------------------------
  * A rank file compressed as seekable zstd: independent zstd frames cut at every tensor
  * boundary and after at most frame_bytes, then a seek table, so one tensor can be read

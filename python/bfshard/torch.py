@@ -35,8 +35,11 @@ included) must be the model's state_dict names. Outputs with a version 1 manifes
 conversion in parts not merged yet (bfshard.part-*.json only), load the same way; with a merged
 version 2 manifest, load() also checks every name, global shape and dtype against its tensor
 list, so every rank reaches the same verdict. A rank file that is only present as its
-compressed copy (`bfshard compress --rm`: NAME.zst or NAME.bfz) is decompressed whole into a
-temporary file (TMPDIR: on tmpfs that is memory), mapped and unlinked. verify=True hashes with
+compressed copy (`bfshard compress --rm`: NAME.zst or NAME.bfz) is read by load() through the
+seekable reader (bfs_read_ranges_zst: only the frames holding the shards decoded, by several
+threads, straight into them; casts and 0-d tensors from bounded temporaries), never copied to
+disk; with verify=True, and for rank_state_dict, it is decompressed whole into a temporary file
+(TMPDIR: on tmpfs that is memory), mapped and unlinked. verify=True hashes with
 the `xxhash` package when importable, else the system's libxxhash through ctypes.
 
 Needs torch; `import bfshard` does not import this module (nor torch).
@@ -99,7 +102,8 @@ class LoadResult(NamedTuple):
     files: List[str]         # rank files opened: this rank's, and rank 0's for 0-d tensors
     unexpected: List[str]    # checkpoint tensors not in the model (only with strict=False)
     seconds: float
-    bytes_read: int = 0      # of `bytes`, those read from the file straight into the model (pread, threads)
+    bytes_read: int = 0      # of `bytes`, those read from the file straight into the model (pread, threads;
+                             # or decoded from a compressed copy's frames: uncompressed bytes)
 
 
 def _fail(problems: List[str]) -> "LoadError":
@@ -293,13 +297,19 @@ def _hash_bytes(data: bytes) -> str:
 
 class _RankFile:
     """A rank file mapped copy-on-write (MAP_PRIVATE: tensors are writable, the file is never
-    changed), its header parsed and checked against the file's size."""
+    changed), or only its compressed copy opened for the seekable reader (stream); its header
+    parsed and checked against the file's size."""
 
-    def __init__(self, outdir: str, name: str, entry: Optional[Dict[str, Any]]):
+    def __init__(self, outdir: str, name: str, entry: Optional[Dict[str, Any]], stream: bool = False):
+        """stream=True: a rank file only present as its compressed copy is read through the
+        seekable reader (self.zst; no mapping, tensor() gives meta tensors); else it is
+        decompressed whole into TMPDIR and mapped, as rank_state_dict and verify need."""
         self.name = name
         self.path = os.path.join(outdir, name)
         self.entry = entry
-        self.from_zst = None
+        self.from_zst = None  # the compressed copy the bytes come from
+        self.zst = None       # ... when read through it (stream), not decompressed whole
+        self.mm = None
         path = self.path
         if not os.path.exists(path):
             z = (entry or {}).get("zst") or {}
@@ -308,33 +318,25 @@ class _RankFile:
             zpath = next((os.path.join(outdir, c) for c in cands if os.path.isfile(os.path.join(outdir, c))), None)
             if zpath is None:
                 raise LoadError("%s: no such file (nor a compressed copy)" % self.path)
-            path = self._decompress(zpath)
             self.from_zst = zpath
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not hang us
-        except OSError as e:
-            raise LoadError("%s: %s" % (self.path, e.strerror)) from None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise LoadError("%s: not a regular file" % self.path)
-            self.size = st.st_size
-            self.ident = (st.st_dev, st.st_ino)  # the file checked: the one read by path later
-            if self.from_zst:
-                os.unlink(path)  # the mapping keeps the bytes
-                os.rmdir(os.path.dirname(path))
-            if self.size < 8:
-                raise LoadError("%s: truncated: %d bytes, not even a safetensors header length" % (self.path, self.size))
-            self.mm = mmap.mmap(fd, self.size, access=mmap.ACCESS_COPY)
-        finally:
-            os.close(fd)
-        n = struct.unpack_from("<Q", self.mm, 0)[0]
+            if stream:
+                self.zst = zpath
+            else:
+                path = self._decompress(zpath)
+        self.rpath = self.zst or self.path  # the file read (by pread or the seekable reader)
+        if self.zst:
+            head = self._zst_open()
+        else:
+            head = self._map(path)
+        n = struct.unpack_from("<Q", head, 0)[0]
         if n > self.size - 8:
             raise LoadError("%s: truncated: its header says %d bytes of JSON, the file has %d bytes"
                             % (self.path, n, self.size))
         self.data_start = 8 + n
+        if self.zst:
+            head = self._zst_read(0, 8 + n)
         try:
-            hdr = json.loads(self.mm[8:8 + n])
+            hdr = json.loads(head[8:8 + n])
         except ValueError as e:
             raise LoadError("%s: bad safetensors header: %s" % (self.path, e)) from None
         if not isinstance(hdr, dict):
@@ -369,7 +371,51 @@ class _RankFile:
             raise LoadError("%s: %d bytes, the manifest says %d (%s)" % (
                 self.path, self.size, want, "truncated" if self.size < want else "changed"))
         self._offsets = None
-        self.buf = torch.frombuffer(self.mm, dtype=torch.uint8)
+        self.buf = torch.frombuffer(self.mm, dtype=torch.uint8) if self.mm is not None else None
+
+    def _map(self, path: str) -> Any:
+        """Map the rank file (or its whole decompressed copy, unlinked once mapped); its mapping."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not hang us
+        except OSError as e:
+            raise LoadError("%s: %s" % (self.path, e.strerror)) from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise LoadError("%s: not a regular file" % self.path)
+            self.size = st.st_size
+            self.ident = (st.st_dev, st.st_ino)  # the file checked: the one read by path later
+            if self.from_zst:
+                os.unlink(path)  # the mapping keeps the bytes
+                os.rmdir(os.path.dirname(path))
+            if self.size < 8:
+                raise LoadError("%s: truncated: %d bytes, not even a safetensors header length" % (self.path, self.size))
+            self.mm = mmap.mmap(fd, self.size, access=mmap.ACCESS_COPY)
+        finally:
+            os.close(fd)
+        return self.mm
+
+    def _zst_open(self) -> bytes:
+        """The compressed copy's decompressed size (from its seek table) and first 8 bytes."""
+        try:
+            st = os.stat(self.zst)
+        except OSError as e:
+            raise LoadError("%s: %s" % (self.zst, e.strerror)) from None
+        self.ident = (st.st_dev, st.st_ino)
+        c = _bfs._c
+        size = ctypes.c_uint64(0)
+        if c.bfs_zst_uncompressed_size(os.fsencode(self.zst), ctypes.byref(size)) < 0:
+            raise LoadError((c.bfs_last_error() or b"").decode(errors="replace").replace("\n", " ")
+                            or "%s: not a readable compressed copy" % self.zst)
+        self.size = size.value
+        if self.size < 8:
+            raise LoadError("%s: truncated: %d bytes, not even a safetensors header length" % (self.zst, self.size))
+        return self._zst_read(0, 8)
+
+    def _zst_read(self, off: int, n: int) -> bytes:
+        buf = ctypes.create_string_buffer(max(n, 1))
+        _read_ranges(self.zst, [(off, n, ctypes.addressof(buf))], 1, zst=True)
+        return buf.raw[:n]
 
     @staticmethod
     def _decompress(zpath: str) -> str:
@@ -395,7 +441,11 @@ class _RankFile:
         return o.get("saved_offsets") if isinstance(o, dict) else None
 
     def tensor(self, name: str) -> "torch.Tensor":
+        """The tensor over the mapping; read through the compressed copy (no mapping): a meta
+        tensor of its dtype and shape (load() reads its bytes)."""
         dt, shape, b, e = self.entries[name]
+        if self.buf is None:
+            return torch.empty(shape, dtype=_DTYPES[dt], device="meta")
         raw = self.buf[self.data_start + b:self.data_start + e]
         tdt = _DTYPES[dt]
         try:
@@ -472,10 +522,10 @@ class _RankFile:
         return out
 
 
-def _open_rank(man: _Manifest, rank: int) -> _RankFile:
+def _open_rank(man: _Manifest, rank: int, stream: bool = False) -> _RankFile:
     entry = man.weights_entry(rank)
     name = entry["name"] if entry and entry.get("name") else rank_file_name(rank)
-    rf = _RankFile(man.outdir, name, entry)
+    rf = _RankFile(man.outdir, name, entry, stream)
     rf.manifest = man
     return rf
 
@@ -552,17 +602,20 @@ def _upcast(file_dtype: str, dtype: "torch.dtype") -> bool:
     return (file_dtype == "BF16" and dtype == torch.float32) or (file_dtype == "F32" and dtype == torch.bfloat16)
 
 
-def _read_ranges(path: str, ranges: List[Tuple[int, int, int]], threads: int) -> None:
+def _read_ranges(path: str, ranges: List[Tuple[int, int, int]], threads: int, zst: bool = False) -> None:
     """(file offset, length, destination address) of path, read by bfs_read_ranges (pread(2) from
-    `threads` threads, the GIL released); LoadError with its one line on failure. On the main
-    thread the call runs on a helper thread, so that Ctrl-C (KeyboardInterrupt) is noticed: it
-    cancels the read (bfs_cancel) and is raised again once the reading threads have stopped."""
+    `threads` threads, the GIL released), or, zst=True, of the file the seekable zstd copy at path
+    decompresses to, by bfs_read_ranges_zst (only the frames holding them decoded, by `threads`
+    threads); LoadError with its one line on failure. On the main thread the call runs on a
+    helper thread, so that Ctrl-C (KeyboardInterrupt) is noticed: it cancels the read
+    (bfs_cancel) and is raised again once the reading threads have stopped."""
     lib = _bfs._c
     arr = (_bfs._lib.Range * len(ranges))(*[_bfs._lib.Range(o, n, d) for o, n, d in ranges])
     out: List[Tuple[int, bytes]] = []
+    fn = lib.bfs_read_ranges_zst if zst else lib.bfs_read_ranges
 
     def work() -> None:
-        rc = lib.bfs_read_ranges(os.fsencode(path), arr, len(ranges), threads)
+        rc = fn(os.fsencode(path), arr, len(ranges), threads)
         out.append((rc, (lib.bfs_last_error() or b"") if rc < 0 else b""))  # the message is per thread
 
     if threading.current_thread() is not threading.main_thread():
@@ -587,12 +640,14 @@ def _direct(plan: List[Tuple[str, "torch.Tensor", "torch.Tensor", "_RankFile"]])
     """Split the plan into what is read from the file straight into the model's host memory,
     [(file, [(offset, length, address)], [tensor])] by offset; what is read into CUDA shards
     through the pinned ring, [(file, [(offset, length, tensor)])] by offset, one entry a file and
-    device; and what is copied from the mapping as before (a cast, a destination neither a
-    contiguous CPU nor a contiguous CUDA tensor, a 0-d tensor, a file only present as its
-    compressed copy, a destination overlapping another's: those keep copy_'s order)."""
+    device; and what is copied with copy_ (a cast, a destination neither a contiguous CPU nor a
+    contiguous CUDA tensor, a 0-d tensor, a destination overlapping another's: those keep copy_'s
+    order; from the mapping, or from a temporary read through a compressed copy: _copy_slow).
+    A file read through its compressed copy (f.zst) is split the same way; one decompressed whole
+    and mapped (verify=True) is all copied from its mapping."""
     cand, slow = [], []
     for i, (k, local, src, f) in enumerate(plan):
-        if (f.from_zst is None and local.device.type in ("cpu", "cuda") and local.dtype == src.dtype
+        if ((f.from_zst is None or f.zst is not None) and local.device.type in ("cpu", "cuda") and local.dtype == src.dtype
                 and local.dim() > 0 and local.is_contiguous() and local.numel() > 0):
             cand.append(i)
         else:
@@ -637,10 +692,12 @@ def _direct(plan: List[Tuple[str, "torch.Tensor", "torch.Tensor", "_RankFile"]])
     return list(fast.values()), list(dev.values()), [plan[i] for i in slow]
 
 
-def _to_device(path: str, items: List[Tuple[int, int, "torch.Tensor"]], threads: int, max_host_bytes: int) -> int:
-    """items (file offset, length, contiguous CUDA tensor of one device) read from path through
-    _devring's ring of pinned host buffers (at most max_host_bytes together): bfs_read_ranges
-    into a buffer while the buffers filled before are copied to the device on two streams."""
+def _to_device(path: str, items: List[Tuple[int, int, "torch.Tensor"]], threads: int, max_host_bytes: int,
+               zst: bool = False) -> int:
+    """items (file offset, length, contiguous CUDA tensor of one device) read from path (zst: a
+    seekable zstd copy, offsets in the file it decompresses to) through _devring's ring of pinned
+    host buffers (at most max_host_bytes together): bfs_read_ranges (_zst) into a buffer while
+    the buffers filled before are copied to the device on two streams."""
     device = items[0][2].device
     now = torch.cuda.current_stream(device)
     streams = [torch.cuda.Stream(device=device) for _ in range(2)]
@@ -651,7 +708,7 @@ def _to_device(path: str, items: List[Tuple[int, int, "torch.Tensor"]], threads:
         return torch.empty(n, dtype=torch.uint8, pin_memory=True)
 
     def read_into(buf: "torch.Tensor", ranges: List[Tuple[int, int, int]]) -> None:
-        _read_ranges(path, [(o, n, buf.data_ptr() + b) for o, n, b in ranges], threads)
+        _read_ranges(path, [(o, n, buf.data_ptr() + b) for o, n, b in ranges], threads, zst=zst)
 
     def copy_async(buf: "torch.Tensor", boff: int, n: int, dst: "torch.Tensor", doff: int, stream: Any) -> Any:
         with torch.cuda.stream(stream):
@@ -674,13 +731,41 @@ def _to_device(path: str, items: List[Tuple[int, int, "torch.Tensor"]], threads:
 
 
 def _same_file(f: "_RankFile") -> None:
-    """LoadError when f's path no longer names the file that was checked (renamed over while read)"""
+    """LoadError when the path read no longer names the file that was checked (renamed over while read)"""
     try:
-        st = os.stat(f.path)
+        st = os.stat(f.rpath)
     except OSError as e:
-        raise LoadError("%s: %s, after it was read" % (f.path, e.strerror)) from None
+        raise LoadError("%s: %s, after it was read" % (f.rpath, e.strerror)) from None
     if (st.st_dev, st.st_ino) != f.ident:
-        raise LoadError("%s: replaced by another file while it was being loaded; load again" % f.path)
+        raise LoadError("%s: replaced by another file while it was being loaded; load again" % f.rpath)
+
+
+def _copy_slow(slow: List[Tuple[str, "torch.Tensor", "torch.Tensor", "_RankFile"]], threads: int,
+               max_host_bytes: int) -> None:
+    """copy_ into each destination, in order: from the file's mapping, or, for a file read through
+    its compressed copy, from a host temporary that bfs_read_ranges_zst fills, a run of that
+    file's tensors at a time of at most max_host_bytes together (or one tensor, when it alone is
+    larger)."""
+    i = 0
+    while i < len(slow):
+        k, local, src, f = slow[i]
+        if f.zst is None:
+            local.copy_(src)
+            i += 1
+            continue
+        batch, total = [], 0
+        while i < len(slow) and slow[i][3] is f:
+            _, _, b, e = f.entries[slow[i][0]]
+            if batch and total + (e - b) > max_host_bytes:
+                break
+            batch.append((slow[i], total, f.data_start + b, e - b))
+            total += e - b
+            i += 1
+        tmp = torch.empty(total, dtype=torch.uint8)
+        _read_ranges(f.zst, [(o, n, tmp.data_ptr() + at) for _, at, o, n in batch if n], threads, zst=True)
+        for (_, dst, s, _), at, _, n in batch:
+            dst.copy_(tmp[at:at + n].view(s.dtype).view(s.shape))
+        del tmp
 
 
 def _threads(threads: int) -> int:
@@ -708,8 +793,11 @@ def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = T
     Where a local shard is a contiguous CPU tensor of the file's dtype, its bytes are read from
     the rank file straight into it with pread(2) by `threads` threads (0: one per CPU this
     process may run on, at most 16) in one call into the C library, the GIL released
-    (LoadResult.bytes_read); the rest (casts, 0-d tensors, GPU or strided shards, a rank file
-    only present compressed) is copied from the file's mapping with copy_. Local shards on a CUDA
+    (LoadResult.bytes_read); the rest (casts, 0-d tensors, strided shards, a tied weight's second
+    name) is copied from the file's mapping with copy_. A rank file only present as its compressed
+    copy is read the same way through the seekable reader (bfs_read_ranges_zst, offsets in the
+    decompressed file), the rest copied from host temporaries of at most max_host_bytes together
+    (or one tensor); with verify=True it is decompressed whole into TMPDIR. Local shards on a CUDA
     device (contiguous, the file's dtype) are read into a ring of pinned host buffers of at most
     `max_host_bytes` together and copied to the device asynchronously on two streams, reads and
     copies overlapping (counted in bytes_read too)."""
@@ -758,7 +846,7 @@ def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = T
 
     def rank_file(r: int) -> _RankFile:
         if r not in files:
-            files[r] = _open_rank(man, r)
+            files[r] = _open_rank(man, r, stream=not verify)  # verify hashes the whole file: mapped
         return files[r]
 
     mine = rank_file(own)
@@ -901,7 +989,7 @@ def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = T
     nthreads = _threads(threads)
     bump = getattr(getattr(torch.autograd, "graph", None), "increment_version", None)
     for f, ranges, written in fast:
-        _read_ranges(f.path, ranges, nthreads)
+        _read_ranges(f.rpath, ranges, nthreads, zst=f.zst is not None)
         _same_file(f)
         nread += sum(n for _, n, _ in ranges)
         if bump is not None:  # written in place behind autograd's back: as copy_ would, bump their version
@@ -909,11 +997,10 @@ def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = T
                 if not t.is_inference():  # those have no version counter
                     bump(t)
     for f, items in dev:
-        nread += _to_device(f.path, items, nthreads, max_host_bytes)
+        nread += _to_device(f.rpath, items, nthreads, max_host_bytes, zst=f.zst is not None)
         _same_file(f)
     with torch.no_grad():
-        for k, local, src, _ in slow:
-            local.copy_(src)
+        _copy_slow(slow, nthreads, max_host_bytes)
     nbytes = sum(src.numel() * src.element_size() for _, _, src, _ in plan)
     return LoadResult(own, W, len(plan), nbytes, [f.path for f in files.values()],
                       unexpected if not strict else [], time.time() - t0, nread)

@@ -60,6 +60,29 @@ void bfs__zst_reader_reset_stats(bfs_zst_reader *r);
 /* Sum of the compressed sizes of the frames overlapping uncompressed [off, off + len). */
 uint64_t bfs__zst_span(const bfs_zst_reader *r, uint64_t off, uint64_t len);
 
+/* Decoding from several threads at once (zst_ranges.c): the reader's seek table is only
+ * read; each thread decodes with its own bfs_zst_dec. decode_frame decodes frame k, checks
+ * its size and checksum, and delivers its original bytes to sink, or writes them straight
+ * into direct (dsize bytes) when direct is not NULL. */
+typedef struct bfs_zst_dec { /* owned by zst_read.c */
+    struct ZSTD_DCtx_s *dctx;
+    uint8_t *inbuf, *outbuf;
+    size_t outcap;
+    uint8_t *gbuf, *gtmp; /* a byte-grouped frame's bytes, and a piece of them restored */
+    size_t gcap;
+    uint8_t *cbuf;        /* a frame's compressed bytes, read whole (decode_whole) */
+    size_t ccap;
+    uint64_t bytes_read, frames_decoded;
+} bfs_zst_dec;
+typedef int (*bfs_zst_sink)(void *user, const uint8_t *p, size_t n);
+int bfs__zst_dec_init(bfs_zst_dec *d);
+void bfs__zst_dec_free(bfs_zst_dec *d);
+int bfs__zst_decode_frame(const bfs_zst_reader *r, bfs_zst_dec *d, uint32_t k, uint8_t *direct, bfs_zst_sink sink,
+                          void *user);
+const char *bfs__zst_reader_name(const bfs_zst_reader *r);
+void bfs__zst_frame_span(const bfs_zst_reader *r, uint32_t k, uint64_t *doff, uint32_t *dsize, uint64_t *coff);
+uint32_t bfs__zst_frame_at(const bfs_zst_reader *r, uint64_t off); /* first frame ending past off; frames() if none */
+
 /* ---- the writer's state ----------------------------------------------------------
  * Owned by zst_write.c; zst.c reads out_off, frame_max, level, mode and nent of a
  * finished writer for the manifest. Nothing outside zst_write.c writes a field. */
@@ -106,7 +129,5 @@ void bfs__src_mem(bfs_src *s, const void *data, size_t len, const char *what);
 /* Open a reader over src; the reader owns src from then on (closes it when freed, or
  * at once when opening fails) and names it by a copy of src->what. */
 int bfs__zst_reader_open_src(const bfs_src *src, bfs_zst_reader **out);
-
-typedef int (*bfs_zst_sink)(void *user, const uint8_t *p, size_t n);
 
 #endif

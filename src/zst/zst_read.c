@@ -20,6 +20,9 @@
 #include <zstd_errors.h>
 
 #define BFS_ZST_IN_CHUNK (1u << 20)
+#define BFS_ZST_UNGROUP_PIECE (64u << 10) /* a byte-grouped frame is restored this much at a time */
+#define BFS_ZST_WHOLE_MAX (64u << 20)     /* a frame's compressed bytes up to this are read whole and
+                                           * decoded in one call into a buffer of its size */
 
 struct bfs_zst_reader {
     bfs_src src;
@@ -29,13 +32,36 @@ struct bfs_zst_reader {
     uint32_t *dsize, *xxh;  /* xxh NULL when the table has no checksums */
     uint8_t *grouped;       /* BYTEGROUP: one byte per frame */
     int mode;
-    ZSTD_DCtx *dctx;
-    uint8_t *inbuf, *outbuf;
-    size_t outcap;
-    uint8_t *gbuf, *gtmp;
-    size_t gcap;
-    uint64_t bytes_read, frames_decoded, table_bytes;
+    bfs_zst_dec dec;        /* the single-threaded calls' decoder */
+    uint64_t table_bytes;
 };
+
+void bfs__zst_dec_free(bfs_zst_dec *d)
+{
+    ZSTD_freeDCtx(d->dctx);
+    free(d->inbuf);
+    free(d->outbuf);
+    free(d->gbuf);
+    free(d->gtmp);
+    free(d->cbuf);
+    memset(d, 0, sizeof *d);
+}
+
+int bfs__zst_dec_init(bfs_zst_dec *d)
+{
+    memset(d, 0, sizeof *d);
+    d->dctx = ZSTD_createDCtx();
+    d->outcap = ZSTD_DStreamOutSize();
+    d->inbuf = malloc(BFS_ZST_IN_CHUNK);
+    d->outbuf = malloc(d->outcap);
+    d->gtmp = malloc(BFS_ZST_UNGROUP_PIECE);
+    if (!d->dctx || !d->inbuf || !d->outbuf || !d->gtmp) {
+        bfs__zst_dec_free(d);
+        return bfs__err(BFS_ENOMEM, "out of memory for a zstd decoder");
+    }
+    ZSTD_DCtx_setParameter(d->dctx, ZSTD_d_windowLogMax, 27);
+    return 0;
+}
 
 void bfs__zst_reader_free(bfs_zst_reader *r)
 {
@@ -43,25 +69,21 @@ void bfs__zst_reader_free(bfs_zst_reader *r)
         return;
     if (r->src.close)
         r->src.close(&r->src);
-    ZSTD_freeDCtx(r->dctx);
+    bfs__zst_dec_free(&r->dec);
     free(r->what);
     free(r->coff);
     free(r->doff);
     free(r->dsize);
     free(r->xxh);
     free(r->grouped);
-    free(r->inbuf);
-    free(r->outbuf);
-    free(r->gbuf);
-    free(r->gtmp);
     free(r);
 }
 
-static int bfs__zst_pread(bfs_zst_reader *r, void *buf, size_t len, uint64_t off)
+static int bfs__zst_pread(const bfs_zst_reader *r, bfs_zst_dec *d, void *buf, size_t len, uint64_t off)
 {
     const int rc = r->src.pread(&r->src, buf, len, off);
     if (rc == 0)
-        r->bytes_read += len;
+        d->bytes_read += len;
     return rc;
 }
 
@@ -264,13 +286,7 @@ int bfs__zst_reader_open_src(const bfs_src *src, bfs_zst_reader **out)
     r->src.what = r->what;
     BFS_TRY(bfs__zst_parse_table(r));
     BFS_TRY(bfs__zst_parse_bytegroup(r));
-    r->dctx = ZSTD_createDCtx();
-    r->outcap = ZSTD_DStreamOutSize();
-    r->inbuf = malloc(BFS_ZST_IN_CHUNK);
-    r->outbuf = malloc(r->outcap);
-    if (!r->dctx || !r->inbuf || !r->outbuf)
-        BFS_FAIL(BFS_ENOMEM, "out of memory");
-    ZSTD_DCtx_setParameter(r->dctx, ZSTD_d_windowLogMax, 27);
+    BFS_TRY(bfs__zst_dec_init(&r->dec));
     *out = r;
     return 0;
 cleanup:
@@ -293,15 +309,15 @@ uint32_t bfs__zst_reader_frames(const bfs_zst_reader *r) { return r->n; }
 void bfs__zst_reader_stats(const bfs_zst_reader *r, uint64_t *compressed_bytes_read, uint64_t *frames_decoded)
 {
     if (compressed_bytes_read)
-        *compressed_bytes_read = r->bytes_read;
+        *compressed_bytes_read = r->dec.bytes_read;
     if (frames_decoded)
-        *frames_decoded = r->frames_decoded;
+        *frames_decoded = r->dec.frames_decoded;
 }
 
 void bfs__zst_reader_reset_stats(bfs_zst_reader *r)
 {
-    r->bytes_read = 0;
-    r->frames_decoded = 0;
+    r->dec.bytes_read = 0;
+    r->dec.frames_decoded = 0;
 }
 
 uint64_t bfs__zst_span(const bfs_zst_reader *r, uint64_t off, uint64_t len)
@@ -314,110 +330,178 @@ uint64_t bfs__zst_span(const bfs_zst_reader *r, uint64_t off, uint64_t len)
 }
 
 /* Decode frame k exactly: its compressed bytes must make one zstd frame (or a
- * skippable frame) of dsize[k] bytes. Delivers the bytes as they come. */
-static int bfs__zst_decode_raw(bfs_zst_reader *r, uint32_t k, bfs_zst_sink sink, void *user)
+ * skippable frame) of dsize[k] bytes. Delivers the bytes to sink as they come: from d's
+ * buffer, or, when direct is not NULL, decoded straight into direct (dsize[k] bytes) and
+ * delivered from there. */
+static int bfs__zst_decode_raw(const bfs_zst_reader *r, bfs_zst_dec *d, uint32_t k, uint8_t *direct,
+                               bfs_zst_sink sink, void *user)
 {
     const uint64_t c0 = r->coff[k], cs = r->coff[k + 1] - c0, ds = r->dsize[k];
     uint64_t left = cs, produced = 0;
-    ZSTD_inBuffer in = {r->inbuf, 0, 0};
-    ZSTD_DCtx_reset(r->dctx, ZSTD_reset_session_only);
+    ZSTD_inBuffer in = {d->inbuf, 0, 0};
+    ZSTD_DCtx_reset(d->dctx, ZSTD_reset_session_only);
     for (;;) {
         if (in.pos == in.size && left > 0) {
             const size_t n = left < BFS_ZST_IN_CHUNK ? (size_t)left : BFS_ZST_IN_CHUNK;
-            const int rc = bfs__zst_pread(r, r->inbuf, n, c0 + (cs - left));
+            const int rc = bfs__zst_pread(r, d, d->inbuf, n, c0 + (cs - left));
             if (rc < 0)
                 return rc;
-            in = (ZSTD_inBuffer){r->inbuf, n, 0};
+            in = (ZSTD_inBuffer){d->inbuf, n, 0};
             left -= n;
         }
-        ZSTD_outBuffer ob = {r->outbuf, r->outcap, 0};
-        const size_t ret = ZSTD_decompressStream(r->dctx, &ob, &in);
+        /* into direct while it has room; past that into d's buffer, where any byte is one too many */
+        const bool into = direct != NULL && produced < ds;
+        ZSTD_outBuffer ob = {into ? direct + produced : d->outbuf, into ? (size_t)(ds - produced) : d->outcap, 0};
+        const size_t ret = ZSTD_decompressStream(d->dctx, &ob, &in);
         if (ZSTD_isError(ret) && ZSTD_getErrorCode(ret) == ZSTD_error_memory_allocation)
             return bfs__err(BFS_ENOMEM, "%s: frame %u (compressed offset %llu): zstd: %s", r->what, k,
                             (unsigned long long)c0, ZSTD_getErrorName(ret));
         if (ZSTD_isError(ret))
-            return bfs__err(BFS_EINPUT, "%s: frame %u (compressed bytes [%llu, %llu)) is corrupt: zstd: %s", r->what, k,
-                            (unsigned long long)c0, (unsigned long long)(c0 + cs), ZSTD_getErrorName(ret));
+            return bfs__err(BFS_EINPUT, "%s: frame %u (compressed bytes [%llu, %llu), uncompressed offset %llu) is corrupt: zstd: %s",
+                            r->what, k, (unsigned long long)c0, (unsigned long long)(c0 + cs),
+                            (unsigned long long)r->doff[k], ZSTD_getErrorName(ret));
         if (ob.pos > 0) {
             if (ob.pos > ds - produced)
-                return bfs__err(BFS_EINPUT, "%s: frame %u (compressed offset %llu) decompresses to more than the %llu bytes the seek table gives",
-                                r->what, k, (unsigned long long)c0, (unsigned long long)ds);
-            const int rc = sink(user, r->outbuf, ob.pos);
+                return bfs__err(BFS_EINPUT, "%s: frame %u (compressed offset %llu, uncompressed offset %llu) decompresses to more than the %llu bytes the seek table gives",
+                                r->what, k, (unsigned long long)c0, (unsigned long long)r->doff[k], (unsigned long long)ds);
+            const int rc = sink(user, ob.dst, ob.pos);
             if (rc < 0)
                 return rc;
             produced += ob.pos;
         }
         if (ret == 0) {
             if (in.pos != in.size || left > 0)
-                return bfs__err(BFS_EINPUT, "%s: frame %u: the zstd frame ends at compressed offset %llu but the seek table says %llu",
-                                r->what, k, (unsigned long long)(c0 + cs - left - (in.size - in.pos)),
-                                (unsigned long long)(c0 + cs));
+                return bfs__err(BFS_EINPUT, "%s: frame %u (uncompressed offset %llu): the zstd frame ends at compressed offset %llu but the seek table says %llu",
+                                r->what, k, (unsigned long long)r->doff[k],
+                                (unsigned long long)(c0 + cs - left - (in.size - in.pos)), (unsigned long long)(c0 + cs));
             break;
         }
         if (in.pos == in.size && left == 0 && ob.pos < ob.size)
-            return bfs__err(BFS_EINPUT, "%s: frame %u (compressed bytes [%llu, %llu)) is truncated", r->what, k,
-                            (unsigned long long)c0, (unsigned long long)(c0 + cs));
+            return bfs__err(BFS_EINPUT, "%s: frame %u (compressed bytes [%llu, %llu), uncompressed offset %llu) is truncated",
+                            r->what, k, (unsigned long long)c0, (unsigned long long)(c0 + cs),
+                            (unsigned long long)r->doff[k]);
     }
     if (produced != ds)
-        return bfs__err(BFS_EINPUT, "%s: frame %u (compressed offset %llu) decompresses to %llu bytes, the seek table says %llu",
-                        r->what, k, (unsigned long long)c0, (unsigned long long)produced, (unsigned long long)ds);
-    r->frames_decoded++;
+        return bfs__err(BFS_EINPUT, "%s: frame %u (compressed offset %llu, uncompressed offset %llu) decompresses to %llu bytes, the seek table says %llu",
+                        r->what, k, (unsigned long long)c0, (unsigned long long)r->doff[k], (unsigned long long)produced,
+                        (unsigned long long)ds);
+    d->frames_decoded++;
+    return 0;
+}
+
+/* Frame k (at most BFS_ZST_WHOLE_MAX compressed bytes) decoded in one call into dst, its
+ * dsize[k] bytes, without the streaming decoder's window (one copy less); the same checks:
+ * exactly one zstd frame, ending where the seek table says, of exactly dsize[k] bytes. */
+static int bfs__zst_decode_whole(const bfs_zst_reader *r, bfs_zst_dec *d, uint32_t k, uint8_t *dst)
+{
+    const uint64_t c0 = r->coff[k], cs = r->coff[k + 1] - c0, ds = r->dsize[k];
+    if (cs > d->ccap) {
+        free(d->cbuf);
+        d->cbuf = malloc((size_t)cs);
+        d->ccap = d->cbuf ? (size_t)cs : 0;
+        if (!d->cbuf)
+            return bfs__err(BFS_ENOMEM, "%s: out of memory for frame %u's %llu compressed bytes", r->what, k,
+                            (unsigned long long)cs);
+    }
+    const int rc = bfs__zst_pread(r, d, d->cbuf, (size_t)cs, c0);
+    if (rc < 0)
+        return rc;
+    const size_t fl = ZSTD_findFrameCompressedSize(d->cbuf, (size_t)cs);
+    if (ZSTD_isError(fl))
+        return bfs__err(BFS_EINPUT, "%s: frame %u (compressed bytes [%llu, %llu), uncompressed offset %llu) is corrupt or truncated: zstd: %s",
+                        r->what, k, (unsigned long long)c0, (unsigned long long)(c0 + cs),
+                        (unsigned long long)r->doff[k], ZSTD_getErrorName(fl));
+    if (fl != cs)
+        return bfs__err(BFS_EINPUT, "%s: frame %u (uncompressed offset %llu): the zstd frame ends at compressed offset %llu but the seek table says %llu",
+                        r->what, k, (unsigned long long)r->doff[k], (unsigned long long)(c0 + fl),
+                        (unsigned long long)(c0 + cs));
+    const size_t got = ZSTD_decompressDCtx(d->dctx, dst, (size_t)ds, d->cbuf, (size_t)cs);
+    if (ZSTD_isError(got) && ZSTD_getErrorCode(got) == ZSTD_error_memory_allocation)
+        return bfs__err(BFS_ENOMEM, "%s: frame %u (compressed offset %llu): zstd: %s", r->what, k,
+                        (unsigned long long)c0, ZSTD_getErrorName(got));
+    if (ZSTD_isError(got) && ZSTD_getErrorCode(got) == ZSTD_error_dstSize_tooSmall)
+        return bfs__err(BFS_EINPUT, "%s: frame %u (compressed offset %llu, uncompressed offset %llu) decompresses to more than the %llu bytes the seek table gives",
+                        r->what, k, (unsigned long long)c0, (unsigned long long)r->doff[k], (unsigned long long)ds);
+    if (ZSTD_isError(got))
+        return bfs__err(BFS_EINPUT, "%s: frame %u (compressed bytes [%llu, %llu), uncompressed offset %llu) is corrupt: zstd: %s",
+                        r->what, k, (unsigned long long)c0, (unsigned long long)(c0 + cs),
+                        (unsigned long long)r->doff[k], ZSTD_getErrorName(got));
+    if (got != ds)
+        return bfs__err(BFS_EINPUT, "%s: frame %u (compressed offset %llu, uncompressed offset %llu) decompresses to %llu bytes, the seek table says %llu",
+                        r->what, k, (unsigned long long)c0, (unsigned long long)r->doff[k], (unsigned long long)got,
+                        (unsigned long long)ds);
+    d->frames_decoded++;
     return 0;
 }
 
 typedef struct {
-    bfs_zst_sink sink;
+    bfs_zst_sink sink; /* NULL: the bytes are already where they belong (direct) */
     void *user;
     XXH64_state_t *st;
-    uint8_t *gbuf;
-    size_t gpos;
 } bfs_zst_fctx;
 
 static int bfs__zst_sink_hash(void *user, const uint8_t *p, size_t n)
 {
     bfs_zst_fctx *f = user;
     XXH64_update(f->st, p, n);
-    return f->sink(f->user, p, n);
+    return f->sink ? f->sink(f->user, p, n) : 0;
 }
 
-static int bfs__zst_sink_gather(void *user, const uint8_t *p, size_t n)
+static int bfs__zst_sink_none(void *user, const uint8_t *p, size_t n)
 {
-    bfs_zst_fctx *f = user;
-    memcpy(f->gbuf + f->gpos, p, n); /* decode_raw bounds the total by dsize <= gcap */
-    f->gpos += n;
+    (void)user, (void)p, (void)n;
     return 0;
 }
 
-/* Decode frame k, undo its byte grouping, check its checksum; deliver its original bytes. */
-static int bfs__zst_decode_frame(bfs_zst_reader *r, uint32_t k, bfs_zst_sink sink, void *user)
+/* Original bytes [a, a + n) of a byte-grouped frame of fn bytes held grouped in g (a, n, fn even). */
+static void bfs__ungroup_part(uint8_t *dst, const uint8_t *g, size_t fn, size_t a, size_t n)
+{
+    const size_t h = fn / 2, j0 = a / 2;
+    for (size_t j = 0; j < n / 2; j++) {
+        dst[2 * j + 1] = g[j0 + j];
+        dst[2 * j] = g[h + j0 + j];
+    }
+}
+
+/* Decode frame k, undo its byte grouping, check its checksum; deliver its original bytes to
+ * sink, or (direct not NULL) write them straight into direct's dsize[k] bytes. */
+int bfs__zst_decode_frame(const bfs_zst_reader *r, bfs_zst_dec *d, uint32_t k, uint8_t *direct,
+                          bfs_zst_sink sink, void *user)
 {
     int rc = 0;
-    bfs_zst_fctx f = {.sink = sink, .user = user, .st = XXH64_createState()};
+    bfs_zst_fctx f = {.sink = direct ? NULL : sink, .user = user, .st = XXH64_createState()};
     if (!f.st)
         return bfs__err(BFS_ENOMEM, "out of memory");
     XXH64_reset(f.st, 0);
     if (r->grouped && r->grouped[k]) {
         const size_t ds = r->dsize[k];
-        if (ds > r->gcap) {
-            free(r->gbuf);
-            free(r->gtmp);
-            r->gbuf = malloc(ds);
-            r->gtmp = malloc(ds);
-            r->gcap = r->gbuf && r->gtmp ? ds : 0;
-            if (!r->gcap)
+        if (ds > d->gcap) {
+            free(d->gbuf);
+            d->gbuf = malloc(ds);
+            d->gcap = d->gbuf ? ds : 0;
+            if (!d->gbuf)
                 BFS_FAIL(BFS_ENOMEM, "%s: out of memory for a %zu-byte frame", r->what, ds);
         }
-        f.gbuf = r->gbuf;
-        BFS_TRY(bfs__zst_decode_raw(r, k, bfs__zst_sink_gather, &f));
-        bfs__ungroup(r->gtmp, r->gbuf, ds);
-        BFS_TRY(bfs__zst_sink_hash(&f, r->gtmp, ds));
+        if (r->coff[k + 1] - r->coff[k] <= BFS_ZST_WHOLE_MAX)
+            BFS_TRY(bfs__zst_decode_whole(r, d, k, d->gbuf));
+        else
+            BFS_TRY(bfs__zst_decode_raw(r, d, k, d->gbuf, bfs__zst_sink_none, NULL));
+        for (size_t a = 0; a < ds; a += BFS_ZST_UNGROUP_PIECE) { /* restored a piece at a time */
+            const size_t n = ds - a < BFS_ZST_UNGROUP_PIECE ? ds - a : BFS_ZST_UNGROUP_PIECE;
+            uint8_t *o = direct ? direct + a : d->gtmp;
+            bfs__ungroup_part(o, d->gbuf, ds, a, n);
+            BFS_TRY(bfs__zst_sink_hash(&f, o, n));
+        }
+    } else if (direct && r->coff[k + 1] - r->coff[k] <= BFS_ZST_WHOLE_MAX) {
+        BFS_TRY(bfs__zst_decode_whole(r, d, k, direct));
+        BFS_TRY(bfs__zst_sink_hash(&f, direct, r->dsize[k]));
     } else {
-        BFS_TRY(bfs__zst_decode_raw(r, k, bfs__zst_sink_hash, &f));
+        BFS_TRY(bfs__zst_decode_raw(r, d, k, direct, bfs__zst_sink_hash, &f));
     }
     if (r->xxh && (uint32_t)XXH64_digest(f.st) != r->xxh[k])
-        BFS_FAIL(BFS_EINPUT, "%s: frame %u (compressed bytes [%llu, %llu)): checksum 0x%08x, the seek table says 0x%08x",
+        BFS_FAIL(BFS_EINPUT, "%s: frame %u (compressed bytes [%llu, %llu), uncompressed offset %llu): checksum 0x%08x, the seek table says 0x%08x",
                  r->what, k, (unsigned long long)r->coff[k], (unsigned long long)r->coff[k + 1],
-                 (uint32_t)XXH64_digest(f.st), r->xxh[k]);
+                 (unsigned long long)r->doff[k], (uint32_t)XXH64_digest(f.st), r->xxh[k]);
 cleanup:
     XXH64_freeState(f.st);
     return rc;
@@ -464,17 +548,11 @@ int bfs__zst_read_range(bfs_zst_reader *r, uint64_t off, uint64_t len, bfs_zst_s
         if (r->dsize[k] == 0)
             continue;
         bfs_zst_clip c = {.sink = sink, .user = user, .pos = r->doff[k], .a = off, .b = off + len};
-        const int rc = bfs__zst_decode_frame(r, k, bfs__zst_sink_clip, &c);
+        const int rc = bfs__zst_decode_frame(r, &r->dec, k, NULL, bfs__zst_sink_clip, &c);
         if (rc < 0)
             return rc;
     }
     return 0;
-}
-
-static int bfs__zst_sink_none(void *user, const uint8_t *p, size_t n)
-{
-    (void)user, (void)p, (void)n;
-    return 0; /* never called: decode_raw refuses bytes past a frame's dsize, here 0 */
 }
 
 int bfs__zst_check_empty_frames(bfs_zst_reader *r)
@@ -482,7 +560,7 @@ int bfs__zst_check_empty_frames(bfs_zst_reader *r)
     for (uint32_t k = 0; k < r->n; k++) {
         if (r->dsize[k] != 0 || (k == 0 && r->mode == BFS_ZST_BYTEGROUP)) /* the 16-byte header, checked at open */
             continue;
-        const int rc = bfs__zst_decode_raw(r, k, bfs__zst_sink_none, NULL);
+        const int rc = bfs__zst_decode_raw(r, &r->dec, k, NULL, bfs__zst_sink_none, NULL); /* 0 bytes: never called */
         if (rc < 0)
             return rc;
     }
@@ -531,4 +609,26 @@ int bfs__zst_read_header(bfs_zst_reader *r, uint8_t **hbuf, bfs_st_header *h)
 cleanup:
     free(b);
     return rc;
+}
+
+const char *bfs__zst_reader_name(const bfs_zst_reader *r) { return r->what; }
+
+void bfs__zst_frame_span(const bfs_zst_reader *r, uint32_t k, uint64_t *doff, uint32_t *dsize, uint64_t *coff)
+{
+    *doff = r->doff[k];
+    *dsize = r->dsize[k];
+    *coff = r->coff[k];
+}
+
+uint32_t bfs__zst_frame_at(const bfs_zst_reader *r, uint64_t off)
+{
+    uint32_t lo = 0, hi = r->n; /* the first frame whose end is past off (n: none) */
+    while (lo < hi) {
+        const uint32_t mid = lo + (hi - lo) / 2;
+        if (r->doff[mid + 1] <= off)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
 }

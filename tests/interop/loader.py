@@ -9,8 +9,8 @@ WORK/pypkg, so what is tested is this tree's code, not an installed copy.
 
   1. rank_state_dict: every rank file of every output, tensor for tensor and bit for bit, equals
      what `safetensors.safe_open` reads (mxfp4-tiny, bnb-nf4, fp8-block, a 0-d checkpoint; W = 2,
-     3, 8; a conversion in parts not merged; tests/data's version 1 manifests), and a .zst copy
-     (`bfshard compress --rm`) gives the same; `import bfshard` works with
+     3, 8; a conversion in parts not merged; tests/data's version 1 manifests), and a .zst and a
+     .bfz copy (`bfshard compress --rm`) give the same; `import bfshard` works with
      torch unimportable, and `import bfshard.torch` then says it needs torch.
   2. In W gloo processes (W = 2, 3, 8; HSDP: 4 processes on a 2 x 2 mesh): the transformers model
      (the plain module of the names for the 0-d checkpoint) is built on meta from OUT/config.json,
@@ -22,8 +22,12 @@ WORK/pypkg, so what is tested is this tree's code, not an installed copy.
      in the checkpoint, a rank file without one of its tensors, a tensor in the checkpoint and
      not in the model (strict; strict=False loads), a truncated rank file; verify=True passes on
      a good output and names the header of a rewritten rank file; a rank file truncated after
-     the checks, as the reads begin, is one line naming it and the offset where it ends.
-     The comparisons also check that the bytes came through the pread path (LoadResult.bytes_read).
+     the checks, as the reads begin, is one line naming it and the offset where it ends; a .zst
+     cut short (before any write) and one with a corrupt frame (found as it is read), one line
+     naming the file (and the frame's offsets).
+     The comparisons also check that the bytes came through the pread path (LoadResult.bytes_read),
+     and for the .zst / .bfz-only outputs that they came through the seekable reader with nothing
+     decompressed whole and nothing written to TMPDIR.
 Prints PASS/FAIL lines; exits 1 when any check fails.
 """
 import argparse
@@ -203,6 +207,46 @@ def _untouched(m, x):
     return all(bool((v == x).all()) for v in _locals(m).values() if v.is_floating_point() and v.numel())
 
 
+def _no_spill_begin():
+    """TMPDIR pointed at a fresh empty folder, and every way load() could decompress a rank file
+    whole (bfshard.torch._RankFile._decompress, tempfile.mkdtemp) recorded instead of run."""
+    import tempfile
+    import bfshard.torch as bt
+    d = tempfile.mkdtemp(prefix="bfshard-nospill-")
+    st = {"dir": d, "calls": [], "env": os.environ.get("TMPDIR"), "tempdir": tempfile.tempdir,
+          "mkdtemp": tempfile.mkdtemp, "decompress": bt._RankFile.__dict__["_decompress"]}
+
+    def mkdtemp(*a, **k):
+        st["calls"].append("tempfile.mkdtemp")
+        raise OSError("tempfile.mkdtemp called while loading a .zst-only output")
+
+    def decompress(zpath):
+        st["calls"].append("_decompress(%s)" % os.path.basename(zpath))
+        raise bt.LoadError("%s: decompressed whole (not allowed here)" % zpath)
+    os.environ["TMPDIR"] = d
+    tempfile.tempdir = d
+    tempfile.mkdtemp = mkdtemp
+    bt._RankFile._decompress = staticmethod(decompress)
+    return st
+
+
+def _no_spill_end(st):
+    """Undo _no_spill_begin; what was called or left in the TMPDIR folder, or None."""
+    import tempfile
+    import bfshard.torch as bt
+    tempfile.mkdtemp = st["mkdtemp"]
+    tempfile.tempdir = st["tempdir"]
+    bt._RankFile._decompress = st["decompress"]
+    if st["env"] is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = st["env"]
+    left = os.listdir(st["dir"])
+    shutil.rmtree(st["dir"], ignore_errors=True)
+    problems = st["calls"] + (["TMPDIR holds %s" % left] if left else [])
+    return "; ".join(problems) or None
+
+
 def _run_job(job, mesh, rank, shard_rank):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import HuggingFaceStorageReader
@@ -217,7 +261,14 @@ def _run_job(job, mesh, rank, shard_rank):
         res["dcp_s"] = time.time() - t0
         mb = _build(job, mesh)
         _fill(mb, SENTINEL_BFS)
-        lr = bt.load(mb, job["dir"], verify=job.get("verify", False))
+        spill = _no_spill_begin() if job.get("zst_only") and not job.get("verify") else None
+        try:
+            lr = bt.load(mb, job["dir"], verify=job.get("verify", False))
+        finally:
+            spilled = _no_spill_end(spill) if spill else None
+        if spilled:
+            res["msg"] = "a .zst-only output was not read through the seekable reader: " + spilled
+            return res
         res["bfs_s"] = lr.seconds
         a, b = _locals(ma), _locals(mb)
         if set(a) != set(b):
@@ -236,14 +287,18 @@ def _run_job(job, mesh, rank, shard_rank):
             res["msg"] = "LoadResult %r" % (lr,)
             return res
         # the read path: a model built in bfloat16 on the CPU takes its bytes by pread (bytes_read)
-        # but for the casts and 0-d tensors; a .zst-only output, none
-        if job.get("zst_only") and lr.bytes_read != 0 or not job.get("zst_only") and job["model"] == "transformers" \
-                and not (0.5 * lr.bytes < lr.bytes_read <= lr.bytes):
-            res["msg"] = "bytes_read %d of %d bytes: not the pread path%s" % (
-                lr.bytes_read, lr.bytes, " (a .zst-only output has no file to read)" if job.get("zst_only") else "")
+        # but for the casts and 0-d tensors; a .zst-only output the same, decoded from its frames
+        # (verify=True hashes a .zst-only rank file whole: decompressed, mapped, copied from there)
+        if job.get("zst_only") and job.get("verify"):
+            if lr.bytes_read != 0:
+                res["msg"] = "bytes_read %d: verify=True on a .zst-only output reads from its mapping" % lr.bytes_read
+                return res
+        elif job["model"] == "transformers" and not (0.5 * lr.bytes < lr.bytes_read <= lr.bytes):
+            res["msg"] = "bytes_read %d of %d bytes: not the %s path" % (
+                lr.bytes_read, lr.bytes, "seekable reader's" if job.get("zst_only") else "pread")
             return res
-        res.update(ok=True, msg="%d tensors, %d bytes (%d by pread), files %s" % (
-            lr.tensors, lr.bytes, lr.bytes_read, opened))
+        res.update(ok=True, msg="%d tensors, %d bytes (%d by %s), files %s" % (
+            lr.tensors, lr.bytes, lr.bytes_read, "the seekable reader" if job.get("zst_only") else "pread", opened))
         return res
     # an error case: the expected message for this rank, or a clean load
     want = job["expect"].get(str(shard_rank), job["expect"].get("*"))
@@ -252,10 +307,10 @@ def _run_job(job, mesh, rank, shard_rank):
     read_ranges = bt._read_ranges
     if job.get("truncate_at_read"):
         # the rank file loses its second half after every check passed, as the reads begin
-        def cut(path, ranges, threads):
+        def cut(path, ranges, threads, **kw):
             if os.path.basename(path) == job["truncate_at_read"]:
                 os.truncate(path, sorted(o for o, _, _ in ranges)[len(ranges) // 2] + 1)
-            return read_ranges(path, ranges, threads)
+            return read_ranges(path, ranges, threads, **kw)
         bt._read_ranges = cut
     try:
         lr = bt.load(m, job["dir"], verify=job.get("verify", False), strict=job.get("strict", True))
@@ -268,7 +323,7 @@ def _run_job(job, mesh, rank, shard_rank):
             res["msg"] = "message %r lacks %r (or is not one line)" % (msg, want["has"])
         elif want.get("type") and type(e).__name__ != want["type"]:
             res["msg"] = "%s, not %s: %s" % (type(e).__name__, want["type"], msg)
-        elif not job.get("truncate_at_read") and not _untouched(m, SENTINEL_BFS):
+        elif not job.get("truncate_at_read") and not job.get("partial") and not _untouched(m, SENTINEL_BFS):
             res["msg"] = "the model was written before the error: " + msg
         else:
             res["ok"] = True
@@ -456,7 +511,7 @@ def check_read_split():
     import bfshard.torch as bt
 
     class F:
-        from_zst, data_start, path = None, 1000, "rank.safetensors"
+        from_zst, zst, data_start, path = None, None, 1000, "rank.safetensors"
         entries = {}
     f = F()
     buf, f32, sq = torch.zeros(100, dtype=torch.bfloat16), torch.zeros(10), torch.zeros(10, 10, dtype=torch.bfloat16)
@@ -480,8 +535,8 @@ def check_device_glue(work):
     """load()'s path into CUDA shards (bfshard.torch._to_device) with torch.cuda replaced by a
     stand-in that copies at once (streams, events) and CPU tensors in place of the device's: the
     ring's buffers (pinned: here plain) filled by bfs_read_ranges land in every shard, bit for bit,
-    for budgets below, at and above a shard's size; a file cut short, or a copy failing, is one
-    line naming the file."""
+    for budgets below, at and above a shard's size, and the same filled by bfs_read_ranges_zst from
+    a .zst copy of those bytes; a file cut short, or a copy failing, is one line naming the file."""
     import contextlib
     import torch
     import bfshard.torch as bt
@@ -507,6 +562,22 @@ def check_device_glue(work):
     data = torch.randint(0, 256, (3 << 20,), dtype=torch.uint8, generator=torch.Generator().manual_seed(5))
     with open(path, "wb") as f:
         f.write(data.numpy().tobytes())
+    # the same bytes as the one tensor of a safetensors file, compressed (.zst, 64 KiB frames)
+    import ctypes
+    import bfshard
+    hdr = json.dumps({"x": {"dtype": "U8", "shape": [data.numel()], "data_offsets": [0, data.numel()]}}).encode()
+    st_path, zpath = path + ".safetensors", path + ".safetensors.zst"
+    with open(st_path, "wb") as f:
+        f.write(struct.pack("<Q", len(hdr)) + hdr + data.numpy().tobytes())
+    lib = bfshard._c
+    lib.bfs_compress_file.restype, lib.bfs_compress_file.argtypes = ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p,
+                                                                                  ctypes.c_int, ctypes.c_int]
+    if os.path.exists(zpath):  # a work folder used before
+        os.unlink(zpath)
+    if lib.bfs_compress_file(os.fsencode(st_path), os.fsencode(zpath), 1, 2) != 0:
+        record("load()'s path into CUDA shards: compress %s" % st_path, False, lib.bfs_last_error().decode())
+        return
+    ds = 8 + len(hdr)
     shapes = [(1000, 513), (7,), (300, 17), (2048, 64), (1, 1)]
     saved = (torch.cuda.current_stream, torch.cuda.Stream, torch.cuda.Event, torch.cuda.stream, torch.empty)
     real_empty = torch.empty
@@ -527,6 +598,13 @@ def check_device_glue(work):
             bad = [o for o, n, t in items if not torch.equal(t.view(-1).view(torch.uint8), data[o:o + n])]
             if moved != sum(n for _, n, _ in items) or bad:
                 ok, why = False, "budget %d: moved %d, wrong bytes at offsets %s" % (budget, moved, bad)
+                break
+            for t in [t for _, _, t in items]:
+                t.zero_()
+            moved = bt._to_device(zpath, [(o + ds, n, t) for o, n, t in items], 2, budget, zst=True)
+            bad = [o for o, n, t in items if not torch.equal(t.view(-1).view(torch.uint8), data[o:o + n])]
+            if moved != sum(n for _, n, _ in items) or bad:
+                ok, why = False, ".zst, budget %d: moved %d, wrong bytes at offsets %s" % (budget, moved, bad)
                 break
         if ok:
             with open(path, "r+b") as f:
@@ -610,18 +688,27 @@ def main():
     info("converted %d outputs in %.1f s" % (len(outs), time.time() - t0))
     base = fixtures[0]
     out2 = outs.get("%s.w2" % base, (None,))[0]
-    zst, zst_ref = None, {}
+    zst, bfz, zst_ref = None, None, {}
+
+    def compressed(tag, *opts, f=base):
+        src = outs.get("%s.w2" % f, (None,))[0]
+        if src is None:
+            return None
+        d = os.path.join(work, "%s.w2-%s" % (f, tag))
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(src, d)
+        r = subprocess.run([bfshard_bin, "compress", d, "--rm"] + list(opts), capture_output=True, text=True)
+        if r.returncode != 0 or any(n.endswith(".safetensors") for n in os.listdir(d)):
+            record("bfshard compress --rm %s %s" % (" ".join(opts), d), False, r.stderr[-500:])
+            return None
+        outs["%s.w2-%s" % (f, tag)] = (d, 2)
+        zst_ref["%s.w2-%s" % (f, tag)] = src
+        return d
     if out2:
-        zst = os.path.join(work, "%s.w2-zst" % base)
-        shutil.rmtree(zst, ignore_errors=True)
-        shutil.copytree(out2, zst)
-        r = subprocess.run([bfshard_bin, "compress", zst, "--rm"], capture_output=True, text=True)
-        if r.returncode != 0 or any(n.endswith(".safetensors") for n in os.listdir(zst)):
-            record("bfshard compress --rm %s" % zst, False, r.stderr[-500:])
-            zst = None
-        else:
-            outs["%s.w2-zst" % base] = (zst, 2)
-            zst_ref["%s.w2-zst" % base] = out2
+        zst = compressed("zst")
+        # byte-grouped, and frames small enough that tensors span several
+        bfz = compressed("bfz", "--bytegroup", "--frame-size", "65536")
+    zst0d = compressed("zst", f="scalar0d")  # 0-d tensors: copy_ from a temporary read through the reader
 
     # a conversion in parts, not merged (part manifests only), and version 1 manifests (tests/data)
     parts = None
@@ -713,8 +800,37 @@ def main():
             ej.append(dict(cmp_job(base, 2), id="%s.w2 parts" % base, dir=parts,
                            what="a conversion in 2 parts, not merged == dcp.load of the whole run"))
         if zst:
+            # rank 1's compressed copy cut short (no seek table: refused before any write), and
+            # one with a byte of its largest frame flipped (the checks pass; the read refuses it)
+            zcut, zflip = os.path.join(work, "%s.w2-zst-cut" % base), os.path.join(work, "%s.w2-zst-flip" % base)
+            for d in (zcut, zflip):
+                shutil.rmtree(d, ignore_errors=True)
+                shutil.copytree(zst, d)
+            z1 = rank_file(zcut, 1) + ".zst"
+            os.truncate(z1, os.path.getsize(z1) // 2)
+            z1 = rank_file(zflip, 1) + ".zst"
+            with open(z1, "r+b") as fh:
+                fh.seek(os.path.getsize(z1) // 2)
+                b = fh.read(1)
+                fh.seek(-1, 1)
+                fh.write(bytes([b[0] ^ 0xFF]))
+            ej.append(dict(cfg, id=".zst cut short", dir=zcut, zst_only=True,
+                           what="rank 1's .zst truncated -> rank 1: one-line error naming it, nothing written",
+                           expect={"1": {"has": ["truncated", os.path.basename(z1)]}}))
+            ej.append(dict(cfg, id=".zst corrupt frame", dir=zflip, zst_only=True, partial=True,
+                           what="a byte of rank 1's .zst flipped -> rank 1: one-line error naming it and the frame",
+                           expect={"1": {"has": ["frame", "compressed", "uncompressed offset", os.path.basename(z1)]}}))
             ej.append(dict(cmp_job(base, 2), id="%s.w2 .zst only" % base, dir=zst, zst_only=True,
-                           what=".zst copies only (compress --rm) == dcp.load of the rank files"))
+                           what=".zst copies only (compress --rm), read through the seekable reader, "
+                                "nothing in TMPDIR == dcp.load of the rank files"))
+            if zst0d:
+                ej.append(dict(cmp_job("scalar0d", 2), id="scalar0d.w2 .zst only", dir=zst0d, zst_only=True,
+                               what=".zst copies only, 0-d tensors from rank 0's .zst == dcp.load"))
+            ej.append(dict(cmp_job(base, 2), id="%s.w2 .zst only verify" % base, dir=zst, zst_only=True, verify=True,
+                           what=".zst copies only, verify=True (decompressed whole, hashed, mapped) == dcp.load"))
+        if bfz:
+            ej.append(dict(cmp_job(base, 2), id="%s.w2 .bfz only" % base, dir=bfz, zst_only=True,
+                           what=".bfz copies only (--bytegroup, 64 KiB frames), the same"))
         wrong_w = dict(cfg, id="wrong W", dir=d2, what="a W=2 output into a W=3 mesh -> one-line error",
                        expect={"*": {"has": ["world_size=2", "3 ranks"]}})
         # in the same processes as the comparisons (a gloo start is ~5-10 s)

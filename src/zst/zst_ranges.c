@@ -1,0 +1,208 @@
+/*
+ * bfs_read_ranges_zst: byte ranges of the file a seekable zstd copy decompresses to, read
+ * straight into memory from several threads (what bfshard.torch.load() reads a rank file
+ * with when only its compressed copy is there), and bfs_zst_uncompressed_size. Only the
+ * frames that hold a range are decoded; frames are independent, so each is one job that
+ * the next free thread takes. A frame inside a single range is decoded straight into its
+ * destination; one shared by several ranges, or only partly asked for, goes through the
+ * thread's decode buffer. Every frame's size and checksum is checked (zst_read.c).
+ */
+#include "zst/zst.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define BFS_ZR_AUTO_THREADS 16 /* threads: 0 takes at most this many */
+#define BFS_ZR_MAX_THREADS 64
+
+typedef struct bfs_zr_pair { /* range i needs frame k */
+    uint32_t k;
+    size_t i;
+    uint64_t off; /* ranges[i].offset, for the order */
+} bfs_zr_pair;
+
+typedef struct bfs_zr {
+    const bfs_zst_reader *r;
+    const bfs_range *ranges;
+    bfs_zr_pair *pairs; /* by frame, then by range offset */
+    size_t *job;        /* job j: pairs[job[j], job[j + 1]), all of one frame */
+    size_t njobs;
+    _Atomic size_t next;
+    _Atomic int failed;
+    bfs_errslot err;
+} bfs_zr;
+
+static int bfs__zr_cmp(const void *a, const void *b)
+{
+    const bfs_zr_pair *p = a, *q = b;
+    if (p->k != q->k)
+        return p->k < q->k ? -1 : 1;
+    if (p->off != q->off)
+        return p->off < q->off ? -1 : 1;
+    return p->i < q->i ? -1 : p->i > q->i;
+}
+
+typedef struct { /* a frame's bytes, copied into the ranges of one job */
+    const bfs_zr *zr;
+    const bfs_zr_pair *p, *end;
+    uint64_t pos; /* uncompressed offset of the next byte delivered */
+} bfs_zr_copy;
+
+static int bfs__zr_sink(void *user, const uint8_t *b, size_t n)
+{
+    bfs_zr_copy *c = user;
+    const uint64_t s = c->pos, e = s + n;
+    c->pos = e;
+    for (const bfs_zr_pair *p = c->p; p < c->end && p->off < e; p++) {
+        const bfs_range *rg = &c->zr->ranges[p->i];
+        const uint64_t lo = s > rg->offset ? s : rg->offset;
+        const uint64_t hi = e < rg->offset + rg->length ? e : rg->offset + rg->length;
+        if (lo < hi)
+            memcpy((uint8_t *)rg->dest + (lo - rg->offset), b + (lo - s), (size_t)(hi - lo));
+    }
+    return 0;
+}
+
+static int bfs__zr_job(const bfs_zr *zr, bfs_zst_dec *d, size_t j)
+{
+    const bfs_zr_pair *p = &zr->pairs[zr->job[j]], *end = &zr->pairs[zr->job[j + 1]];
+    uint64_t doff, coff;
+    uint32_t ds;
+    bfs__zst_frame_span(zr->r, p->k, &doff, &ds, &coff);
+    if (bfs__cancelled())
+        return bfs__err(BFS_EINTR, "%s: interrupted (cancelled) at uncompressed offset %llu (frame %u, compressed offset %llu)",
+                        bfs__zst_reader_name(zr->r), (unsigned long long)doff, p->k, (unsigned long long)coff);
+    const bfs_range *rg = &zr->ranges[p->i];
+    if (end - p == 1 && rg->offset <= doff && rg->offset + rg->length >= doff + ds) /* the frame lies in one range */
+        return bfs__zst_decode_frame(zr->r, d, p->k, (uint8_t *)rg->dest + (doff - rg->offset), NULL, NULL);
+    bfs_zr_copy c = {.zr = zr, .p = p, .end = end, .pos = doff};
+    return bfs__zst_decode_frame(zr->r, d, p->k, NULL, bfs__zr_sink, &c);
+}
+
+static void *bfs__zr_worker(void *arg)
+{
+    bfs_zr *zr = arg;
+    bfs_zst_dec d;
+    int rc = bfs__zst_dec_init(&d);
+    while (rc == 0 && !atomic_load(&zr->failed)) {
+        const size_t j = atomic_fetch_add(&zr->next, 1);
+        if (j >= zr->njobs)
+            break;
+        rc = bfs__zr_job(zr, &d, j);
+    }
+    if (rc < 0) {
+        bfs__errslot_put(&zr->err, rc);
+        atomic_store(&zr->failed, 1);
+    }
+    bfs__zst_dec_free(&d);
+    return NULL;
+}
+
+/* every range checked, and the (frame, range) pairs they need, grouped into jobs by frame */
+static int bfs__zr_plan(bfs_zr *zr, const char *path, const bfs_range *ranges, size_t n)
+{
+    const bfs_zst_reader *r = zr->r;
+    const uint64_t total = bfs__zst_reader_size(r);
+    size_t np = 0;
+    for (size_t i = 0; i < n; i++) {
+        const bfs_range *g = &ranges[i];
+        if (g->length > 0 && g->dest == NULL)
+            return bfs__err(BFS_EUSAGE, "%s: range %zu (%llu bytes at offset %llu) has no destination", path, i,
+                            (unsigned long long)g->length, (unsigned long long)g->offset);
+        if (g->offset > (uint64_t)INT64_MAX || g->length > (uint64_t)INT64_MAX - g->offset)
+            return bfs__err(BFS_EUSAGE, "%s: range %zu: %llu bytes at offset %llu end past the largest file offset",
+                            path, i, (unsigned long long)g->length, (unsigned long long)g->offset);
+        if (g->length == 0)
+            continue;
+        if (g->offset + g->length > total)
+            return bfs__err(BFS_EINPUT, "%s: decompresses to %llu bytes, which end inside the %llu bytes asked for at "
+                            "offset %llu (truncated?)", path, (unsigned long long)total,
+                            (unsigned long long)g->length, (unsigned long long)g->offset);
+        const uint64_t f0 = bfs__zst_frame_at(r, g->offset), f1 = bfs__zst_frame_at(r, g->offset + g->length - 1);
+        if (f1 - f0 + 1 > SIZE_MAX / sizeof *zr->pairs - np)
+            return bfs__err(BFS_ENOMEM, "%s: too many ranges and frames (at range %zu)", path, i);
+        np += (size_t)(f1 - f0 + 1); /* an upper bound: frames of 0 bytes among them are left out */
+    }
+    zr->pairs = malloc((np ? np : 1) * sizeof *zr->pairs);
+    zr->job = malloc((np + 1) * sizeof *zr->job);
+    if (!zr->pairs || !zr->job)
+        return bfs__err(BFS_ENOMEM, "%s: no memory for %zu (frame, range) pairs", path, np);
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        const bfs_range *g = &ranges[i];
+        if (g->length == 0)
+            continue;
+        for (uint32_t k = bfs__zst_frame_at(r, g->offset); k < bfs__zst_reader_frames(r); k++) {
+            uint64_t doff, coff;
+            uint32_t ds;
+            bfs__zst_frame_span(r, k, &doff, &ds, &coff);
+            if (doff >= g->offset + g->length)
+                break;
+            if (ds > 0)
+                zr->pairs[m++] = (bfs_zr_pair){.k = k, .i = i, .off = g->offset};
+        }
+    }
+    qsort(zr->pairs, m, sizeof *zr->pairs, bfs__zr_cmp);
+    for (size_t a = 0; a < m; a++)
+        if (a == 0 || zr->pairs[a].k != zr->pairs[a - 1].k)
+            zr->job[zr->njobs++] = a;
+    zr->job[zr->njobs] = m;
+    return 0;
+}
+
+int bfs_read_ranges_zst(const char *path, const bfs_range *ranges, size_t n, int threads)
+{
+    int rc = 0;
+    bfs_zst_reader *r = NULL;
+    pthread_t tid[BFS_ZR_MAX_THREADS];
+    int started = 0;
+    bfs_zr zr = {.ranges = ranges};
+    bfs__err_clear();
+    bfs__cancel_reset(); /* a new read starts uncancelled, as bfs_read_ranges does */
+    bfs__errslot_init(&zr.err);
+    if (path == NULL)
+        return bfs__err(BFS_EUSAGE, "bfs_read_ranges_zst: no path");
+    if (n > 0 && ranges == NULL)
+        return bfs__err(BFS_EUSAGE, "%s: %zu ranges, no array of them", path, n);
+    BFS_TRY(bfs__zst_reader_open(path, &r));
+    zr.r = r;
+    BFS_TRY(bfs__zr_plan(&zr, path, ranges, n));
+    if (threads <= 0) {
+        const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = cpus < 1 ? 1 : cpus > BFS_ZR_AUTO_THREADS ? BFS_ZR_AUTO_THREADS : (int)cpus;
+    }
+    if (threads > BFS_ZR_MAX_THREADS)
+        threads = BFS_ZR_MAX_THREADS;
+    if ((size_t)threads > zr.njobs)
+        threads = zr.njobs > 0 ? (int)zr.njobs : 1;
+    /* the calling thread is one of them; a thread that cannot start leaves its share to the others */
+    while (started < threads - 1 && pthread_create(&tid[started], NULL, bfs__zr_worker, &zr) == 0)
+        started++;
+    bfs__zr_worker(&zr);
+    for (int i = 0; i < started; i++)
+        pthread_join(tid[i], NULL);
+    rc = bfs__errslot_get(&zr.err);
+
+cleanup:
+    free(zr.pairs);
+    free(zr.job);
+    bfs__zst_reader_free(r);
+    return rc;
+}
+
+int bfs_zst_uncompressed_size(const char *path, uint64_t *size)
+{
+    bfs_zst_reader *r = NULL;
+    bfs__err_clear();
+    if (path == NULL || size == NULL)
+        return bfs__err(BFS_EUSAGE, "bfs_zst_uncompressed_size: no path or no size");
+    const int rc = bfs__zst_reader_open(path, &r);
+    if (rc < 0)
+        return rc;
+    *size = bfs__zst_reader_size(r);
+    bfs__zst_reader_free(r);
+    return 0;
+}
