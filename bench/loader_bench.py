@@ -46,9 +46,9 @@ def stage(build, root=ROOT):
     """A bfshard package dir for sys.path: root's python/bfshard (this checkout's by default) +
     BUILD/python."""
     native = os.path.join(build, "python")
-    if not os.path.isfile(os.path.join(native, "_libbfshard.so")):
-        subprocess.run(["make", "-C", root, "BUILD=" + build, "python-native"], check=True,
-                       stdout=subprocess.DEVNULL)
+    # always through make: a library built before the sources changed would be used stale
+    subprocess.run(["make", "-C", root, "BUILD=" + build, "python-native"], check=True,
+                   stdout=subprocess.DEVNULL)
     top = tempfile.mkdtemp(prefix="bfshard-bench-pkg-")
     pkg = os.path.join(top, "bfshard")
     os.makedirs(os.path.join(pkg, "bin"))
@@ -96,8 +96,9 @@ def child_load(outdir, rank):
     sd = {}
     for t in man["tensors"]:
         shape = t["shape"]
-        if not shape:
-            sd[t["name"]] = torch.zeros((), dtype=dt[t["dtype"]])
+        if not shape or t.get("placement", "").startswith("whole on rank 0"):
+            # 0-d tensors and the model's buffers: plain tensors, read whole from rank 0's file
+            sd[t["name"]] = torch.zeros(shape, dtype=dt[t["dtype"]])
             continue
         c = -(-shape[0] // W)
         rows = max(0, min(c, shape[0] - rank * c))
