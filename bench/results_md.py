@@ -27,7 +27,7 @@ import bench  # noqa: E402  (TARGETS, INFO_ONLY, TARGET_DESC, verdict)
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
-# the README's rows, in this order (the page lists every bar)
+# the README's rows, in this order, then every other bar that failed (the page lists every bar)
 README_KEYS = ("kernel_vs_memcpy", "disk_vs_dd", "vs_python_speed", "vs_python_rss", "rss_growth",
                "rss_predicted", "scale_w64_vs_w8", "parts_vs_whole", "merge_vs_whole",
                "part_device_vs_share", "loader_w64_s", "loader_w64_rss_mb", "node_vs_dd", "load_vs_floor",
@@ -137,6 +137,8 @@ def readme_table(res, docs_link):
          "| bar | verdict | worst |",
          "|---|---|---|"]
     r = rows(res, README_KEYS)
+    shown = {x[0] for x in r}
+    r += [x for x in rows(res) if x[1] == "FAIL" and x[0] not in shown]  # a failing bar is always shown
     for desc, tag, worst, _ in r:
         L.append(f"| {md_cell(desc)} | {tag} | {md_cell(worst)} |")
     if not r:
