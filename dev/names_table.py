@@ -13,8 +13,10 @@ Run with the interop venv's python (transformers 5.23, tests/interop/requirement
   python dev/names_table.py torchtitan  the torchtitan rule (src/plan/names.c bfs__tt_rows, --names
                                       torchtitan): per row, the per-expert keys equal its adapter's
                                       from_hf_map ones, in order, at the file:line given; the FSDP
-                                      and split lines say what the rule reads there (check runs it
-                                      too, when torchtitan is installed)
+                                      and split lines say what the rule reads there; each refused
+                                      model type (bfs__tt_refused) still loses expert parameters
+                                      in its adapter's to_hf (check runs it too, when torchtitan
+                                      is installed)
   python dev/names_table.py vectors   tests/data/names-vectors.json: for every model type of
                                       the table, each test key and the name transformers'
                                       rename_source_key gives it (test_names.c checks the C
@@ -203,7 +205,31 @@ def check_torchtitan():
             if theirs != keys or adapter != f"{f}:{n}":
                 bad += 1
                 print(f"torchtitan rule: {t}: {adapter} {keys} != torchtitan {torchtitan.__version__}'s {f}:{n} {theirs}")
-    print(f"torchtitan rule: {len(rows)} rows ({sum(len(r[0]) for r in rows)} model types), "
+    # the refused model types: the cited lines still say what names.c says, and the adapter's
+    # to_hf of the model's own state_dict still leaves out expert parameters (else the refusal
+    # is out of date)
+    src = open(NAMES_C).read()
+    refused = re.findall(r'\{"(\w+)", "(torchtitan/[^"]+)", "(torchtitan/[^"]+)"\}', src)
+    for t, adapter, model in refused:
+        if "inner_experts.mlp1_weight\"" not in line_of(adapter) or "mlp1_weight_EGD" not in line_of(model):
+            bad += 1
+            print(f"torchtitan rule: refused {t}: {adapter} or {model} no longer reads as names.c says")
+            continue
+        import torch
+        fam = importlib.import_module(f"torchtitan.models.{t}")
+        spec = fam.model_registry("debugmodel")
+        with torch.device("meta"):
+            sd = spec.model.build().state_dict()
+        kept = spec.state_dict_adapter(spec.model, None).to_hf(sd)
+        lost = sorted({re.sub(r"\d+", "N", k, count=1) for k in sd if "experts" in k} -
+                      {re.sub(r"\d+", "N", k, count=1) for k in spec.state_dict_adapter(spec.model, None).from_hf(kept)})
+        if not lost:
+            bad += 1
+            print(f"torchtitan rule: refused {t}: torchtitan {torchtitan.__version__}'s adapter now maps every expert "
+                  f"parameter: the refusal in names.c is out of date")
+        else:
+            print(f"torchtitan rule: refused {t}: its to_hf leaves out {', '.join(lost)} (as names.c says)")
+    print(f"torchtitan rule: {len(rows)} rows ({sum(len(r[0]) for r in rows)} model types), {len(refused)} refused, "
           f"{'all equal to' if not bad else f'{bad} differ from'} torchtitan {torchtitan.__version__}'s adapters and FSDP")
     return 1 if bad else 0
 

@@ -466,6 +466,10 @@ static void torchtitan_placement(void **s)
     assert_int_equal(tu_sh("diff -r %s/tw %s/tp", tmp, tmp), 0);
     assert_int_equal(tu_sh("%s inspect %s -w 3 --names torchtitan | grep -q '^names: .* 15 per-expert tensor(s) of 5 experts whole'",
                            tu_bfshard(), in5), 0);
+    /* gpt_oss: torchtitan's load would leave its experts at their initial values: refused (2) */
+    assert_int_equal(tu_sh("%s convert fixtures/mxfp4-tiny %s/tg --names torchtitan --device cpu -q 2>%s/tg.err; test $? -eq 2",
+                           tu_bfshard(), tmp, tmp), 0);
+    assert_int_equal(tu_sh("grep -q 'cannot load gpt_oss.s experts' %s/tg.err && test ! -e %s/tg/bfshard.manifest.json", tmp, tmp), 0);
     tu_rmrf(tmp);
     free(tmp);
 }

@@ -223,6 +223,23 @@ static bool bfs__tt_expert(const bfs_ttrow *row, const bfs_ltensor *t, uint64_t 
     return false;
 }
 
+/* Model types whose experts torchtitan 0.3.0's HF load cannot fill: --names torchtitan refuses
+ * them, since the model would start from its initial experts with no error from torchtitan.
+ * gpt_oss: the adapter maps the experts to inner_experts.mlp1_weight, mlp1_bias, mlp2_weight,
+ * mlp2_bias, the model's parameters are mlp1_weight_EGD, mlp1_bias_EG, mlp2_weight_EDF,
+ * mlp2_bias_ED, and its to_hf passes over names it does not map. dev/names_table.py torchtitan
+ * reads both lines, so a torchtitan that fixes it is noticed. */
+typedef struct bfs_ttrefused {
+    const char *type;    /* config.json model_type */
+    const char *adapter; /* where the adapter names the experts */
+    const char *model;   /* where the model names its parameters */
+} bfs_ttrefused;
+
+static const bfs_ttrefused bfs__tt_refused[] = {
+    {"gpt_oss", "torchtitan/models/gpt_oss/state_dict_adapter.py:37", "torchtitan/models/gpt_oss/moe.py:90"},
+    {NULL, NULL, NULL},
+};
+
 uint64_t bfs__torchtitan_owner(uint64_t e, uint64_t E, uint64_t W)
 {
     const uint64_t per = (E + W - 1) / W; /* FSDP2's torch.chunk of dim 0 */
@@ -245,6 +262,12 @@ int bfs__plan_torchtitan(bfs_plan *p, const char *model_type, int world_size)
     uint64_t E = 0, e = 0;
     p->names_target = "torchtitan";
     p->tt_experts = 0;
+    for (const bfs_ttrefused *x = bfs__tt_refused; model_type && x->type; x++)
+        if (strcmp(x->type, model_type) == 0)
+            return bfs__err(BFS_EUSAGE, "--names torchtitan: torchtitan 0.3.0 cannot load %s's experts from a Hugging Face "
+                            "checkpoint (its adapter, %s, maps them to parameters its model does not have, %s), so "
+                            "the model would keep its initial experts; use --names checkpoint or transformers for "
+                            "another loader", model_type, x->adapter, x->model);
     for (size_t i = 0; row && i < p->nt; i++)
         if (bfs__tt_expert(row, &p->t[i], &e) && e + 1 > E)
             E = e + 1;
