@@ -12,13 +12,19 @@
 # with 1 and nproc writers on tmpfs and on the disk, then convert --device cuda and cpu, W=8 and
 # --layout hf, to both, GB/s against those floors); a closing summary (kernel GB/s
 # vs HBM, end to end vs the CPU backend and vs transformers, peak device memory vs --gpu-mem,
-# which fails above --gpu-mem + 1 GiB of context or when it grows with the input). On a machine without a GPU every GPU step
+# which fails above --gpu-mem + 1 GiB of context or when it grows with the input); then
+# bfshard.torch.load into CUDA shards (dev/cuda/load-check.py: fixtures at W=1 and 2, from .zst
+# only and through a tiny pinned ring, bit for bit against a load into CPU tensors; a 2 GB
+# gpt-oss-shaped rank file into cuda:0 in GB/s against a pinned H2D copy, a plain read and
+# safetensors' safe_open; peak host memory against max_host_bytes), its figures in the summary.
+# On a machine without a GPU every GPU step
 # prints "SKIP (no GPU): ..." and the rest (build, emulated checks, the I/O step's CPU half) still runs.
 # The I/O step adds ~3 min on a 16-core node and needs ~20 GB of tmpfs and ~15 GB of disk
-# (it skips, saying so, what does not fit).
+# (it skips, saying so, what does not fit); the load step ~1-2 min and ~3 GB of /dev/shm.
 # Knobs: OUT, JOBS (make -j, default nproc), BIG_LAYERS (the 4x input, default 8),
 #        GPU_MEM (default 1G), KEEP=1 (keep the synthetic checkpoints), IO=0 (skip the I/O
-#        step), and io-check.sh's own: IO_LAYERS, IO_GIB, IO_TMPFS, IO_DISK, IO_TIMEOUT.
+#        step), and io-check.sh's own: IO_LAYERS, IO_GIB, IO_TMPFS, IO_DISK, IO_TIMEOUT;
+#        LOAD=0 (skip the load step), LOAD_TIMEOUT (its limit, default 600 s).
 set -u
 export PATH=/usr/local/cuda/bin:$PATH
 OUT=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")}
@@ -236,6 +242,16 @@ if [ "${IO:-1}" = 1 ]; then
     OUT="$W/io" IO_REPORT= bash dev/cuda/io-check.sh || fail "the I/O step (dev/cuda/io-check.sh)"
 else echo "SKIP: the I/O step (IO=0)"; fi
 
+step "11 bfshard.torch.load into CUDA shards: bit for bit vs a CPU load (fixtures, W=1 and 2, .zst only, a tiny ring), GB/s vs pinned H2D / read / safetensors, peak host memory"
+if [ "${LOAD:-1}" != 1 ]; then echo "SKIP: the load step (LOAD=0)"
+elif [ $GPU = 1 ] && python3 -c 'import torch, safetensors, numpy; assert torch.cuda.is_available()' 2>/dev/null; then
+    # fastsafetensors is not installed there (no network; its wheel could be carried): not compared
+    run "${LOAD_TIMEOUT:-600}" python3 dev/cuda/load-check.py --build build > "$W/load.txt" 2>&1; rc=$?
+    cat "$W/load.txt"
+    [ $rc = 0 ] || fail "bfshard.torch.load into CUDA (rc $rc; $W/load.txt)"
+elif [ $GPU = 1 ]; then echo "SKIP: python3 with torch (CUDA), safetensors and numpy not importable: no load step"
+else skip "bfshard.torch.load into CUDA shards (python3 dev/cuda/load-check.py --dry-run checks the script on the CPU)"; fi
+
 step "summary: the GPU pipeline"
 # --gpu-mem in MiB (K/M/G suffixes)
 gm_mib=$(echo "$GPU_MEM" | awk '{ v = $1 + 0; u = toupper(substr($1, length($1))); if (u == "K") v /= 1024; else if (u == "G") v *= 1024; else if (u != "M") v /= 1048576; printf "%d", v }')
@@ -252,6 +268,7 @@ for l in cuda2 cuda_big; do
     [ "$p" -le $((gm_mib + 1024)) ] || fail "peak device memory of $l: $p MiB, more than --gpu-mem ($gm_mib MiB) + 1 GiB of context"
 done
 [ -f "$W/io/io-summary.txt" ] && sed 's/^/I\/O, GB\/s: /' "$W/io/io-summary.txt"
+[ -f "$W/load.txt" ] && sed -n 's/^SUMMARY //p' "$W/load.txt"
 [ -n "${PEAK_cuda2:-}" ] && [ -n "${PEAK_cuda_big:-}" ] && [ "$PEAK_cuda_big" -gt $((PEAK_cuda2 + 256)) ] && \
     fail "peak device memory grew with the input: $PEAK_cuda2 MiB (2 layers) -> $PEAK_cuda_big MiB ($BIG_LAYERS layers)"
 
