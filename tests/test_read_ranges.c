@@ -51,24 +51,7 @@ static int teardown(void **state)
 /* the ranges (offset, length) read with `threads` into one buffer each, guarded both sides */
 static void check_ranges(const uint64_t (*ol)[2], size_t n, int threads)
 {
-    bfs_range *r = calloc(n ? n : 1, sizeof *r);
-    uint8_t **buf = calloc(n ? n : 1, sizeof *buf);
-    for (size_t i = 0; i < n; i++) {
-        buf[i] = malloc(ol[i][1] + 2 * GUARD);
-        memset(buf[i], 0xA5, ol[i][1] + 2 * GUARD);
-        r[i] = (bfs_range){.offset = ol[i][0], .length = ol[i][1], .dest = buf[i] + GUARD};
-    }
-    assert_int_equal(bfs_read_ranges(path, r, n, threads), 0);
-    for (size_t i = 0; i < n; i++) {
-        assert_memory_equal(buf[i] + GUARD, file + ol[i][0], ol[i][1]);
-        for (size_t g = 0; g < GUARD; g++) {
-            assert_int_equal(buf[i][g], 0xA5);
-            assert_int_equal(buf[i][GUARD + ol[i][1] + g], 0xA5);
-        }
-        free(buf[i]);
-    }
-    free(buf);
-    free(r);
+    tu_check_ranges(bfs_read_ranges, path, file, ol, n, threads);
 }
 
 static void ranges_land_in_place(void **state)
@@ -230,18 +213,6 @@ static void short_file_inside_a_run(void **state)
     assert_non_null(strstr(bfs_last_error(), "the file ends at offset 1000, inside the 600 bytes asked for at offset 600"));
 }
 
-static atomic_int stop_cancelling;
-
-static void *keep_cancelling(void *arg)
-{
-    (void)arg;
-    while (!atomic_load(&stop_cancelling)) {
-        bfs_cancel();
-        usleep(200);
-    }
-    return NULL;
-}
-
 static void cancelled_mid_read(void **state)
 {
     /* many small ranges that are not adjacent (a pread each): a cancel from another thread,
@@ -252,9 +223,8 @@ static void cancelled_mid_read(void **state)
     uint8_t *buf = malloc((size_t)N * 2048);
     for (size_t i = 0; i < N; i++)
         r[i] = (bfs_range){.offset = (uint64_t)i * 2000, .length = 1000, .dest = buf + i * 2048};
-    pthread_t t;
-    atomic_store(&stop_cancelling, 0);
-    assert_int_equal(pthread_create(&t, NULL, keep_cancelling, NULL), 0);
+    tu_canceller c;
+    tu_canceller_start(&c);
     int interrupted = 0;
     for (int k = 0; k < 2000 && !interrupted; k++) {
         const int rc = bfs_read_ranges(path, r, N, 1 + k % 3);
@@ -269,8 +239,7 @@ static void cancelled_mid_read(void **state)
                 assert_memory_equal(buf + i * 2048, file + i * 2000, 1000);
         }
     }
-    atomic_store(&stop_cancelling, 1);
-    pthread_join(t, NULL);
+    tu_canceller_stop(&c);
     assert_true(interrupted);
     /* the cancel left pending is cleared by the next read, which reads everything */
     bfs_cancel();

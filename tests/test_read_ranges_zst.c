@@ -22,7 +22,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#define GUARD 64
 #define FRAME (64u << 10)
 #define NT 7
 
@@ -91,27 +90,7 @@ static int teardown(void **state)
 /* the ranges (offset, length) of zpath read with `threads` into one buffer each, guarded */
 static void check_ranges(const char *zpath, const uint64_t (*ol)[2], size_t n, int threads)
 {
-    bfs_range *r = calloc(n ? n : 1, sizeof *r);
-    uint8_t **buf = calloc(n ? n : 1, sizeof *buf);
-    for (size_t i = 0; i < n; i++) {
-        buf[i] = malloc(ol[i][1] + 2 * GUARD);
-        memset(buf[i], 0xA5, ol[i][1] + 2 * GUARD);
-        r[i] = (bfs_range){.offset = ol[i][0], .length = ol[i][1], .dest = buf[i] + GUARD};
-    }
-    const int rc = bfs_read_ranges_zst(zpath, r, n, threads);
-    if (rc != 0)
-        fprintf(stderr, "%s\n", bfs_last_error());
-    assert_int_equal(rc, 0);
-    for (size_t i = 0; i < n; i++) {
-        assert_memory_equal(buf[i] + GUARD, file + ol[i][0], ol[i][1]);
-        for (size_t g = 0; g < GUARD; g++) {
-            assert_int_equal(buf[i][g], 0xA5);
-            assert_int_equal(buf[i][GUARD + ol[i][1] + g], 0xA5);
-        }
-        free(buf[i]);
-    }
-    free(buf);
-    free(r);
+    tu_check_ranges(bfs_read_ranges_zst, zpath, file, ol, n, threads);
 }
 
 static void ranges_land_in_place(void **state)
@@ -323,26 +302,13 @@ static void seek_table_lies(void **state)
     free(buf);
 }
 
-static atomic_int stop_cancelling;
-
-static void *keep_cancelling(void *arg)
-{
-    (void)arg;
-    while (!atomic_load(&stop_cancelling)) {
-        bfs_cancel();
-        usleep(200);
-    }
-    return NULL;
-}
-
 static void cancelled_mid_read(void **state)
 {
     (void)state;
     uint8_t *buf = malloc(file_len);
     bfs_range r = {.offset = 0, .length = file_len, .dest = buf};
-    pthread_t t;
-    atomic_store(&stop_cancelling, 0);
-    assert_int_equal(pthread_create(&t, NULL, keep_cancelling, NULL), 0);
+    tu_canceller c;
+    tu_canceller_start(&c);
     int interrupted = 0;
     for (int k = 0; k < 2000 && !interrupted; k++) {
         const int rc = bfs_read_ranges_zst(modes[k % 2], &r, 1, 1 + k % 3);
@@ -356,8 +322,7 @@ static void cancelled_mid_read(void **state)
             assert_memory_equal(buf, file, file_len);
         }
     }
-    atomic_store(&stop_cancelling, 1);
-    pthread_join(t, NULL);
+    tu_canceller_stop(&c);
     assert_true(interrupted);
     /* the cancel left pending is cleared by the next read, which reads everything */
     bfs_cancel();

@@ -396,3 +396,57 @@ int tu_replay_dir(const char *dir, int (*fn)(const uint8_t *, size_t), bool leak
     tu_names_free(names);
     return n;
 }
+
+/* ---- reads of byte ranges ---------------------------------------------------------------- */
+#define TU_GUARD 64
+
+void tu_check_ranges(tu_read_ranges_fn read, const char *path, const uint8_t *want, const uint64_t (*ol)[2],
+                     size_t n, int threads)
+{
+    bfs_range *r = calloc(n ? n : 1, sizeof *r);
+    uint8_t **buf = calloc(n ? n : 1, sizeof *buf);
+    assert_non_null(r);
+    assert_non_null(buf);
+    for (size_t i = 0; i < n; i++) {
+        buf[i] = malloc(ol[i][1] + 2 * TU_GUARD);
+        assert_non_null(buf[i]);
+        memset(buf[i], 0xA5, ol[i][1] + 2 * TU_GUARD);
+        r[i] = (bfs_range){.offset = ol[i][0], .length = ol[i][1], .dest = buf[i] + TU_GUARD};
+    }
+    const int rc = read(path, r, n, threads);
+    if (rc != 0)
+        fprintf(stderr, "%s\n", bfs_last_error());
+    assert_int_equal(rc, 0);
+    for (size_t i = 0; i < n; i++) {
+        assert_memory_equal(buf[i] + TU_GUARD, want + ol[i][0], ol[i][1]);
+        for (size_t g = 0; g < TU_GUARD; g++) {
+            assert_int_equal(buf[i][g], 0xA5);
+            assert_int_equal(buf[i][TU_GUARD + ol[i][1] + g], 0xA5);
+        }
+        free(buf[i]);
+    }
+    free(buf);
+    free(r);
+}
+
+static void *tu__cancel_loop(void *arg)
+{
+    tu_canceller *c = arg;
+    while (!atomic_load(&c->stop)) {
+        bfs_cancel();
+        usleep(200);
+    }
+    return NULL;
+}
+
+void tu_canceller_start(tu_canceller *c)
+{
+    atomic_store(&c->stop, 0);
+    assert_int_equal(pthread_create(&c->t, NULL, tu__cancel_loop, c), 0);
+}
+
+void tu_canceller_stop(tu_canceller *c)
+{
+    atomic_store(&c->stop, 1);
+    pthread_join(c->t, NULL);
+}

@@ -10,7 +10,11 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <cmocka.h>
+
+#include "bfshard.h"
 
 /* ---- files and directories -------------------------------------------------------------- */
 /* Read a whole file; returns malloc'd buffer (caller frees; a NUL after len bytes) or NULL. */
@@ -82,5 +86,20 @@ int tu_watch(const char *dir, uint32_t mask);
  * tu_wait code in *rc. True when the event came and the kill was sent; false when the child
  * exited first, or when timeout_s passed (then it is killed all the same). */
 bool tu_kill_on_event(int ifd, pid_t pid, const char *name, uint32_t mask, double timeout_s, int *rc);
+
+/* ---- reads of byte ranges (bfs_read_ranges, bfs_read_ranges_zst) ------------------------- */
+typedef int (*tu_read_ranges_fn)(const char *path, const bfs_range *ranges, size_t n, int threads);
+/* The ranges ol[i] = {offset, length} of path read by `read` with `threads` into one buffer
+ * each, guarded by 0xA5 bytes on both sides: every byte equals want[offset...] and every guard
+ * is untouched (the error is printed when the read fails). */
+void tu_check_ranges(tu_read_ranges_fn read, const char *path, const uint8_t *want, const uint64_t (*ol)[2],
+                     size_t n, int threads);
+/* A thread calling bfs_cancel() every 200 us from tu_canceller_start until tu_canceller_stop. */
+typedef struct tu_canceller {
+    pthread_t t;
+    atomic_int stop;
+} tu_canceller;
+void tu_canceller_start(tu_canceller *c);
+void tu_canceller_stop(tu_canceller *c);
 
 #endif
