@@ -62,6 +62,34 @@ def stage(build, root=ROOT):
     return top
 
 
+# ---- a rank's model -------------------------------------------------------------------------------
+
+def build_model(man, rank, device, mesh, fill):
+    """{name: tensor} of the manifest's shapes and dtypes on `device`, every byte `fill`: plain
+    tensors for W=1, DTensors (Shard(0), torch.chunk's rows of `rank`) over `mesh` otherwise."""
+    import torch
+    import bfshard.torch as bt
+    W = man["options"]["world_size"]
+    sd = {}
+    for t in man["tensors"]:
+        shape, dt = t["shape"], bt._DTYPES[t["dtype"]]
+        whole = mesh is None or not shape or t.get("placement", "").startswith("whole on rank 0")
+        c = -(-shape[0] // W) if shape else 0
+        local_shape = shape if whole else [max(0, min(c, shape[0] - rank * c))] + shape[1:]
+        local = torch.empty(local_shape, dtype=dt, device=device)
+        local.reshape(-1).view(torch.uint8).fill_(fill)
+        if whole:
+            sd[t["name"]] = local
+            continue
+        from torch.distributed.tensor import DTensor, Shard
+        stride = [1] * len(shape)
+        for i in range(len(shape) - 2, -1, -1):
+            stride[i] = stride[i + 1] * shape[i + 1]
+        sd[t["name"]] = DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=torch.Size(shape),
+                                           stride=tuple(stride))
+    return sd
+
+
 # ---- children ------------------------------------------------------------------------------------
 
 def child_rsd(outdir, rank):
@@ -81,33 +109,16 @@ def child_rsd(outdir, rank):
 
 
 def child_load(outdir, rank):
-    import torch
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Shard
     import bfshard.torch as bt
     with open(os.path.join(outdir, "bfshard.manifest.json")) as f:
         man = json.load(f)
     W = man["options"]["world_size"]
-    dt = {"BF16": torch.bfloat16, "F32": torch.float32, "F16": torch.float16}
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=W)
     mesh = init_device_mesh("cpu", (W,))
-    sd = {}
-    for t in man["tensors"]:
-        shape = t["shape"]
-        if not shape or t.get("placement", "").startswith("whole on rank 0"):
-            # 0-d tensors and the model's buffers: plain tensors, read whole from rank 0's file
-            sd[t["name"]] = torch.zeros(shape, dtype=dt[t["dtype"]])
-            continue
-        c = -(-shape[0] // W)
-        rows = max(0, min(c, shape[0] - rank * c))
-        local = torch.zeros([rows] + shape[1:], dtype=dt[t["dtype"]])
-        stride = [1] * len(shape)
-        for i in range(len(shape) - 2, -1, -1):
-            stride[i] = stride[i + 1] * shape[i + 1]
-        sd[t["name"]] = DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=torch.Size(shape),
-                                           stride=tuple(stride))
+    sd = build_model(man, rank, "cpu", mesh, 0)
     del man
     base = hwm_mb()
     t0 = time.perf_counter()

@@ -44,7 +44,7 @@ RANK_FILE = "shard-00001-model-00001-of-00001.safetensors"
 
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 # the package staged as the benchmarks stage it; VmHWM as they read it
-from loader_bench import hwm_mb, stage  # noqa: E402
+from loader_bench import build_model, hwm_mb, stage  # noqa: E402
 
 FAILS = []
 
@@ -63,33 +63,7 @@ def sh(*cmd):
     subprocess.run([str(c) for c in cmd], check=True, stdout=subprocess.DEVNULL)
 
 
-# ---- models: the manifest's tensors as local shards ---------------------------------------------
-
-def build_model(man, rank, device, mesh, fill):
-    """{name: tensor} of the manifest's shapes and dtypes on `device`, every byte `fill`: plain
-    tensors for W=1, DTensors (Shard(0), torch.chunk's rows of `rank`) over `mesh` otherwise."""
-    import torch
-    import bfshard.torch as bt
-    W = man["options"]["world_size"]
-    sd = {}
-    for t in man["tensors"]:
-        shape, dt = t["shape"], bt._DTYPES[t["dtype"]]
-        whole = mesh is None or not shape or t.get("placement", "").startswith("whole on rank 0")
-        c = -(-shape[0] // W) if shape else 0
-        local_shape = shape if whole else [max(0, min(c, shape[0] - rank * c))] + shape[1:]
-        local = torch.empty(local_shape, dtype=dt, device=device)
-        local.reshape(-1).view(torch.uint8).fill_(fill)
-        if whole:
-            sd[t["name"]] = local
-            continue
-        from torch.distributed.tensor import DTensor, Shard
-        stride = [1] * len(shape)
-        for i in range(len(shape) - 2, -1, -1):
-            stride[i] = stride[i + 1] * shape[i + 1]
-        sd[t["name"]] = DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=torch.Size(shape),
-                                           stride=tuple(stride))
-    return sd
-
+# ---- comparing two loads (the models: loader_bench.build_model) --------------------------------
 
 def compare(got, want, what):
     """every tensor's dtype and bytes (NaNs included: compared as bytes, not values)"""
