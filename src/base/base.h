@@ -58,6 +58,14 @@ int bfs__errslot_get(bfs_errslot *s);
 bool bfs__cancelled(void);
 /* A new conversion starts uncancelled (bfs_convert). */
 void bfs__cancel_reset(void);
+/* Readers of byte ranges (read_ranges.c; bfs_read_ranges_zst in zst/): range i of path's,
+ * checked: 0, or BFS_EUSAGE when it has bytes and no destination or ends past the largest
+ * file offset. */
+int bfs__range_check(const char *path, size_t i, const bfs_range *r);
+/* The threads such a reader runs for `jobs` pieces of work: `threads`, or one a CPU (at most
+ * 16) when it is <= 0; never more than BFS_READER_MAX_THREADS or than jobs, at least 1. */
+#define BFS_READER_MAX_THREADS 64
+int bfs__reader_threads(int threads, uint64_t jobs);
 /* CLOCK_MONOTONIC in seconds. */
 double bfs__now(void);
 /* Bytes this process has had the storage deliver (/proc/self/io read_bytes: its reads and

@@ -18,7 +18,6 @@
 
 #define BFS_RR_PIECE ((uint64_t)16 << 20) /* large enough for full-speed reads, small enough to spread */
 #define BFS_RR_AUTO_THREADS 16            /* threads: 0 takes at most this many */
-#define BFS_RR_MAX_THREADS 64
 #define BFS_RR_MAX_PREAD ((size_t)1 << 30) /* Linux reads at most ~2 GiB in one call */
 
 typedef struct bfs_rr {
@@ -115,18 +114,39 @@ static void *bfs__rr_worker(void *arg)
     return NULL;
 }
 
+int bfs__range_check(const char *path, size_t i, const bfs_range *r)
+{
+    if (r->length > 0 && r->dest == NULL)
+        return bfs__err(BFS_EUSAGE, "%s: range %zu (%llu bytes at offset %llu) has no destination", path, i,
+                        (unsigned long long)r->length, (unsigned long long)r->offset);
+    if (r->offset > (uint64_t)INT64_MAX || r->length > (uint64_t)INT64_MAX - r->offset)
+        return bfs__err(BFS_EUSAGE, "%s: range %zu: %llu bytes at offset %llu end past the largest file offset", path,
+                        i, (unsigned long long)r->length, (unsigned long long)r->offset);
+    return 0;
+}
+
+int bfs__reader_threads(int threads, uint64_t jobs)
+{
+    if (threads <= 0) {
+        const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = cpus < 1 ? 1 : cpus > BFS_RR_AUTO_THREADS ? BFS_RR_AUTO_THREADS : (int)cpus;
+    }
+    if (threads > BFS_READER_MAX_THREADS)
+        threads = BFS_READER_MAX_THREADS;
+    if ((uint64_t)threads > jobs)
+        threads = jobs > 0 ? (int)jobs : 1;
+    return threads;
+}
+
 /* the stream's start offsets, every range checked: 0 or BFS_EUSAGE */
 static int bfs__rr_starts(const char *path, const bfs_range *ranges, size_t n, uint64_t *start)
 {
     uint64_t total = 0;
     for (size_t i = 0; i < n; i++) {
         const bfs_range *r = &ranges[i];
-        if (r->length > 0 && r->dest == NULL)
-            return bfs__err(BFS_EUSAGE, "%s: range %zu (%llu bytes at offset %llu) has no destination", path, i,
-                            (unsigned long long)r->length, (unsigned long long)r->offset);
-        if (r->offset > (uint64_t)INT64_MAX || r->length > (uint64_t)INT64_MAX - r->offset)
-            return bfs__err(BFS_EUSAGE, "%s: range %zu: %llu bytes at offset %llu end past the largest file offset",
-                            path, i, (unsigned long long)r->length, (unsigned long long)r->offset);
+        const int rc = bfs__range_check(path, i, r);
+        if (rc < 0)
+            return rc;
         if (r->length > (uint64_t)INT64_MAX - total)
             return bfs__err(BFS_EUSAGE, "%s: the ranges add up to more than %lld bytes (at range %zu)", path,
                             (long long)INT64_MAX, i);
@@ -141,7 +161,7 @@ int bfs_read_ranges(const char *path, const bfs_range *ranges, size_t n, int thr
 {
     int rc = 0;
     uint64_t *start = NULL;
-    pthread_t tid[BFS_RR_MAX_THREADS];
+    pthread_t tid[BFS_READER_MAX_THREADS];
     int started = 0;
     bfs_rr rr = {.path = path, .fd = -1, .ranges = ranges, .n = n};
     bfs__err_clear();
@@ -171,14 +191,7 @@ int bfs_read_ranges(const char *path, const bfs_range *ranges, size_t n, int thr
     if (!S_ISREG(st.st_mode))
         BFS_FAIL(BFS_EINPUT, "%s: not a regular file", path);
     const uint64_t pieces = start[n] / BFS_RR_PIECE + (start[n] % BFS_RR_PIECE != 0);
-    if (threads <= 0) {
-        const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = cpus < 1 ? 1 : cpus > BFS_RR_AUTO_THREADS ? BFS_RR_AUTO_THREADS : (int)cpus;
-    }
-    if (threads > BFS_RR_MAX_THREADS)
-        threads = BFS_RR_MAX_THREADS;
-    if ((uint64_t)threads > pieces)
-        threads = pieces > 0 ? (int)pieces : 1;
+    threads = bfs__reader_threads(threads, pieces);
     /* the calling thread is one of them; a thread that cannot start leaves its share to the others */
     while (started < threads - 1 && pthread_create(&tid[started], NULL, bfs__rr_worker, &rr) == 0)
         started++;

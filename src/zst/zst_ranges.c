@@ -13,10 +13,6 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
-
-#define BFS_ZR_AUTO_THREADS 16 /* threads: 0 takes at most this many */
-#define BFS_ZR_MAX_THREADS 64
 
 typedef struct bfs_zr_pair { /* range i needs frame k */
     uint32_t k;
@@ -109,12 +105,9 @@ static int bfs__zr_plan(bfs_zr *zr, const char *path, const bfs_range *ranges, s
     size_t np = 0;
     for (size_t i = 0; i < n; i++) {
         const bfs_range *g = &ranges[i];
-        if (g->length > 0 && g->dest == NULL)
-            return bfs__err(BFS_EUSAGE, "%s: range %zu (%llu bytes at offset %llu) has no destination", path, i,
-                            (unsigned long long)g->length, (unsigned long long)g->offset);
-        if (g->offset > (uint64_t)INT64_MAX || g->length > (uint64_t)INT64_MAX - g->offset)
-            return bfs__err(BFS_EUSAGE, "%s: range %zu: %llu bytes at offset %llu end past the largest file offset",
-                            path, i, (unsigned long long)g->length, (unsigned long long)g->offset);
+        const int rc = bfs__range_check(path, i, g);
+        if (rc < 0)
+            return rc;
         if (g->length == 0)
             continue;
         if (g->offset + g->length > total)
@@ -157,7 +150,7 @@ int bfs_read_ranges_zst(const char *path, const bfs_range *ranges, size_t n, int
 {
     int rc = 0;
     bfs_zst_reader *r = NULL;
-    pthread_t tid[BFS_ZR_MAX_THREADS];
+    pthread_t tid[BFS_READER_MAX_THREADS];
     int started = 0;
     bfs_zr zr = {.ranges = ranges};
     bfs__err_clear();
@@ -170,14 +163,7 @@ int bfs_read_ranges_zst(const char *path, const bfs_range *ranges, size_t n, int
     BFS_TRY(bfs__zst_reader_open(path, &r));
     zr.r = r;
     BFS_TRY(bfs__zr_plan(&zr, path, ranges, n));
-    if (threads <= 0) {
-        const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = cpus < 1 ? 1 : cpus > BFS_ZR_AUTO_THREADS ? BFS_ZR_AUTO_THREADS : (int)cpus;
-    }
-    if (threads > BFS_ZR_MAX_THREADS)
-        threads = BFS_ZR_MAX_THREADS;
-    if ((size_t)threads > zr.njobs)
-        threads = zr.njobs > 0 ? (int)zr.njobs : 1;
+    threads = bfs__reader_threads(threads, zr.njobs);
     /* the calling thread is one of them; a thread that cannot start leaves its share to the others */
     while (started < threads - 1 && pthread_create(&tid[started], NULL, bfs__zr_worker, &zr) == 0)
         started++;
