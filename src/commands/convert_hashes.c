@@ -5,6 +5,7 @@
  */
 #include "commands/convert.h"
 #include "base/bfs_io.h"
+#include "output/hashfile.h"
 #include "output/slices.h"
 
 #include <errno.h>
@@ -36,7 +37,7 @@ int bfs__rehash_pieces(bfs_run *r, int fidx)
         bfs__dig16_of(XXH3_128bits_digest(st), &r->piece_dig[fidx][pi]);
     }
     if (rc == 0 && sha)
-        rc = bfs__hash_range2(fd, 0, of->size, r->buf[0], (size_t)r->ring.slot, of->name, NULL, sha);
+        rc = bfs__hash_file(fd, 0, of->size, of->name, bfs__hash_file_threads(1), NULL, sha);
     if (rc == 0 && sha)
         rc = bfs__sha256_hex(sha, r->file_sha[fidx]);
     bfs__sha256_free(sha);

@@ -11,6 +11,7 @@
 #include "zst/zst.h"
 #include "base/bfs_io.h"
 #include "output/durable.h"
+#include "output/hashfile.h"
 #include "output/manifest.h"
 #include "output/parts.h"
 #include "output/slices.h"
@@ -292,9 +293,10 @@ cleanup:
 
 /* ---- the files hashed ahead, several at once ------------------------------------------------ */
 /* The plain files of a manifest are hashed by up to BFS_VERIFY_THREADS threads at once (one
- * file each at a time; a file's XXH3-128 and SHA-256 are sequential, so one file is one
- * thread's), before the files are checked in manifest order, so that a verify reads and
- * hashes at the storage's parallel rate. A file hashed ahead that is a regular file of the
+ * file each at a time), before the files are checked in manifest order, so that a verify
+ * reads and hashes at the storage's parallel rate. Fewer files than CPUs: each file is read
+ * by the CPUs the others leave (hashfile.h: its digests stay one thread's at a time, in file
+ * order; a lone file is read that way by verify_plain itself). A file hashed ahead that is a regular file of the
  * recorded size has its digests taken from here; any other (missing, of another size, a read
  * error) is checked as before, in order, and reported there. */
 #define BFS_VERIFY_THREADS 16
@@ -307,26 +309,9 @@ typedef struct {
     const json_t *files;
     bool partial;
     bfs_prehash *pre;
+    int threads_per_file; /* readers of one file (hashfile.h): the CPUs the files leave */
     _Atomic size_t next;
 } bfs_prehash_job;
-
-/* [0, len) of fd into both hashes (sha may be NULL), XXH3 with the fastest code this CPU runs */
-static int bfs__prehash_read(bfs_fd_hasher *h, uint64_t len, bfs_sha256 *sha)
-{
-    for (uint64_t off = 0; off < len;) {
-        const size_t n = len - off < h->bs ? (size_t)(len - off) : h->bs;
-        if (bfs__cancelled())
-            return BFS_EINTR;
-        const int rc = bfs__pread_all(h->fd, h->buf, n, off, h->path);
-        if (rc < 0)
-            return rc;
-        bfs__xxh128_update(h->st, h->buf, n);
-        if (sha)
-            bfs__sha256_update(sha, h->buf, n);
-        off += n;
-    }
-    return 0;
-}
 
 /* File i hashed ahead, when it is a regular file of its recorded size. */
 static void bfs__prehash_one(const bfs_prehash_job *pj, size_t i, bfs_fd_hasher *h)
@@ -342,7 +327,8 @@ static void bfs__prehash_one(const bfs_prehash_job *pj, size_t i, bfs_fd_hasher 
     XXH3_128bits_reset(h->st);
     h->fd = fd;
     h->path = path;
-    ok = ok && (!mf.sha256 || bfs__sha256_reset(h->sha) == 0) && bfs__prehash_read(h, mf.size, mf.sha256 ? h->sha : NULL) == 0 &&
+    ok = ok && (!mf.sha256 || bfs__sha256_reset(h->sha) == 0) &&
+         bfs__hash_file(fd, 0, mf.size, path, pj->threads_per_file, h->st, mf.sha256 ? h->sha : NULL) == 0 &&
          (!mf.sha256 || bfs__sha256_hex(h->sha, pj->pre[i].sgot) == 0);
     if (ok)
         bfs__hash_hex(XXH3_128bits_digest(h->st), pj->pre[i].got);
@@ -355,14 +341,12 @@ static void bfs__prehash_one(const bfs_prehash_job *pj, size_t i, bfs_fd_hasher 
 static void *bfs__prehash_main(void *p)
 {
     bfs_prehash_job *const pj = p;
-    bfs_fd_hasher h = {.fd = -1, .bs = BFS_VERIFY_BUF, .st = XXH3_createState(), .sha = bfs__sha256_new()};
-    h.buf = malloc(h.bs);
+    bfs_fd_hasher h = {.fd = -1, .st = XXH3_createState(), .sha = bfs__sha256_new()};
     const size_t n = json_array_size(pj->files);
-    for (size_t i; h.st && h.sha && h.buf && (i = atomic_fetch_add(&pj->next, 1)) < n && !bfs__cancelled();)
+    for (size_t i; h.st && h.sha && (i = atomic_fetch_add(&pj->next, 1)) < n && !bfs__cancelled();)
         bfs__prehash_one(pj, i, &h);
     XXH3_freeState(h.st);
     bfs__sha256_free(h.sha);
-    free(h.buf);
     return NULL;
 }
 
@@ -377,7 +361,15 @@ static bfs_prehash *bfs__prehash(const char *outdir, const json_t *files, bool p
     t = t < n ? t : n;
     if (t < 2)
         return NULL;
-    bfs_prehash_job pj = {.outdir = outdir, .files = files, .partial = partial, .pre = calloc(n, sizeof *pj.pre)};
+    /* the CPUs shared by the files that take time: a config.json beside one big shard
+     * leaves the shard every reader */
+    size_t big = 0;
+    for (size_t i = 0; i < n; i++) {
+        bfs_manifest_file mf;
+        big += bfs__manifest_file_get(files, i, &mf) && mf.size >= BFS_HASHFILE_BIG;
+    }
+    bfs_prehash_job pj = {.outdir = outdir, .files = files, .partial = partial, .pre = calloc(n, sizeof *pj.pre),
+                          .threads_per_file = bfs__hash_file_threads(big)};
     pthread_t tid[BFS_VERIFY_THREADS];
     size_t started = 0;
     while (pj.pre && started < t && pthread_create(&tid[started], NULL, bfs__prehash_main, &pj) == 0)
@@ -431,7 +423,7 @@ static int bfs__verify_plain(const char *path, const bfs_manifest_file *mf, bfs_
         char sgot[65];
         XXH3_128bits_reset(h->st);
         BFS_TRY(bfs__sha256_reset(h->sha));
-        BFS_TRY(bfs__hash_range2(h->fd, 0, mf->size, h->buf, h->bs, path, h->st, h->sha));
+        BFS_TRY(bfs__hash_file(h->fd, 0, mf->size, path, bfs__hash_file_threads(1), h->st, h->sha));
         bfs__hash_hex(XXH3_128bits_digest(h->st), got);
         BFS_TRY(bfs__sha256_hex(h->sha, sgot));
         if (strcmp(got, mf->hash) == 0 && strcmp(sgot, mf->sha256) != 0) {
@@ -440,7 +432,9 @@ static int bfs__verify_plain(const char *path, const bfs_manifest_file *mf, bfs_
             goto cleanup;
         }
     } else {
-        BFS_TRY(bfs__hash_fd_range(h, 0, mf->size, got));
+        XXH3_128bits_reset(h->st);
+        BFS_TRY(bfs__hash_file(h->fd, 0, mf->size, path, bfs__hash_file_threads(1), h->st, NULL));
+        bfs__hash_hex(XXH3_128bits_digest(h->st), got);
     }
     *checked += mf->size;
     if (strcmp(got, mf->hash) == 0)

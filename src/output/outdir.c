@@ -8,6 +8,7 @@
 #include "output/check.h"
 #include "base/bfs_io.h"
 #include "output/durable.h"
+#include "output/hashfile.h"
 #include "output/manifest.h"
 #include "output/parts.h"
 
@@ -184,8 +185,7 @@ static int bfs__outdir_clean(DIR *d, int dirfd, const char *outdir, const char *
 }
 
 /* Does the rank file `of` hold the bytes whose hash the journal recorded (want)? */
-static bool bfs__rank_file_intact(int dirfd, const bfs_outfile *of, const char *want, uint8_t *buf, size_t bs,
-                                  XXH3_state_t *st)
+static bool bfs__rank_file_intact(int dirfd, const bfs_outfile *of, const char *want, XXH3_state_t *st)
 {
     const int fd = openat(dirfd, of->name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0)
@@ -195,7 +195,7 @@ static bool bfs__rank_file_intact(int dirfd, const bfs_outfile *of, const char *
     if (ok) {
         XXH3_128bits_reset(st);
         char got[33];
-        ok = bfs__hash_range(fd, 0, of->size, buf, bs, of->name, st) == 0;
+        ok = bfs__hash_file(fd, 0, of->size, of->name, bfs__hash_file_threads(1), st, NULL) == 0;
         bfs__hash_hex(XXH3_128bits_digest(st), got);
         ok = ok && strcmp(got, want) == 0;
     }
@@ -208,14 +208,9 @@ static bool bfs__rank_file_intact(int dirfd, const bfs_outfile *of, const char *
 static int bfs__outdir_resume(int dirfd, const char *journal, const bfs_plan *plan, const bool *mine, bool *reused,
                               char (*file_hex)[33])
 {
-    const size_t bs = 8u << 20;
-    uint8_t *buf = malloc(bs);
     XXH3_state_t *st = XXH3_createState();
-    if (!buf || !st) {
-        free(buf);
-        XXH3_freeState(st);
+    if (!st)
         return bfs__err(BFS_ENOMEM, "out of memory");
-    }
     for (int f = 0; f < plan->nfiles; f++) {
         const bfs_outfile *of = &plan->files[f];
         char want[33] = {0}, key[512];
@@ -226,7 +221,7 @@ static int bfs__outdir_resume(int dirfd, const char *journal, const bfs_plan *pl
         if (!hit || hit - journal < 32)
             continue;
         memcpy(want, hit - 32, 32);
-        if (bfs__rank_file_intact(dirfd, of, want, buf, bs, st)) {
+        if (bfs__rank_file_intact(dirfd, of, want, st)) {
             reused[f] = true;
             memcpy(file_hex[f], want, 33);
         } else if (bfs__cancelled()) {
@@ -235,7 +230,6 @@ static int bfs__outdir_resume(int dirfd, const char *journal, const bfs_plan *pl
             unlinkat(dirfd, of->name, 0);
         }
     }
-    free(buf);
     XXH3_freeState(st);
     if (bfs__cancelled())
         return bfs__err(BFS_EINTR, "interrupted while checking the rank files of the interrupted run");
