@@ -77,7 +77,7 @@ TEST_SRC  := $(wildcard tests/test_*.c)
 TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 TEST_COMMON := $(BUILD)/tests/testutil.o
 
-.PHONY: all deps test demo clean bench interop fuzz asan test-launchers check-layers
+.PHONY: all deps test demo clean bench interop fuzz asan tsan test-launchers check-layers
 all: deps $(BUILD)/bfshard
 
 # Every rule that compiles takes `| deps`: an order-only prerequisite, so that under make -jN
@@ -254,6 +254,26 @@ asan:
 	 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	 $(MAKE) --no-print-directory BUILD=$(ASAN_BUILD) NO_CUDA=1 OPT="-O1" \
 	    EXTRA_CFLAGS="$(ASAN_SAN) -fno-sanitize-recover=undefined" EXTRA_LDFLAGS="$(ASAN_SAN)" test
+
+# ---- ThreadSanitizer on what runs threads against each other: the writer's lanes, the
+# readers of byte ranges and of one file's hash, and the CLI converting a fixture with
+# several lanes (DCP ranks, HF shards, SHA-256) and verifying it. Any report fails it.
+TSAN_BUILD ?= build-tsan
+TSAN_TESTS := test_writer test_writer_pool test_hashfile test_read_ranges test_read_ranges_zst
+TSAN_RUNS  := "--world-size 8" "--world-size 3 --sha256" "--layout hf --max-shard-size 64K"
+TSAN_FIXTURES := fixtures/mxfp4-tiny fixtures/moe-dsv3-fp8
+tsan:
+	@$(MAKE) --no-print-directory BUILD=$(TSAN_BUILD) NO_CUDA=1 OPT="-O1" \
+	    EXTRA_CFLAGS="-fsanitize=thread" EXTRA_LDFLAGS="-fsanitize=thread" \
+	    $(TSAN_BUILD)/bfshard $(TSAN_TESTS:%=$(TSAN_BUILD)/tests/%)
+	@set -e; export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1; \
+	 for t in $(TSAN_TESTS); do echo "== tsan $$t"; $(TSAN_BUILD)/tests/$$t >$(TSAN_BUILD)/$$t.log 2>&1 || \
+	     { tail -40 $(TSAN_BUILD)/$$t.log; echo "tsan: $$t FAILED"; exit 1; }; done; \
+	 o=$$(mktemp -d); trap 'rm -rf "$$o"' EXIT; \
+	 for f in $(TSAN_FIXTURES); do for a in $(TSAN_RUNS); do echo "== tsan convert $$f $$a, verify"; rm -rf "$$o/out"; \
+	     $(TSAN_BUILD)/bfshard convert $$f "$$o/out" --device cpu -q -T 4 $$a && \
+	     $(TSAN_BUILD)/bfshard verify "$$o/out" -q || { echo "tsan: convert $$f $$a FAILED"; exit 1; }; done; done; \
+	 echo "tsan: clean"
 
 # ---- valgrind (memcheck) on a subset: the safetensors tests, and the CLI converting
 # and verifying every fixture. Uses the normal build.

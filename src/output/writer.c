@@ -232,7 +232,8 @@ static void bfs__writer_retire(bfs_writer *w, bfs_wlane *l)
         if (w->sha)
             l->nsha--;
     }
-    pthread_cond_broadcast(&w->cv);
+    pthread_cond_broadcast(&l->cv); /* its threads: a job done (a header built) */
+    pthread_cond_broadcast(&w->cv); /* the pusher and header builders: jobs retired */
 }
 
 /* Under mu: how many of the first jobs are done with, on every lane: the number of the
@@ -260,7 +261,7 @@ static bool bfs__built(const bfs_wlane *l, int i)
 static bool bfs__next_job(bfs_writer *w, bfs_wlane *l, const int *done, bool built)
 {
     while (*done == l->count ? !w->stop : built && !bfs__built(l, *done))
-        pthread_cond_wait(&w->cv, &w->mu);
+        pthread_cond_wait(&l->cv, &w->mu);
     return *done < l->count;
 }
 
@@ -420,6 +421,8 @@ int bfs__writer_start(bfs_writer *w)
     }
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
+    for (int i = 0; i < BFS_WRITER_LANES; i++)
+        pthread_cond_init(&w->lanes[i].cv, NULL);
     w->mu_init = true;
     if (!ok)
         return bfs__err(BFS_ENOMEM, "out of memory for the writer's files");
@@ -467,6 +470,8 @@ void bfs__writer_stop(bfs_writer *w)
         pthread_mutex_lock(&w->mu);
         w->stop = true;
         pthread_cond_broadcast(&w->cv);
+        for (int i = 0; i < BFS_WRITER_LANES; i++)
+            pthread_cond_broadcast(&w->lanes[i].cv);
         pthread_mutex_unlock(&w->mu);
         for (int i = 0; i < BFS_WRITER_LANES; i++) {
             bfs_wlane *const l = &w->lanes[i];
@@ -480,6 +485,8 @@ void bfs__writer_stop(bfs_writer *w)
         }
         pthread_mutex_destroy(&w->mu);
         pthread_cond_destroy(&w->cv);
+        for (int i = 0; i < BFS_WRITER_LANES; i++)
+            pthread_cond_destroy(&w->lanes[i].cv);
         w->mu_init = false;
     }
     for (int b = 0; b < 2; b++) {
@@ -645,7 +652,7 @@ int bfs__writer_push(bfs_writer *w, const bfs_wjob *jin)
     l->q[(l->head + l->count) % BFS_WQ_MAX] = j;
     l->count++;
     w->pushed++;
-    pthread_cond_broadcast(&w->cv);
+    pthread_cond_broadcast(&l->cv); /* only its lane's threads wait for a job */
     const int rc = w->rc;
     pthread_mutex_unlock(&w->mu);
     w->st.wait += bfs__wnow() - t0;

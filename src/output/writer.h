@@ -109,6 +109,10 @@ typedef struct bfs_wlane {
     struct bfs_writer *w;
     pthread_t tid, xxh_tid, sha_tid;
     bool started, xxh_started, sha_started;
+    /* (with the writer's mu) its threads wait here for a job: woken by a push to this lane,
+     * a job of this lane done, or stop, not by the other lanes' (the writer's cv is the
+     * pusher's and the header builders': jobs retired) */
+    pthread_cond_t cv;
     bfs_wjob q[BFS_WQ_MAX];
     int head, count;   /* ring of at most BFS_WQ_MAX jobs not yet done with (written and hashed) */
     int nwrite, nxxh, nsha; /* of those, from head: how many the writer wrote, the hash and sha threads hashed */
@@ -122,7 +126,7 @@ typedef struct bfs_writer {
     bfs_wlane lanes[BFS_WRITER_LANES];
     bool mu_init;
     pthread_mutex_t mu; /* one for the pool: jobs are units of megabytes */
-    pthread_cond_t cv;
+    pthread_cond_t cv;  /* jobs retired (and failures, stop): what the pusher and header builders wait for */
     uint64_t pushed;   /* jobs queued over the writer's life (under mu) */
     /* the headers are built in two buffers taking turns in push order (aligned, grown to the
      * longest), each free again once every job up to the last header built in it is done with */
