@@ -457,6 +457,13 @@ class _RankFile:
     def _addr(self, a: int) -> int:
         return self.buf.data_ptr() + a
 
+    def _hash_span(self, a: int, n: int) -> str:
+        """XXH3-128 of the file's bytes [a, a + n): from the mapping, or read through the
+        compressed copy (a file read through it has no mapping)"""
+        if self.buf is not None:
+            return _hasher()(self._addr(a), n)
+        return _hash_bytes(self._zst_read(a, n) if n else b"")
+
     def verify(self, names: Optional[List[str]] = None) -> None:
         """The whole file against its manifest hash (names None), or only the header and the
         slices of `names` against the slice index (rank 0's 0-d tensors read by another rank)."""
@@ -499,8 +506,7 @@ class _RankFile:
             return ["%s: BAD, not narrowed to tensors: %s" % (self.path, why)]
         ds, = struct.unpack_from("<Q", idx, 16)
         count, = struct.unpack_from("<Q", idx, 40)
-        h = _hasher()
-        if ds != self.data_start or h(self._addr(0), ds) != idx[24:40].hex():
+        if ds != self.data_start or self._hash_span(0, ds) != idx[24:40].hex():
             return ["%s: BAD header or metadata bytes [0, %d)" % (self.path, self.data_start)]
         if count != len(self.entries):  # the header matches the index: cannot happen unless the index lies
             return ["%s: BAD, not narrowed to tensors: slice index %s lists %d slices, the header %d"
@@ -511,7 +517,7 @@ class _RankFile:
         for i, (k, (_, _, b, e)) in enumerate(order):
             if want is not None and k not in want:
                 continue
-            got = h(self._addr(self.data_start + b), e - b)
+            got = self._hash_span(self.data_start + b, e - b)
             ref = idx[48 + 16 * i:64 + 16 * i].hex()
             if got != ref:
                 out.append("%s: BAD tensor %s bytes [%d, %d) (hash %s, manifest %s)" % (
@@ -602,20 +608,28 @@ def _upcast(file_dtype: str, dtype: "torch.dtype") -> bool:
     return (file_dtype == "BF16" and dtype == torch.float32) or (file_dtype == "F32" and dtype == torch.bfloat16)
 
 
-def _read_ranges(path: str, ranges: List[Tuple[int, int, int]], threads: int, zst: bool = False) -> None:
+def _read_ranges(path: str, ranges: List[Tuple[int, int, int]], threads: int, zst: bool = False,
+                 size: Optional[int] = None) -> Optional[str]:
     """(file offset, length, destination address) of path, read by bfs_read_ranges (pread(2) from
     `threads` threads, the GIL released), or, zst=True, of the file the seekable zstd copy at path
     decompresses to, by bfs_read_ranges_zst (only the frames holding them decoded, by `threads`
-    threads); LoadError with its one line on failure. On the main thread the call runs on a
-    helper thread, so that Ctrl-C (KeyboardInterrupt) is noticed: it cancels the read
-    (bfs_cancel) and is raised again once the reading threads have stopped."""
+    threads); LoadError with its one line on failure. size given: the same in one pass with the
+    whole file's XXH3-128 (bfs_read_ranges_xxh128 / bfs_read_ranges_zst_xxh128: the file must have
+    size bytes, the ranges sorted by offset, none overlapping), returned as hex. On the main thread
+    the call runs on a helper thread, so that Ctrl-C (KeyboardInterrupt) is noticed: it cancels the
+    read (bfs_cancel) and is raised again once the reading threads have stopped."""
     lib = _bfs._c
     arr = (_bfs._lib.Range * len(ranges))(*[_bfs._lib.Range(o, n, d) for o, n, d in ranges])
     out: List[Tuple[int, bytes]] = []
-    fn = lib.bfs_read_ranges_zst if zst else lib.bfs_read_ranges
+    hexbuf = ctypes.create_string_buffer(33) if size is not None else None
 
     def work() -> None:
-        rc = fn(os.fsencode(path), arr, len(ranges), threads)
+        if size is None:
+            fn = lib.bfs_read_ranges_zst if zst else lib.bfs_read_ranges
+            rc = fn(os.fsencode(path), arr, len(ranges), threads)
+        else:
+            fn = lib.bfs_read_ranges_zst_xxh128 if zst else lib.bfs_read_ranges_xxh128
+            rc = fn(os.fsencode(path), arr, len(ranges), threads, size, ctypes.addressof(hexbuf))
         out.append((rc, (lib.bfs_last_error() or b"") if rc < 0 else b""))  # the message is per thread
 
     if threading.current_thread() is not threading.main_thread():
@@ -634,6 +648,7 @@ def _read_ranges(path: str, ranges: List[Tuple[int, int, int]], threads: int, zs
     if rc < 0:
         raise LoadError(msg.decode(errors="replace").replace("\n", " ")
                         or "%s: read failed (%s)" % (path, lib.bfs_err_name(rc).decode()))
+    return hexbuf.value.decode() if hexbuf is not None else None
 
 
 def _direct(plan: List[Tuple[str, "torch.Tensor", "torch.Tensor", "_RankFile"]]) -> Tuple[list, list, list]:
@@ -685,8 +700,10 @@ def _direct(plan: List[Tuple[str, "torch.Tensor", "torch.Tensor", "_RankFile"]])
         got[1].append((f.data_start + b, e - b, local.data_ptr()))
         got[2].append(local)
     slow = sorted(set(slow) | demote)
-    for _, ranges, _ in fast.values():
-        ranges.sort()  # the file front to back; neighbours in the file and in memory are read together
+    for got in fast.values():  # the file front to back; neighbours in the file and in memory are read together
+        order = sorted(range(len(got[1])), key=got[1].__getitem__)
+        got[1][:] = [got[1][i] for i in order]
+        got[2][:] = [got[2][i] for i in order]  # written[i]: the tensor ranges[i] lands in
     for _, items in dev.values():
         items.sort(key=lambda x: x[0])
     return list(fast.values()), list(dev.values()), [plan[i] for i in slow]
@@ -768,6 +785,64 @@ def _copy_slow(slow: List[Tuple[str, "torch.Tensor", "torch.Tensor", "_RankFile"
         del tmp
 
 
+def _want_hash(f: "_RankFile") -> str:
+    """The manifest's XXH3-128 of rank file f (of the file a compressed copy decompresses to);
+    VerifyError when it has none."""
+    want = (f.entry or {}).get("xxh3_128")
+    if not want:
+        raise _bfs.VerifyError(_bfs.EVERIFY, "%s: the manifest has no hash for it" % f.path,
+                               ["%s: no hash in the manifest" % f.path])
+    return want
+
+
+def _verify_error(f: "_RankFile", got: str, want: str, state: str) -> "_bfs.VerifyError":
+    """rank file f hashed to `got`, not the manifest's `want`: one line naming the file, both hashes
+    and the first thing the slice index narrows it to, and what the model holds (state)"""
+    narrow = f._narrow(None)
+    detail = [p[len(f.path) + 2:] if p.startswith(f.path + ": ") else p for p in narrow]
+    msg = "%s: BAD: XXH3-128 %s, the manifest says %s%s; %s (bfshard verify before load() leaves a model " \
+          "untouched)" % (f.rpath, got, want, " (%s%s)" % (detail[0], ", and %d more" % (len(detail) - 1)
+                                                              if len(detail) > 1 else "") if detail else "", state)
+    return _bfs.VerifyError(_bfs.EVERIFY, msg.replace("\n", " "), [msg] + narrow)
+
+
+def _verified_ranges(f: "_RankFile", fast: list, slow: list) -> Tuple[list, list, Dict[str, Any]]:
+    """verify=True: the reads of rank file f made one (bfs_read_ranges_xxh128 hashes the whole
+    file as it reads): its ranges into the model, and the bytes of its copies (slow) into one
+    temporary, each distinct range once (a tied weight's second name copies from the first's
+    destination). Returns fast with f's entry first, slow without f's copies, and {file, lo, hi
+    (the temporary's addresses), copies: [(destination, source over the bytes read)]}."""
+    mine = next((x for x in fast if x[0] is f), (f, [], []))
+    ranges, written = list(mine[1]), list(mine[2])
+    at = {(o, n): t for (o, n, _), t in zip(ranges, written)}
+    own_slow = [x for x in slow if x[3] is f]
+    slots: Dict[Tuple[int, int], int] = {}
+    total = 0
+    for k, _, _, _ in own_slow:
+        _, _, b, e = f.entries[k]
+        key = (f.data_start + b, e - b)
+        if e > b and key not in at and key not in slots:
+            slots[key] = total
+            total += -(-(e - b) // 64) * 64  # each aligned for any dtype's view
+    tmp = torch.empty(max(total, 64), dtype=torch.uint8)
+    base = tmp.data_ptr()
+    ranges += [(o, n, base + a) for (o, n), a in slots.items()]
+    written += [None] * len(slots)
+    order = sorted(range(len(ranges)), key=lambda i: ranges[i][0])
+    ranges, written = [ranges[i] for i in order], [written[i] for i in order]
+    copies = []
+    for k, dst, src, _ in own_slow:
+        _, _, b, e = f.entries[k]
+        if e == b:
+            continue
+        key = (f.data_start + b, e - b)
+        raw = at[key].reshape(-1).view(torch.uint8) if key in at else tmp[slots[key]:slots[key] + (e - b)]
+        copies.append((dst, raw.view(src.dtype).view(src.shape)))
+    rest = [x for x in fast if x[0] is not f]
+    return [(f, ranges, written)] + rest, [x for x in slow if x[3] is not f], \
+        {"file": f, "lo": base, "hi": base + tmp.numel(), "tmp": tmp, "copies": copies}
+
+
 def _threads(threads: int) -> int:
     if threads > 0:
         return threads
@@ -846,12 +921,11 @@ def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = T
 
     def rank_file(r: int) -> _RankFile:
         if r not in files:
-            files[r] = _open_rank(man, r, stream=not verify)  # verify hashes the whole file: mapped
+            files[r] = _open_rank(man, r, stream=True)
         return files[r]
 
     mine = rank_file(own)
-    if verify:
-        mine.verify()
+    want_hash = _want_hash(mine) if verify else None
     glob = man.tensors()  # every tensor's dtype and global shape (None: a part's manifest)
 
     plan: List[Tuple[str, "torch.Tensor", "torch.Tensor"]] = []
@@ -972,6 +1046,10 @@ def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = T
         problems.append("%s: in the checkpoint, not in the model (strict=False to skip it)%s" % (
             unexpected[0], "; %d such tensors" % len(unexpected) if len(unexpected) > 1 else ""))
     if problems:
+        if want_hash is not None:  # a damaged file is the likelier cause: hashed (nothing is written) and said so
+            got = _read_ranges(mine.rpath, [], _threads(threads), zst=mine.zst is not None, size=mine.size)
+            if got != want_hash:
+                raise _verify_error(mine, got, want_hash, "nothing was loaded")
         raise _fail(problems)
     if verify and zero_d_rank0 and 0 in files and files[0] is not mine:
         files[0].verify(zero_d_rank0)
@@ -988,19 +1066,34 @@ def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = T
     nread = 0
     nthreads = _threads(threads)
     bump = getattr(getattr(torch.autograd, "graph", None), "increment_version", None)
+    hashed: Dict[str, Any] = {}
+    if want_hash is not None:
+        # this rank's file read and hashed in one pass: its ranges into the model, the bytes of its
+        # copies (casts, 0-d, strided, a tied weight's second name) into one temporary
+        fast, slow, hashed = _verified_ranges(mine, fast, slow)
     for f, ranges, written in fast:
-        _read_ranges(f.rpath, ranges, nthreads, zst=f.zst is not None)
+        verified = hashed.get("file") is f
+        got = _read_ranges(f.rpath, ranges, nthreads, zst=f.zst is not None, size=f.size if verified else None)
         _same_file(f)
-        nread += sum(n for _, n, _ in ranges)
+        if verified:
+            nread += sum(n for _, n, d in ranges if not hashed["lo"] <= d < hashed["hi"])
+        else:
+            nread += sum(n for _, n, _ in ranges)
         if bump is not None:  # written in place behind autograd's back: as copy_ would, bump their version
             for t in written:
-                if not t.is_inference():  # those have no version counter
+                if t is not None and not t.is_inference():  # those have no version counter
                     bump(t)
+        if verified:
+            if got != want_hash:
+                raise _verify_error(f, got, want_hash, "the model now holds these bytes, unverified")
+            with torch.no_grad():  # the copies, from the bytes hashed
+                for dst, src in hashed["copies"]:
+                    dst.copy_(src)
     for f, items in dev:
         nread += _to_device(f.rpath, items, nthreads, max_host_bytes, zst=f.zst is not None)
         _same_file(f)
     with torch.no_grad():
         _copy_slow(slow, nthreads, max_host_bytes)
     nbytes = sum(src.numel() * src.element_size() for _, _, src, _ in plan)
-    return LoadResult(own, W, len(plan), nbytes, [f.path for f in files.values()],
+    return LoadResult(own, W, len(plan), nbytes, [f.rpath for f in files.values()],
                       unexpected if not strict else [], time.time() - t0, nread)
