@@ -134,6 +134,26 @@ def drop_entry(path, name):
         fh.write(new + b" " * (n - len(new)))
 
 
+def flip_byte(path, name=None):
+    """Flip one bit of a rank file: in the middle of tensor `name`'s bytes, or (None) of the
+    header's last padding byte, a space made a tab (the JSON still parses, the header checks pass)."""
+    with open(path, "r+b") as fh:
+        n = struct.unpack("<Q", fh.read(8))[0]
+        hdr = json.loads(fh.read(n))
+        if name is None:
+            at = 8 + n - 1
+            fh.seek(at)
+            assert fh.read(1) == b" "
+            new = b"\t"
+        else:
+            b, e = hdr[name]["data_offsets"]
+            at = 8 + n + (b + e) // 2
+            fh.seek(at)
+            new = bytes([fh.read(1)[0] ^ 1])
+        fh.seek(at)
+        fh.write(new)
+
+
 def bits(t):
     import torch
     t = t.detach().contiguous().reshape(-1)
@@ -753,9 +773,9 @@ def main():
     plans = []
     for W in worlds:
         jobs = [cmp_job(f, W) for f in list(fixtures) + ["scalar0d"]]
+        jobs.append(cmp_job(base, W, id="%s.w%d verify" % (base, W), verify=True,
+                            what="verify=True: own file hashed as it is read, == dcp.load"))
         if W == worlds[0]:
-            jobs.append(cmp_job(base, W, id="%s.w%d verify" % (base, W), verify=True,
-                                what="verify=True: own file hashed as it is read, == dcp.load"))
             jobs.append(cmp_job("scalar0d", W, id="scalar0d.w%d verify" % W, verify=True,
                                 what="verify=True: own file, and rank 0's 0-d slices through its slice index"))
         plans.append(("W=%d" % W, (W,), [j for j in jobs if j]))
@@ -796,9 +816,48 @@ def main():
                  expect={"1": {"has": ["truncated", "the file ends at offset",
                                        os.path.basename(rank_file(trunc_read, 1))]}}),
         ]
+        # verify=True on damaged copies: the damage found as the file is read, the model holding
+        # the bytes read (partial); the header's damage found before anything is written
+        vbad = {}
+        for tag, files_names in (("tensor", [(1, "model.embed_tokens.weight")]), ("header", [(1, None)]),
+                                 ("untaken", [(0, "model.norm.weight"), (1, "model.norm.weight")]), ("cut", [])):
+            vbad[tag] = os.path.join(work, "%s.w2-verify-%s" % (base, tag))
+            shutil.rmtree(vbad[tag], ignore_errors=True)
+            shutil.copytree(d2, vbad[tag])
+            for r, name in files_names:
+                flip_byte(rank_file(vbad[tag], r), name)
+        ej += [
+            dict(cfg, id="verify: a flipped byte in a tensor", dir=vbad["tensor"], verify=True, partial=True,
+                 what="verify=True, a bit of rank 1's model.embed_tokens.weight flipped -> rank 1: VerifyError "
+                      "naming the file, both hashes, the tensor; the model holds the bytes read",
+                 expect={"1": {"has": [os.path.basename(rank_file(vbad["tensor"], 1)), "XXH3-128", "manifest says",
+                                       'BAD tensor "model.embed_tokens.weight"', "unverified"],
+                               "type": "VerifyError"}}),
+            dict(cfg, id="verify: a changed byte in the header", dir=vbad["header"], verify=True, partial=True,
+                 what="verify=True, a padding byte of rank 1's header changed (still valid JSON) -> rank 1: "
+                      "VerifyError naming its header",
+                 expect={"1": {"has": [os.path.basename(rank_file(vbad["header"], 1)), "BAD header"],
+                               "type": "VerifyError"}}),
+            dict(cfg, id="verify strict=False: a flipped byte in a tensor the model does not take",
+                 dir=vbad["untaken"], variant="fewer", strict=False, verify=True, partial=True,
+                 what="verify=True, strict=False, a bit of model.norm.weight (not in the model) flipped -> "
+                      "VerifyError naming it",
+                 expect={"*": {"has": ['BAD tensor "model.norm.weight"', "XXH3-128"], "type": "VerifyError"}}),
+            dict(cfg, id="verify: truncated", dir=trunc, verify=True,
+                 what="verify=True, rank 1's file truncated -> rank 1: one-line LoadError",
+                 expect={"1": {"has": ["truncated", os.path.basename(rank_file(trunc, 1))], "type": "LoadError"}}),
+            dict(cfg, id="verify: truncated at read", dir=vbad["cut"], verify=True,
+                 truncate_at_read=os.path.basename(rank_file(vbad["cut"], 1)),
+                 what="verify=True, rank 1's file truncated after the checks, as the reads begin -> rank 1: "
+                      "one-line LoadError",
+                 expect={"1": {"has": ["truncated", os.path.basename(rank_file(vbad["cut"], 1))],
+                               "type": "LoadError"}}),
+        ]
         if parts:
             ej.append(dict(cmp_job(base, 2), id="%s.w2 parts" % base, dir=parts,
                            what="a conversion in 2 parts, not merged == dcp.load of the whole run"))
+            ej.append(dict(cmp_job(base, 2), id="%s.w2 parts verify" % base, dir=parts, verify=True,
+                           what="the same with verify=True (each part's manifest hashes its own ranks)"))
         if zst:
             # rank 1's compressed copy cut short (no seek table: refused before any write), and
             # one with a byte of its largest frame flipped (the checks pass; the read refuses it)
@@ -828,9 +887,34 @@ def main():
                                what=".zst copies only, 0-d tensors from rank 0's .zst == dcp.load"))
             ej.append(dict(cmp_job(base, 2), id="%s.w2 .zst only verify" % base, dir=zst, zst_only=True, verify=True,
                            what=".zst copies only, verify=True (hashed as read through the seekable reader, nothing in TMPDIR) == dcp.load"))
+            if zst0d:
+                ej.append(dict(cmp_job("scalar0d", 2), id="scalar0d.w2 .zst only verify", dir=zst0d, zst_only=True,
+                               verify=True, what=".zst copies only, verify=True, 0-d tensors from rank 0's .zst == dcp.load"))
+            # rank 1's .zst replaced by a sound compressed copy of a rank file with a flipped bit
+            zbad = os.path.join(work, "%s.w2-zst-verify-tensor" % base)
+            shutil.rmtree(zbad, ignore_errors=True)
+            shutil.copytree(zst, zbad)
+            plain = os.path.join(work, "flipped.safetensors")
+            shutil.copyfile(rank_file(d2, 1), plain)
+            flip_byte(plain, "model.embed_tokens.weight")
+            r = subprocess.run([bfshard_bin, "compress", plain, "-o", rank_file(zbad, 1) + ".zst", "--force", "--quiet"],
+                               capture_output=True, text=True)
+            os.remove(plain)
+            if r.returncode != 0:
+                record("bfshard compress of a flipped rank file", False, r.stderr[-500:])
+            else:
+                ej.append(dict(cfg, id=".zst verify: a flipped byte in a tensor", dir=zbad, zst_only=True, verify=True,
+                               partial=True,
+                               what="verify=True, .zst only, a bit of rank 1's decompressed model.embed_tokens.weight "
+                                    "flipped -> rank 1: VerifyError naming the .zst and the tensor",
+                               expect={"1": {"has": [os.path.basename(rank_file(zbad, 1)) + ".zst", "XXH3-128",
+                                                     'BAD tensor "model.embed_tokens.weight"', "unverified"],
+                                             "type": "VerifyError"}}))
         if bfz:
             ej.append(dict(cmp_job(base, 2), id="%s.w2 .bfz only" % base, dir=bfz, zst_only=True,
                            what=".bfz copies only (--bytegroup, 64 KiB frames), the same"))
+            ej.append(dict(cmp_job(base, 2), id="%s.w2 .bfz only verify" % base, dir=bfz, zst_only=True, verify=True,
+                           what=".bfz copies only, verify=True, the same"))
         wrong_w = dict(cfg, id="wrong W", dir=d2, what="a W=2 output into a W=3 mesh -> one-line error",
                        expect={"*": {"has": ["world_size=2", "3 ranks"]}})
         # in the same processes as the comparisons (a gloo start is ~5-10 s)
