@@ -19,10 +19,12 @@ mesh; `Replicate` only for a 0-d tensor); each local shard's shape against `torc
 against the file's entry, and its dtype (no casts but BF16 into a float32 tensor, exact, and F32 into a bfloat16 one, rounded as
 dcp.load's copy_ rounds it, with a warning); names in the model and not in the checkpoint
 (always an error, as for `dcp.load`) and the reverse (an error when strict); a rank file shorter
-than its header says (truncated). verify=True also re-hashes this rank's file against the
-manifest (XXH3-128, narrowed to the tensor through its slice index) and raises
-bfshard.VerifyError. Non-persistent buffers (rotary `inv_freq`) are not in `state_dict()` and
-are left alone, as `dcp.load` leaves them.
+than its header says (truncated). verify=True also hashes this rank's file (XXH3-128) as it
+reads it, in the same pass (bfs_read_ranges_xxh128), and raises bfshard.VerifyError when the
+hash is not the manifest's (one line: the file, both hashes, the tensor or header its slice
+index narrows it to); the model then holds the bytes read, unverified (`bfshard verify` first
+leaves a model untouched by a damaged file). Non-persistent buffers (rotary `inv_freq`) are not
+in `state_dict()` and are left alone, as `dcp.load` leaves them.
 
 Once the checks pass, each local shard that is a contiguous CPU tensor of the file's dtype gets
 its bytes read from the rank file straight into it (pread(2), several threads, one call into the
@@ -38,9 +40,11 @@ list, so every rank reaches the same verdict. A rank file that is only present a
 compressed copy (`bfshard compress --rm`: NAME.zst or NAME.bfz) is read by load() through the
 seekable reader (bfs_read_ranges_zst: only the frames holding the shards decoded, by several
 threads, straight into them; casts and 0-d tensors from bounded temporaries), never copied to
-disk; with verify=True, and for rank_state_dict, it is decompressed whole into a temporary file
-(TMPDIR: on tmpfs that is memory), mapped and unlinked. verify=True hashes with
-the `xxhash` package when importable, else the system's libxxhash through ctypes.
+disk, verify=True included (bfs_read_ranges_zst_xxh128 decodes every frame then, hashing the
+decompressed file); for rank_state_dict it is decompressed whole into a temporary file (TMPDIR:
+on tmpfs that is memory), mapped and unlinked. rank_state_dict(verify=True), and the slices of
+rank 0's 0-d tensors another rank reads, hash with the `xxhash` package when importable, else
+the system's libxxhash through ctypes.
 
 Needs torch; `import bfshard` does not import this module (nor torch).
 """
@@ -303,7 +307,7 @@ class _RankFile:
     def __init__(self, outdir: str, name: str, entry: Optional[Dict[str, Any]], stream: bool = False):
         """stream=True: a rank file only present as its compressed copy is read through the
         seekable reader (self.zst; no mapping, tensor() gives meta tensors); else it is
-        decompressed whole into TMPDIR and mapped, as rank_state_dict and verify need."""
+        decompressed whole into TMPDIR and mapped, as rank_state_dict needs."""
         self.name = name
         self.path = os.path.join(outdir, name)
         self.entry = entry
@@ -658,8 +662,8 @@ def _direct(plan: List[Tuple[str, "torch.Tensor", "torch.Tensor", "_RankFile"]])
     device; and what is copied with copy_ (a cast, a destination neither a contiguous CPU nor a
     contiguous CUDA tensor, a 0-d tensor, a destination overlapping another's: those keep copy_'s
     order; from the mapping, or from a temporary read through a compressed copy: _copy_slow).
-    A file read through its compressed copy (f.zst) is split the same way; one decompressed whole
-    and mapped (verify=True) is all copied from its mapping."""
+    A file read through its compressed copy (f.zst) is split the same way. The ranges of a file
+    are sorted by offset, its tensors (written) in the same order."""
     cand, slow = [], []
     for i, (k, local, src, f) in enumerate(plan):
         if ((f.from_zst is None or f.zst is not None) and local.device.type in ("cpu", "cuda") and local.dtype == src.dtype
@@ -863,7 +867,10 @@ def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = T
     for 0-d tensors. Everything is checked before the first copy; a problem raises LoadError
     with one line naming the tensor (see the module's doc). strict=False lets checkpoint tensors
     the model lacks pass (LoadResult.unexpected); a model tensor the checkpoint lacks is always
-    an error. verify=True re-hashes this rank's file against the manifest first.
+    an error. verify=True hashes this rank's file as it is read (one pass) and raises
+    bfshard.VerifyError after the read when it differs from the manifest's hash, the model then
+    holding the bytes read (run `bfshard verify` first to keep a model untouched); when a check
+    fails first, the file is hashed (nothing written) and a mismatch is raised instead.
 
     Where a local shard is a contiguous CPU tensor of the file's dtype, its bytes are read from
     the rank file straight into it with pread(2) by `threads` threads (0: one per CPU this
@@ -872,7 +879,9 @@ def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = T
     name) is copied from the file's mapping with copy_. A rank file only present as its compressed
     copy is read the same way through the seekable reader (bfs_read_ranges_zst, offsets in the
     decompressed file), the rest copied from host temporaries of at most max_host_bytes together
-    (or one tensor); with verify=True it is decompressed whole into TMPDIR. Local shards on a CUDA
+    (or one tensor). With verify=True this rank's file is read in one call that also hashes it
+    (bfs_read_ranges_xxh128 / bfs_read_ranges_zst_xxh128), the bytes copied with copy_ read into
+    one host temporary by that call (their total size). Local shards on a CUDA
     device (contiguous, the file's dtype) are read into a ring of pinned host buffers of at most
     `max_host_bytes` together and copied to the device asynchronously on two streams, reads and
     copies overlapping (counted in bytes_read too)."""

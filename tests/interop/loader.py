@@ -20,8 +20,12 @@ WORK/pypkg, so what is tested is this tree's code, not an installed copy.
   3. The errors, each one line naming what is wrong, raised before any tensor is written (the
      model keeps its sentinel): a wrong W, a replicated placement, a tensor in the model and not
      in the checkpoint, a rank file without one of its tensors, a tensor in the checkpoint and
-     not in the model (strict; strict=False loads), a truncated rank file; verify=True passes on
-     a good output and names the header of a rewritten rank file; a rank file truncated after
+     not in the model (strict; strict=False loads), a truncated rank file; verify=True (the file
+     hashed as it is read) passes on a good output at every W, with parts, .zst and .bfz copies
+     and 0-d tensors, names the header of a rewritten rank file (before anything is written), and
+     after the read a flipped byte in a tensor, in the header's padding, in a tensor the model does
+     not take (strict=False) and in a .zst's decompressed bytes: a VerifyError naming the file,
+     both hashes and what the slice index narrows it to; a rank file truncated after
      the checks, as the reads begin, is one line naming it and the offset where it ends; a .zst
      cut short (before any write) and one with a corrupt frame (found as it is read), one line
      naming the file (and the frame's offsets).
