@@ -103,7 +103,8 @@ class LoadResult(NamedTuple):
     world_size: int
     tensors: int             # tensors copied into the model
     bytes: int               # bytes copied
-    files: List[str]         # rank files opened: this rank's, and rank 0's for 0-d tensors
+    files: List[str]         # rank files read: this rank's, and rank 0's for 0-d tensors (NAME.zst / NAME.bfz
+                             # for one read through its compressed copy)
     unexpected: List[str]    # checkpoint tensors not in the model (only with strict=False)
     seconds: float
     bytes_read: int = 0      # of `bytes`, those read from the file straight into the model (pread, threads;
