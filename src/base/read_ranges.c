@@ -248,7 +248,7 @@ static int bfs__rrh_walk(bfs_rr *rr, uint64_t a, uint64_t b, uint8_t *window, bo
 static void *bfs__rrh_worker(void *arg)
 {
     bfs_rr *rr = arg;
-    uint8_t *window = NULL; /* allocated at the first piece that has a gap */
+    uint8_t *window = NULL; /* at its first piece; only the pages a gap lands in are touched */
     int rc = 0;
     while (rc == 0 && !atomic_load(&rr->failed)) {
         const uint64_t a = atomic_fetch_add(&rr->next, BFS_RR_HASH_PIECE);
