@@ -1099,6 +1099,7 @@ def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = T
             with torch.no_grad():  # the copies, from the bytes hashed
                 for dst, src in hashed["copies"]:
                     dst.copy_(src)
+            hashed["copies"] = hashed["tmp"] = None  # the temporary goes before the other reads
     for f, items in dev:
         nread += _to_device(f.rpath, items, nthreads, max_host_bytes, zst=f.zst is not None)
         _same_file(f)
