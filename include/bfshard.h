@@ -266,9 +266,11 @@ int bfs_read_ranges(const char *path, const bfs_range *ranges, size_t n, int thr
  * destinations are each gone over once. The ranges with a length must be sorted by offset,
  * none overlapping another (BFS_EUSAGE otherwise). BFS_EINPUT besides bfs_read_ranges':
  * the file does not have size bytes when opened or once read (truncated, changed), or a
- * range ends past size. On failure xxh3_128 is "" and the destinations hold an unspecified
- * part of their bytes; on success they hold the bytes hashed (compare the hash before
- * trusting them). */
+ * range ends past size. `threads`, the messages and bfs_cancel() (BFS_EINTR) as for
+ * bfs_read_ranges. On failure xxh3_128 is "" and the destinations hold an unspecified part
+ * of their bytes; on success they hold the bytes hashed (compare the hash before trusting
+ * them). Memory: a 4 MiB window a thread, of which only the bytes no range covers are
+ * touched. */
 int bfs_read_ranges_xxh128(const char *path, const bfs_range *ranges, size_t n, int threads, uint64_t size,
                            char xxh3_128[33]);
 
