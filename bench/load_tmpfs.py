@@ -3,7 +3,7 @@
 on one host, and against dd from a cold page cache.
 
     python bench/load_tmpfs.py OUTDIR [--rounds 2] [--cold DISKDIR] [--json FILE]
-                               [--readers floor,safetensors,fastsafetensors,runai,bfshard]
+                               [--readers floor,safetensors,fastsafetensors,runai,bfshard[,bfshard-verify]]
                                [--pkg ROOT[:BUILD]]... [--threads N]
 
 OUTDIR is a bfshard --layout dcp output with a config.json (bench/gen_synth.py gpt-oss,
@@ -22,6 +22,8 @@ those bytes. Best of the rounds. Readers:
                    bfloat16, fully_shard each decoder layer and the root, to_empty(device="cpu")
                    (fresh pages, as a job's start has them), timing only
                    `bfshard.torch.load(model, OUTDIR)` (--pkg: whose package)
+  bfshard-verify   the same with verify=True (each rank's file hashed against the manifest);
+                   only when named in --readers
 
 A reader whose package does not import is reported as not run (its error), not as a failure.
 --cold DISKDIR: the same output converted onto a disk; each round drops the rank files from the
@@ -45,12 +47,14 @@ sys.path.insert(0, HERE)
 from loader_bench import stage  # noqa: E402
 
 READERS = ("floor", "safetensors", "fastsafetensors", "runai", "bfshard")
+EXTRA = ("bfshard-verify",)  # run only when asked for
 PEERS = ("safetensors", "fastsafetensors", "runai")
 DESC = {"floor": "floor: readinto one fresh torch.empty",
         "safetensors": "safetensors safe_open + get_tensor().clone()",
         "fastsafetensors": "fastsafetensors, CPU path (nogds=True)",
         "runai": "runai-model-streamer, defaults",
-        "bfshard": "bfshard.torch.load"}
+        "bfshard": "bfshard.torch.load",
+        "bfshard-verify": "bfshard.torch.load(verify=True)"}
 
 
 def load_avg():
@@ -65,7 +69,7 @@ def rank_files(outdir):
 
 # ---- children: each prints one JSON line ----------------------------------------------------------
 
-def child_load(rank, W, port, outdir, threads):
+def child_load(rank, W, port, outdir, threads, verify=False):
     import datetime
     import warnings
     warnings.filterwarnings("ignore")
@@ -88,6 +92,8 @@ def child_load(rank, W, port, outdir, threads):
     dist.barrier()
     import inspect
     kw = {"threads": threads} if threads and "threads" in inspect.signature(bt.load).parameters else {}
+    if verify:
+        kw["verify"] = True
     c0, t0 = time.process_time(), time.perf_counter()
     r = bt.load(m, outdir, **kw)
     c1, t1 = time.process_time(), time.perf_counter()
@@ -228,9 +234,10 @@ def dd(files):
 def one(python, kind, outdir, files, W, pypath, threads):
     """one round of one reader: {gbps, s, cpu_s_per_gb, load, ...} or {error, load}"""
     la = load_avg()
-    if kind == "bfshard":
+    if kind in ("bfshard", "bfshard-verify"):
         port = free_port()
-        rs = collect([spawn(python, ["load", r, W, port, outdir, threads], pypath) for r in range(W)])
+        rs = collect([spawn(python, ["load", r, W, port, outdir, threads, int(kind == "bfshard-verify")], pypath)
+                      for r in range(W)])
     elif kind == "floor":
         rs = collect([spawn(python, ["floor", f]) for f in files])
     else:
@@ -241,7 +248,7 @@ def one(python, kind, outdir, files, W, pypath, threads):
     slow = max(r["s"] for r in rs)
     out = {"gbps": nbytes / 1e9 / slow, "s": slow, "cpu_s_per_gb": sum(r["cpu_s"] for r in rs) / (nbytes / 1e9),
            "load": la}
-    if kind == "bfshard":
+    if kind in ("bfshard", "bfshard-verify"):
         out["bytes_read"] = sum(r["bytes_read"] or 0 for r in rs)
         out["bytes"] = sum(r["bytes"] for r in rs)
     return out
@@ -263,7 +270,7 @@ def run(outdir, python=sys.executable, rounds=2, cold=None, readers=READERS, pyp
     log("load: %s: W=%d, %.2f GB of rank files on %s, %d CPUs" % (outdir, W, nbytes / 1e9, outdir, os.cpu_count()))
     for rnd in range(rounds):
         for k in readers:
-            r = one(python, k, outdir, files, W, pypath if k == "bfshard" else None, threads)
+            r = one(python, k, outdir, files, W, pypath if k in ("bfshard", "bfshard-verify") else None, threads)
             res["readers"][k]["rounds"].append(r)
             if "error" in r:
                 log("load: round %d  %-46s not run: %s (load %.2f)" % (rnd + 1, DESC[k], r["error"], r["load"]))
@@ -346,7 +353,8 @@ def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         kind = sys.argv[2]
         if kind == "load":
-            r = child_load(int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6], int(sys.argv[7]))
+            r = child_load(int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6], int(sys.argv[7]),
+                           len(sys.argv) > 8 and sys.argv[8] == "1")
         elif kind == "floor":
             r = child_floor(sys.argv[3])
         else:
@@ -363,12 +371,12 @@ def main():
     ap.add_argument("--json", default="", help="write the results here too")
     a = ap.parse_args()
     readers = [x for x in a.readers.split(",") if x]
-    bad = [x for x in readers if x not in READERS]
+    bad = [x for x in readers if x not in READERS + EXTRA]
     if bad:
         ap.error("unknown reader %s" % bad[0])
     root, _, build = (a.pkg or os.path.dirname(HERE)).partition(":")
     pypath = stage(os.path.abspath(build or os.path.join(root, "build")), os.path.abspath(root)) \
-        if "bfshard" in readers else None
+        if "bfshard" in readers or "bfshard-verify" in readers else None
     try:
         res = run(os.path.abspath(a.outdir), rounds=a.rounds, cold=os.path.abspath(a.cold) if a.cold else None,
                   readers=readers, pypath=pypath, threads=a.threads)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Loading one rank of a bfshard dcp output: bfshard.torch against torch's reader.
 
-    python bench/loader_bench.py OUTDIR RANK [--cold] [--timeout 900] [--json FILE] [--build build]
+    python bench/loader_bench.py OUTDIR RANK [--cold] [--verify] [--timeout 900] [--json FILE] [--build build]
 
 Each figure comes from a fresh subprocess (time, and peak RSS: VmHWM of /proc/self/status, above
 what the process held once torch and bfshard were imported and, for load, the model's local
@@ -11,7 +11,8 @@ tensors were allocated and zeroed):
                     (nothing read); then every tensor copied into fresh memory (`copy`)
   load              bfshard.torch.load(state_dict, OUTDIR) into W-rank DTensors (Shard(0)) of the
                     manifest's shapes, in one process through torch's fake process group (rank
-                    RANK of W; no other process needed): all of load's checks and copies
+                    RANK of W; no other process needed): all of load's checks and copies; with
+                    --verify, then again with verify=True (the rank file hashed as it is read)
   read_metadata     torch.distributed.checkpoint.HuggingFaceStorageReader(OUTDIR).read_metadata(),
                     what dcp.load runs on the coordinator before any rank reads a byte (parses all W
                     rank files' headers); killed after --timeout seconds, and reported as such
@@ -108,7 +109,7 @@ def child_rsd(outdir, rank):
             "torch": torch.__version__}
 
 
-def child_load(outdir, rank):
+def child_load(outdir, rank, verify=False):
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
     from torch.distributed.device_mesh import init_device_mesh
@@ -121,11 +122,11 @@ def child_load(outdir, rank):
     sd = build_model(man, rank, "cpu", mesh, 0)
     del man
     base = hwm_mb()
-    t0 = time.perf_counter()
-    r = bt.load(sd, outdir)
-    t1 = time.perf_counter()
-    return {"tensors": r.tensors, "bytes": r.bytes, "load_s": t1 - t0, "base_mb": base, "load_peak_mb": hwm_mb() - base,
-            "files": [os.path.basename(f) for f in r.files]}
+    c0, t0 = time.process_time(), time.perf_counter()
+    r = bt.load(sd, outdir, verify=verify)
+    t1, c1 = time.perf_counter(), time.process_time()
+    return {"tensors": r.tensors, "bytes": r.bytes, "load_s": t1 - t0, "cpu_s": c1 - c0, "base_mb": base,
+            "load_peak_mb": hwm_mb() - base, "files": [os.path.basename(f) for f in r.files]}
 
 
 def child_torch(outdir, rank):
@@ -140,7 +141,8 @@ def child_torch(outdir, rank):
             "tensors": len(md.state_dict_metadata), "chunks": chunks, "torch": torch.__version__}
 
 
-CHILDREN = {"rsd": child_rsd, "load": child_load, "torch": child_torch}
+CHILDREN = {"rsd": child_rsd, "load": child_load, "load-verify": lambda o, r: child_load(o, r, verify=True),
+            "torch": child_torch}
 
 
 # ---- parent --------------------------------------------------------------------------------------
@@ -188,6 +190,7 @@ def main():
     ap.add_argument("--timeout", type=int, default=900, help="seconds for torch's read_metadata (default 900)")
     ap.add_argument("--cold", action="store_true", help="drop OUTDIR's page cache before each measurement")
     ap.add_argument("--skip-torch", action="store_true", help="no read_metadata")
+    ap.add_argument("--verify", action="store_true", help="load once more with verify=True")
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--json", help="write the figures here too")
     a = ap.parse_args()
@@ -213,14 +216,16 @@ def main():
                                                     r["base_mb"]), flush=True)
         print("    + every tensor copied:      %6.2f s  peak RSS +%5.0f MB  (its own bytes twice: the mapped file's "
               "pages and the copies)" % (r["copy_s"], r["copy_peak_mb"]), flush=True)
-    r = run_child("load", outdir, a.rank, a.timeout, pypath, a.cold)
-    res["load"] = r
-    if "error" in r:
-        print("  load: " + r["error"])
-    else:
-        print("  bfshard.torch.load:            %6.2f s  peak RSS +%5.0f MB  (%d tensors, %.1f MB copied into W=%d "
-              "DTensors; files %s)" % (r["load_s"], r["load_peak_mb"], r["tensors"], r["bytes"] / 1e6, W,
-                                      ", ".join(r["files"])), flush=True)
+    for kind in ("load", "load-verify") if a.verify else ("load",):
+        r = run_child(kind, outdir, a.rank, a.timeout, pypath, a.cold)
+        res[kind.replace("-", "_")] = r
+        if "error" in r:
+            print("  %s: %s" % (kind, r["error"]))
+        else:
+            print("  bfshard.torch.load%s %6.2f s  CPU %5.2f s  peak RSS +%5.0f MB  (%d tensors, %.1f MB copied into "
+                  "W=%d DTensors; files %s)" % ("(verify=True):" if kind == "load-verify" else ":            ",
+                                                r["load_s"], r["cpu_s"], r["load_peak_mb"], r["tensors"],
+                                                r["bytes"] / 1e6, W, ", ".join(r["files"])), flush=True)
     if not a.skip_torch:
         r = run_child("torch", outdir, a.rank, a.timeout, pypath, a.cold)
         res["read_metadata"] = r

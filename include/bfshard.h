@@ -257,6 +257,23 @@ typedef struct bfs_range {
  * the destinations hold an unspecified part of their bytes. */
 int bfs_read_ranges(const char *path, const bfs_range *ranges, size_t n, int threads);
 
+/* bfs_read_ranges, and the XXH3-128 of the whole file (size bytes) written to xxh3_128 as 32
+ * lowercase hex digits and a NUL (the manifest's files[].xxh3_128), in one pass: the file is
+ * cut into pieces of 4 MiB, each read by one of `threads` threads (its ranges' parts into
+ * their destinations, the bytes no range covers -- header, padding, tensors not asked for --
+ * into a 4 MiB window of that thread's), then hashed from there by that thread once every
+ * piece before it is hashed, while its bytes are still in the cache: the storage and the
+ * destinations are each gone over once. The ranges with a length must be sorted by offset,
+ * none overlapping another (BFS_EUSAGE otherwise). BFS_EINPUT besides bfs_read_ranges':
+ * the file does not have size bytes when opened or once read (truncated, changed), or a
+ * range ends past size. `threads`, the messages and bfs_cancel() (BFS_EINTR) as for
+ * bfs_read_ranges. On failure xxh3_128 is "" and the destinations hold an unspecified part
+ * of their bytes; on success they hold the bytes hashed (compare the hash before trusting
+ * them). Memory: a 4 MiB window a thread, of which only the bytes no range covers are
+ * touched. */
+int bfs_read_ranges_xxh128(const char *path, const bfs_range *ranges, size_t n, int threads, uint64_t size,
+                           char xxh3_128[33]);
+
 /* The same out of a seekable zstd copy of a file (a .zst or .bfz of bfshard compress, below):
  * offset and length are those of the file it decompresses to. Only the frames holding a
  * range are decoded, each once, by `threads` threads (0: one per online CPU, at most 16;
@@ -271,6 +288,15 @@ int bfs_read_ranges(const char *path, const bfs_range *ranges, size_t n, int thr
  * one-line message names the file, and the frame with its compressed and uncompressed
  * offsets. bfs_cancel() stops it before its next frame: BFS_EINTR (cleared when it starts). */
 int bfs_read_ranges_zst(const char *path, const bfs_range *ranges, size_t n, int threads);
+/* bfs_read_ranges_zst, and the XXH3-128 of the whole file the copy decompresses to (size
+ * bytes: BFS_EINPUT when its seek table says otherwise), as bfs_read_ranges_xxh128 gives it:
+ * every frame is decoded, once, by one of `threads` threads (straight into a range's
+ * destination when it lies inside one, else into that thread's buffer of one frame and
+ * copied from there), then hashed from where it landed by that thread once every frame
+ * before it is hashed. Ranges as bfs_read_ranges_xxh128 takes them; a thread holds one
+ * frame more than bfs_read_ranges_zst's. */
+int bfs_read_ranges_zst_xxh128(const char *path, const bfs_range *ranges, size_t n, int threads, uint64_t size,
+                               char xxh3_128[33]);
 /* The size of the file a seekable zstd copy decompresses to, from its seek table (checked
  * as bfs_read_ranges_zst checks it; no frame is decoded). */
 int bfs_zst_uncompressed_size(const char *path, uint64_t *size);

@@ -130,6 +130,8 @@ def load(path=LIBRARY):
     _sig(lib, "bfs_verify", c_int, c_char_p, c_void_p, POINTER(c_uint64))
     _sig(lib, "bfs_read_ranges", c_int, c_char_p, POINTER(Range), c_size_t, c_int)
     _sig(lib, "bfs_read_ranges_zst", c_int, c_char_p, POINTER(Range), c_size_t, c_int)
+    _sig(lib, "bfs_read_ranges_xxh128", c_int, c_char_p, POINTER(Range), c_size_t, c_int, c_uint64, c_void_p)
+    _sig(lib, "bfs_read_ranges_zst_xxh128", c_int, c_char_p, POINTER(Range), c_size_t, c_int, c_uint64, c_void_p)
     _sig(lib, "bfs_zst_uncompressed_size", c_int, c_char_p, POINTER(c_uint64))
     _sig(lib, "bfs_cpu_level_name", c_char_p, c_int)
     _sig(lib, "bfs_cpu_best_level", c_int)

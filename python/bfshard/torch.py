@@ -19,10 +19,12 @@ mesh; `Replicate` only for a 0-d tensor); each local shard's shape against `torc
 against the file's entry, and its dtype (no casts but BF16 into a float32 tensor, exact, and F32 into a bfloat16 one, rounded as
 dcp.load's copy_ rounds it, with a warning); names in the model and not in the checkpoint
 (always an error, as for `dcp.load`) and the reverse (an error when strict); a rank file shorter
-than its header says (truncated). verify=True also re-hashes this rank's file against the
-manifest (XXH3-128, narrowed to the tensor through its slice index) and raises
-bfshard.VerifyError. Non-persistent buffers (rotary `inv_freq`) are not in `state_dict()` and
-are left alone, as `dcp.load` leaves them.
+than its header says (truncated). verify=True also hashes this rank's file (XXH3-128) as it
+reads it, in the same pass (bfs_read_ranges_xxh128), and raises bfshard.VerifyError when the
+hash is not the manifest's (one line: the file, both hashes, the tensor or header its slice
+index narrows it to); the model then holds the bytes read, unverified (`bfshard verify` first
+leaves a model untouched by a damaged file). Non-persistent buffers (rotary `inv_freq`) are not
+in `state_dict()` and are left alone, as `dcp.load` leaves them.
 
 Once the checks pass, each local shard that is a contiguous CPU tensor of the file's dtype gets
 its bytes read from the rank file straight into it (pread(2), several threads, one call into the
@@ -38,9 +40,11 @@ list, so every rank reaches the same verdict. A rank file that is only present a
 compressed copy (`bfshard compress --rm`: NAME.zst or NAME.bfz) is read by load() through the
 seekable reader (bfs_read_ranges_zst: only the frames holding the shards decoded, by several
 threads, straight into them; casts and 0-d tensors from bounded temporaries), never copied to
-disk; with verify=True, and for rank_state_dict, it is decompressed whole into a temporary file
-(TMPDIR: on tmpfs that is memory), mapped and unlinked. verify=True hashes with
-the `xxhash` package when importable, else the system's libxxhash through ctypes.
+disk, verify=True included (bfs_read_ranges_zst_xxh128 decodes every frame then, hashing the
+decompressed file); for rank_state_dict it is decompressed whole into a temporary file (TMPDIR:
+on tmpfs that is memory), mapped and unlinked. rank_state_dict(verify=True), and the slices of
+rank 0's 0-d tensors another rank reads, hash with the `xxhash` package when importable, else
+the system's libxxhash through ctypes.
 
 Needs torch; `import bfshard` does not import this module (nor torch).
 """
@@ -99,7 +103,8 @@ class LoadResult(NamedTuple):
     world_size: int
     tensors: int             # tensors copied into the model
     bytes: int               # bytes copied
-    files: List[str]         # rank files opened: this rank's, and rank 0's for 0-d tensors
+    files: List[str]         # rank files read: this rank's, and rank 0's for 0-d tensors (NAME.zst / NAME.bfz
+                             # for one read through its compressed copy)
     unexpected: List[str]    # checkpoint tensors not in the model (only with strict=False)
     seconds: float
     bytes_read: int = 0      # of `bytes`, those read from the file straight into the model (pread, threads;
@@ -303,7 +308,7 @@ class _RankFile:
     def __init__(self, outdir: str, name: str, entry: Optional[Dict[str, Any]], stream: bool = False):
         """stream=True: a rank file only present as its compressed copy is read through the
         seekable reader (self.zst; no mapping, tensor() gives meta tensors); else it is
-        decompressed whole into TMPDIR and mapped, as rank_state_dict and verify need."""
+        decompressed whole into TMPDIR and mapped, as rank_state_dict needs."""
         self.name = name
         self.path = os.path.join(outdir, name)
         self.entry = entry
@@ -457,6 +462,13 @@ class _RankFile:
     def _addr(self, a: int) -> int:
         return self.buf.data_ptr() + a
 
+    def _hash_span(self, a: int, n: int) -> str:
+        """XXH3-128 of the file's bytes [a, a + n): from the mapping, or read through the
+        compressed copy (a file read through it has no mapping)"""
+        if self.buf is not None:
+            return _hasher()(self._addr(a), n)
+        return _hash_bytes(self._zst_read(a, n) if n else b"")
+
     def verify(self, names: Optional[List[str]] = None) -> None:
         """The whole file against its manifest hash (names None), or only the header and the
         slices of `names` against the slice index (rank 0's 0-d tensors read by another rank)."""
@@ -499,8 +511,7 @@ class _RankFile:
             return ["%s: BAD, not narrowed to tensors: %s" % (self.path, why)]
         ds, = struct.unpack_from("<Q", idx, 16)
         count, = struct.unpack_from("<Q", idx, 40)
-        h = _hasher()
-        if ds != self.data_start or h(self._addr(0), ds) != idx[24:40].hex():
+        if ds != self.data_start or self._hash_span(0, ds) != idx[24:40].hex():
             return ["%s: BAD header or metadata bytes [0, %d)" % (self.path, self.data_start)]
         if count != len(self.entries):  # the header matches the index: cannot happen unless the index lies
             return ["%s: BAD, not narrowed to tensors: slice index %s lists %d slices, the header %d"
@@ -511,7 +522,7 @@ class _RankFile:
         for i, (k, (_, _, b, e)) in enumerate(order):
             if want is not None and k not in want:
                 continue
-            got = h(self._addr(self.data_start + b), e - b)
+            got = self._hash_span(self.data_start + b, e - b)
             ref = idx[48 + 16 * i:64 + 16 * i].hex()
             if got != ref:
                 out.append("%s: BAD tensor %s bytes [%d, %d) (hash %s, manifest %s)" % (
@@ -602,20 +613,28 @@ def _upcast(file_dtype: str, dtype: "torch.dtype") -> bool:
     return (file_dtype == "BF16" and dtype == torch.float32) or (file_dtype == "F32" and dtype == torch.bfloat16)
 
 
-def _read_ranges(path: str, ranges: List[Tuple[int, int, int]], threads: int, zst: bool = False) -> None:
+def _read_ranges(path: str, ranges: List[Tuple[int, int, int]], threads: int, zst: bool = False,
+                 size: Optional[int] = None) -> Optional[str]:
     """(file offset, length, destination address) of path, read by bfs_read_ranges (pread(2) from
     `threads` threads, the GIL released), or, zst=True, of the file the seekable zstd copy at path
     decompresses to, by bfs_read_ranges_zst (only the frames holding them decoded, by `threads`
-    threads); LoadError with its one line on failure. On the main thread the call runs on a
-    helper thread, so that Ctrl-C (KeyboardInterrupt) is noticed: it cancels the read
-    (bfs_cancel) and is raised again once the reading threads have stopped."""
+    threads); LoadError with its one line on failure. size given: the same in one pass with the
+    whole file's XXH3-128 (bfs_read_ranges_xxh128 / bfs_read_ranges_zst_xxh128: the file must have
+    size bytes, the ranges sorted by offset, none overlapping), returned as hex. On the main thread
+    the call runs on a helper thread, so that Ctrl-C (KeyboardInterrupt) is noticed: it cancels the
+    read (bfs_cancel) and is raised again once the reading threads have stopped."""
     lib = _bfs._c
     arr = (_bfs._lib.Range * len(ranges))(*[_bfs._lib.Range(o, n, d) for o, n, d in ranges])
     out: List[Tuple[int, bytes]] = []
-    fn = lib.bfs_read_ranges_zst if zst else lib.bfs_read_ranges
+    hexbuf = ctypes.create_string_buffer(33) if size is not None else None
 
     def work() -> None:
-        rc = fn(os.fsencode(path), arr, len(ranges), threads)
+        if size is None:
+            fn = lib.bfs_read_ranges_zst if zst else lib.bfs_read_ranges
+            rc = fn(os.fsencode(path), arr, len(ranges), threads)
+        else:
+            fn = lib.bfs_read_ranges_zst_xxh128 if zst else lib.bfs_read_ranges_xxh128
+            rc = fn(os.fsencode(path), arr, len(ranges), threads, size, ctypes.addressof(hexbuf))
         out.append((rc, (lib.bfs_last_error() or b"") if rc < 0 else b""))  # the message is per thread
 
     if threading.current_thread() is not threading.main_thread():
@@ -634,6 +653,7 @@ def _read_ranges(path: str, ranges: List[Tuple[int, int, int]], threads: int, zs
     if rc < 0:
         raise LoadError(msg.decode(errors="replace").replace("\n", " ")
                         or "%s: read failed (%s)" % (path, lib.bfs_err_name(rc).decode()))
+    return hexbuf.value.decode() if hexbuf is not None else None
 
 
 def _direct(plan: List[Tuple[str, "torch.Tensor", "torch.Tensor", "_RankFile"]]) -> Tuple[list, list, list]:
@@ -643,8 +663,8 @@ def _direct(plan: List[Tuple[str, "torch.Tensor", "torch.Tensor", "_RankFile"]])
     device; and what is copied with copy_ (a cast, a destination neither a contiguous CPU nor a
     contiguous CUDA tensor, a 0-d tensor, a destination overlapping another's: those keep copy_'s
     order; from the mapping, or from a temporary read through a compressed copy: _copy_slow).
-    A file read through its compressed copy (f.zst) is split the same way; one decompressed whole
-    and mapped (verify=True) is all copied from its mapping."""
+    A file read through its compressed copy (f.zst) is split the same way. The ranges of a file
+    are sorted by offset, its tensors (written) in the same order."""
     cand, slow = [], []
     for i, (k, local, src, f) in enumerate(plan):
         if ((f.from_zst is None or f.zst is not None) and local.device.type in ("cpu", "cuda") and local.dtype == src.dtype
@@ -685,8 +705,10 @@ def _direct(plan: List[Tuple[str, "torch.Tensor", "torch.Tensor", "_RankFile"]])
         got[1].append((f.data_start + b, e - b, local.data_ptr()))
         got[2].append(local)
     slow = sorted(set(slow) | demote)
-    for _, ranges, _ in fast.values():
-        ranges.sort()  # the file front to back; neighbours in the file and in memory are read together
+    for got in fast.values():  # the file front to back; neighbours in the file and in memory are read together
+        order = sorted(range(len(got[1])), key=got[1].__getitem__)
+        got[1][:] = [got[1][i] for i in order]
+        got[2][:] = [got[2][i] for i in order]  # written[i]: the tensor ranges[i] lands in
     for _, items in dev.values():
         items.sort(key=lambda x: x[0])
     return list(fast.values()), list(dev.values()), [plan[i] for i in slow]
@@ -768,6 +790,64 @@ def _copy_slow(slow: List[Tuple[str, "torch.Tensor", "torch.Tensor", "_RankFile"
         del tmp
 
 
+def _want_hash(f: "_RankFile") -> str:
+    """The manifest's XXH3-128 of rank file f (of the file a compressed copy decompresses to);
+    VerifyError when it has none."""
+    want = (f.entry or {}).get("xxh3_128")
+    if not want:
+        raise _bfs.VerifyError(_bfs.EVERIFY, "%s: the manifest has no hash for it" % f.path,
+                               ["%s: no hash in the manifest" % f.path])
+    return want
+
+
+def _verify_error(f: "_RankFile", got: str, want: str, state: str) -> "_bfs.VerifyError":
+    """rank file f hashed to `got`, not the manifest's `want`: one line naming the file, both hashes
+    and the first thing the slice index narrows it to, and what the model holds (state)"""
+    narrow = f._narrow(None)
+    detail = [p[len(f.path) + 2:] if p.startswith(f.path + ": ") else p for p in narrow]
+    msg = "%s: BAD: XXH3-128 %s, the manifest says %s%s; %s (bfshard verify before load() leaves a model " \
+          "untouched)" % (f.rpath, got, want, " (%s%s)" % (detail[0], ", and %d more" % (len(detail) - 1)
+                                                              if len(detail) > 1 else "") if detail else "", state)
+    return _bfs.VerifyError(_bfs.EVERIFY, msg.replace("\n", " "), [msg] + narrow)
+
+
+def _verified_ranges(f: "_RankFile", fast: list, slow: list) -> Tuple[list, list, Dict[str, Any]]:
+    """verify=True: the reads of rank file f made one (bfs_read_ranges_xxh128 hashes the whole
+    file as it reads): its ranges into the model, and the bytes of its copies (slow) into one
+    temporary, each distinct range once (a tied weight's second name copies from the first's
+    destination). Returns fast with f's entry first, slow without f's copies, and {file, lo, hi
+    (the temporary's addresses), copies: [(destination, source over the bytes read)]}."""
+    mine = next((x for x in fast if x[0] is f), (f, [], []))
+    ranges, written = list(mine[1]), list(mine[2])
+    at = {(o, n): t for (o, n, _), t in zip(ranges, written)}
+    own_slow = [x for x in slow if x[3] is f]
+    slots: Dict[Tuple[int, int], int] = {}
+    total = 0
+    for k, _, _, _ in own_slow:
+        _, _, b, e = f.entries[k]
+        key = (f.data_start + b, e - b)
+        if e > b and key not in at and key not in slots:
+            slots[key] = total
+            total += -(-(e - b) // 64) * 64  # each aligned for any dtype's view
+    tmp = torch.empty(max(total, 64), dtype=torch.uint8)
+    base = tmp.data_ptr()
+    ranges += [(o, n, base + a) for (o, n), a in slots.items()]
+    written += [None] * len(slots)
+    order = sorted(range(len(ranges)), key=lambda i: ranges[i][0])
+    ranges, written = [ranges[i] for i in order], [written[i] for i in order]
+    copies = []
+    for k, dst, src, _ in own_slow:
+        _, _, b, e = f.entries[k]
+        if e == b:
+            continue
+        key = (f.data_start + b, e - b)
+        raw = at[key].reshape(-1).view(torch.uint8) if key in at else tmp[slots[key]:slots[key] + (e - b)]
+        copies.append((dst, raw.view(src.dtype).view(src.shape)))
+    rest = [x for x in fast if x[0] is not f]
+    return [(f, ranges, written)] + rest, [x for x in slow if x[3] is not f], \
+        {"file": f, "lo": base, "hi": base + tmp.numel(), "tmp": tmp, "copies": copies}
+
+
 def _threads(threads: int) -> int:
     if threads > 0:
         return threads
@@ -788,7 +868,10 @@ def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = T
     for 0-d tensors. Everything is checked before the first copy; a problem raises LoadError
     with one line naming the tensor (see the module's doc). strict=False lets checkpoint tensors
     the model lacks pass (LoadResult.unexpected); a model tensor the checkpoint lacks is always
-    an error. verify=True re-hashes this rank's file against the manifest first.
+    an error. verify=True hashes this rank's file as it is read (one pass) and raises
+    bfshard.VerifyError after the read when it differs from the manifest's hash, the model then
+    holding the bytes read (run `bfshard verify` first to keep a model untouched); when a check
+    fails first, the file is hashed (nothing written) and a mismatch is raised instead.
 
     Where a local shard is a contiguous CPU tensor of the file's dtype, its bytes are read from
     the rank file straight into it with pread(2) by `threads` threads (0: one per CPU this
@@ -797,7 +880,9 @@ def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = T
     name) is copied from the file's mapping with copy_. A rank file only present as its compressed
     copy is read the same way through the seekable reader (bfs_read_ranges_zst, offsets in the
     decompressed file), the rest copied from host temporaries of at most max_host_bytes together
-    (or one tensor); with verify=True it is decompressed whole into TMPDIR. Local shards on a CUDA
+    (or one tensor). With verify=True this rank's file is read in one call that also hashes it
+    (bfs_read_ranges_xxh128 / bfs_read_ranges_zst_xxh128), the bytes copied with copy_ read into
+    one host temporary by that call (their total size). Local shards on a CUDA
     device (contiguous, the file's dtype) are read into a ring of pinned host buffers of at most
     `max_host_bytes` together and copied to the device asynchronously on two streams, reads and
     copies overlapping (counted in bytes_read too)."""
@@ -846,12 +931,11 @@ def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = T
 
     def rank_file(r: int) -> _RankFile:
         if r not in files:
-            files[r] = _open_rank(man, r, stream=not verify)  # verify hashes the whole file: mapped
+            files[r] = _open_rank(man, r, stream=True)
         return files[r]
 
     mine = rank_file(own)
-    if verify:
-        mine.verify()
+    want_hash = _want_hash(mine) if verify else None
     glob = man.tensors()  # every tensor's dtype and global shape (None: a part's manifest)
 
     plan: List[Tuple[str, "torch.Tensor", "torch.Tensor"]] = []
@@ -972,6 +1056,10 @@ def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = T
         problems.append("%s: in the checkpoint, not in the model (strict=False to skip it)%s" % (
             unexpected[0], "; %d such tensors" % len(unexpected) if len(unexpected) > 1 else ""))
     if problems:
+        if want_hash is not None:  # a damaged file is the likelier cause: hashed (nothing is written) and said so
+            got = _read_ranges(mine.rpath, [], _threads(threads), zst=mine.zst is not None, size=mine.size)
+            if got != want_hash:
+                raise _verify_error(mine, got, want_hash, "nothing was loaded")
         raise _fail(problems)
     if verify and zero_d_rank0 and 0 in files and files[0] is not mine:
         files[0].verify(zero_d_rank0)
@@ -988,19 +1076,35 @@ def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = T
     nread = 0
     nthreads = _threads(threads)
     bump = getattr(getattr(torch.autograd, "graph", None), "increment_version", None)
+    hashed: Dict[str, Any] = {}
+    if want_hash is not None:
+        # this rank's file read and hashed in one pass: its ranges into the model, the bytes of its
+        # copies (casts, 0-d, strided, a tied weight's second name) into one temporary
+        fast, slow, hashed = _verified_ranges(mine, fast, slow)
     for f, ranges, written in fast:
-        _read_ranges(f.rpath, ranges, nthreads, zst=f.zst is not None)
+        verified = hashed.get("file") is f
+        got = _read_ranges(f.rpath, ranges, nthreads, zst=f.zst is not None, size=f.size if verified else None)
         _same_file(f)
-        nread += sum(n for _, n, _ in ranges)
+        if verified:
+            nread += sum(n for _, n, d in ranges if not hashed["lo"] <= d < hashed["hi"])
+        else:
+            nread += sum(n for _, n, _ in ranges)
         if bump is not None:  # written in place behind autograd's back: as copy_ would, bump their version
             for t in written:
-                if not t.is_inference():  # those have no version counter
+                if t is not None and not t.is_inference():  # those have no version counter
                     bump(t)
+        if verified:
+            if got != want_hash:
+                raise _verify_error(f, got, want_hash, "the model now holds these bytes, unverified")
+            with torch.no_grad():  # the copies, from the bytes hashed
+                for dst, src in hashed["copies"]:
+                    dst.copy_(src)
+            hashed["copies"] = hashed["tmp"] = None  # the temporary goes before the other reads
     for f, items in dev:
         nread += _to_device(f.rpath, items, nthreads, max_host_bytes, zst=f.zst is not None)
         _same_file(f)
     with torch.no_grad():
         _copy_slow(slow, nthreads, max_host_bytes)
     nbytes = sum(src.numel() * src.element_size() for _, _, src, _ in plan)
-    return LoadResult(own, W, len(plan), nbytes, [f.path for f in files.values()],
+    return LoadResult(own, W, len(plan), nbytes, [f.rpath for f in files.values()],
                       unexpected if not strict else [], time.time() - t0, nread)

@@ -8,6 +8,7 @@
 
 #include "bfshard.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -66,6 +67,25 @@ int bfs__range_check(const char *path, size_t i, const bfs_range *r);
  * 16) when it is <= 0; never more than BFS_READER_MAX_THREADS or than jobs, at least 1. */
 #define BFS_READER_MAX_THREADS 64
 int bfs__reader_threads(int threads, uint64_t jobs);
+/* Turns of such a reader's threads at one hash taken in file order: jobs 0, 1, 2, ... are read
+ * by any thread in any order, then each job's bytes are hashed by the thread that read it once
+ * every job before it has been hashed. turn_wait blocks until job's turn (true) or a failure
+ * (false); turn_pass ends the turn of the job that holds it; turns_fail wakes every waiter for
+ * good. The hashing between wait and pass runs outside the lock. */
+typedef struct bfs_turns {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t next; /* the job whose turn it is */
+    bool failed;
+} bfs_turns;
+void bfs__turns_init(bfs_turns *t);
+void bfs__turns_free(bfs_turns *t);
+bool bfs__turn_wait(bfs_turns *t, uint64_t job);
+/* Such a hashing reader's ranges: those with a length sorted by offset, none overlapping
+ * another; 0 or BFS_EUSAGE naming the two. */
+int bfs__ranges_in_order(const char *path, const bfs_range *ranges, size_t n);
+void bfs__turn_pass(bfs_turns *t);
+void bfs__turns_fail(bfs_turns *t);
 /* CLOCK_MONOTONIC in seconds. */
 double bfs__now(void);
 /* Bytes this process has had the storage deliver (/proc/self/io read_bytes: its reads and

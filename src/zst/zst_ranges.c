@@ -6,8 +6,13 @@
  * the next free thread takes. A frame inside a single range is decoded straight into its
  * destination; one shared by several ranges, or only partly asked for, goes through the
  * thread's decode buffer. Every frame's size and checksum is checked (zst_read.c).
+ * bfs_read_ranges_zst_xxh128 decodes every frame (job k: frame k) and hashes the whole
+ * decompressed file in order: a frame not inside one range is decoded whole into the
+ * thread's frame buffer and copied from there; each frame is hashed from where it landed by
+ * the thread that decoded it, in its turn (bfs_turns, base/read_ranges.c).
  */
 #include "zst/zst.h"
+#include "base/bfs_io.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -29,6 +34,11 @@ typedef struct bfs_zr {
     _Atomic size_t next;
     _Atomic int failed;
     bfs_errslot err;
+    /* hashing (bfs_read_ranges_zst_xxh128); st NULL: not hashing. Job k is frame k, its
+     * pairs [fjob[k], fjob[k + 1]). */
+    size_t *fjob;
+    XXH3_state_t *st; /* written only by the thread whose turn it is */
+    bfs_turns turns;
 } bfs_zr;
 
 static int bfs__zr_cmp(const void *a, const void *b)
@@ -78,21 +88,71 @@ static int bfs__zr_job(const bfs_zr *zr, bfs_zst_dec *d, size_t j)
     return bfs__zst_decode_frame(zr->r, d, p->k, NULL, bfs__zr_sink, &c);
 }
 
+/* hashing: frame k decoded into the ranges (inside one: straight into it; else whole into
+ * *fbuf and copied from there), then, in its turn, hashed from where it landed; 1: another
+ * thread failed */
+static int bfs__zrh_job(bfs_zr *zr, bfs_zst_dec *d, uint32_t k, uint8_t **fbuf, size_t *fcap)
+{
+    const bfs_zr_pair *p = &zr->pairs[zr->fjob[k]], *end = &zr->pairs[zr->fjob[k + 1]];
+    uint64_t doff, coff;
+    uint32_t ds;
+    bfs__zst_frame_span(zr->r, k, &doff, &ds, &coff);
+    if (bfs__cancelled())
+        return bfs__err(BFS_EINTR, "%s: interrupted (cancelled) at uncompressed offset %llu (frame %u, compressed offset %llu)",
+                        bfs__zst_reader_name(zr->r), (unsigned long long)doff, k, (unsigned long long)coff);
+    const uint8_t *at = NULL;
+    if (ds > 0) {
+        const bfs_range *rg = p < end ? &zr->ranges[p->i] : NULL;
+        if (end - p == 1 && rg->offset <= doff && rg->offset + rg->length >= doff + ds) { /* inside one range */
+            uint8_t *dst = (uint8_t *)rg->dest + (doff - rg->offset);
+            const int rc = bfs__zst_decode_frame(zr->r, d, k, dst, NULL, NULL);
+            if (rc < 0)
+                return rc;
+            at = dst;
+        } else {
+            if (ds > *fcap) {
+                free(*fbuf);
+                *fbuf = malloc(ds);
+                *fcap = *fbuf ? ds : 0;
+                if (*fbuf == NULL)
+                    return bfs__err(BFS_ENOMEM, "%s: no memory for frame %u's %u bytes", bfs__zst_reader_name(zr->r), k,
+                                    ds);
+            }
+            const int rc = bfs__zst_decode_frame(zr->r, d, k, *fbuf, NULL, NULL);
+            if (rc < 0)
+                return rc;
+            bfs_zr_copy c = {.zr = zr, .p = p, .end = end, .pos = doff};
+            bfs__zr_sink(&c, *fbuf, ds);
+            at = *fbuf;
+        }
+    }
+    if (!bfs__turn_wait(&zr->turns, k))
+        return 1;
+    if (ds > 0)
+        XXH3_128bits_update(zr->st, at, ds);
+    bfs__turn_pass(&zr->turns);
+    return 0;
+}
+
 static void *bfs__zr_worker(void *arg)
 {
     bfs_zr *zr = arg;
     bfs_zst_dec d;
+    uint8_t *fbuf = NULL; /* hashing: a frame not inside one range */
+    size_t fcap = 0;
     int rc = bfs__zst_dec_init(&d);
     while (rc == 0 && !atomic_load(&zr->failed)) {
         const size_t j = atomic_fetch_add(&zr->next, 1);
         if (j >= zr->njobs)
             break;
-        rc = bfs__zr_job(zr, &d, j);
+        rc = zr->st != NULL ? bfs__zrh_job(zr, &d, (uint32_t)j, &fbuf, &fcap) : bfs__zr_job(zr, &d, j);
     }
     if (rc < 0) {
         bfs__errslot_put(&zr->err, rc);
         atomic_store(&zr->failed, 1);
+        bfs__turns_fail(&zr->turns);
     }
+    free(fbuf);
     bfs__zst_dec_free(&d);
     return NULL;
 }
@@ -143,10 +203,24 @@ static int bfs__zr_plan(bfs_zr *zr, const char *path, const bfs_range *ranges, s
         if (a == 0 || zr->pairs[a].k != zr->pairs[a - 1].k)
             zr->job[zr->njobs++] = a;
     zr->job[zr->njobs] = m;
+    if (zr->st != NULL) { /* hashing: every frame a job */
+        const uint32_t nf = bfs__zst_reader_frames(r);
+        zr->fjob = malloc(((size_t)nf + 1) * sizeof *zr->fjob);
+        if (zr->fjob == NULL)
+            return bfs__err(BFS_ENOMEM, "%s: no memory for %u frames", path, nf);
+        size_t a = 0;
+        for (uint32_t k = 0; k <= nf; k++) {
+            while (a < m && zr->pairs[a].k < k)
+                a++;
+            zr->fjob[k] = a;
+        }
+        zr->njobs = nf;
+    }
     return 0;
 }
 
-int bfs_read_ranges_zst(const char *path, const bfs_range *ranges, size_t n, int threads)
+/* bfs_read_ranges_zst, and with hex not NULL bfs_read_ranges_zst_xxh128 (size decompressed bytes) */
+static int bfs__zr_run(const char *path, const bfs_range *ranges, size_t n, int threads, uint64_t size, char *hex)
 {
     int rc = 0;
     bfs_zst_reader *r = NULL;
@@ -156,12 +230,24 @@ int bfs_read_ranges_zst(const char *path, const bfs_range *ranges, size_t n, int
     bfs__err_clear();
     bfs__cancel_reset(); /* a new read starts uncancelled, as bfs_read_ranges does */
     bfs__errslot_init(&zr.err);
+    bfs__turns_init(&zr.turns);
     if (path == NULL)
-        return bfs__err(BFS_EUSAGE, "bfs_read_ranges_zst: no path");
+        BFS_FAIL(BFS_EUSAGE, "bfs_read_ranges_zst: no path");
     if (n > 0 && ranges == NULL)
-        return bfs__err(BFS_EUSAGE, "%s: %zu ranges, no array of them", path, n);
+        BFS_FAIL(BFS_EUSAGE, "%s: %zu ranges, no array of them", path, n);
+    if (hex != NULL) {
+        BFS_TRY(bfs__ranges_in_order(path, ranges, n));
+        zr.st = XXH3_createState();
+        if (zr.st == NULL)
+            BFS_FAIL(BFS_ENOMEM, "%s: no memory for a hash state", path);
+        XXH3_128bits_reset(zr.st);
+    }
     BFS_TRY(bfs__zst_reader_open(path, &r));
     zr.r = r;
+    if (hex != NULL && bfs__zst_reader_size(r) != size)
+        BFS_FAIL(BFS_EINPUT, "%s: decompresses to %llu bytes, %llu expected (%s)", path,
+                 (unsigned long long)bfs__zst_reader_size(r), (unsigned long long)size,
+                 bfs__zst_reader_size(r) < size ? "truncated" : "changed");
     BFS_TRY(bfs__zr_plan(&zr, path, ranges, n));
     threads = bfs__reader_threads(threads, zr.njobs);
     /* the calling thread is one of them; a thread that cannot start leaves its share to the others */
@@ -171,12 +257,35 @@ int bfs_read_ranges_zst(const char *path, const bfs_range *ranges, size_t n, int
     for (int i = 0; i < started; i++)
         pthread_join(tid[i], NULL);
     rc = bfs__errslot_get(&zr.err);
+    if (rc == 0 && hex != NULL)
+        bfs__hash_hex(XXH3_128bits_digest(zr.st), hex);
 
 cleanup:
     free(zr.pairs);
     free(zr.job);
+    free(zr.fjob);
+    if (zr.st != NULL)
+        XXH3_freeState(zr.st);
+    bfs__turns_free(&zr.turns);
     bfs__zst_reader_free(r);
     return rc;
+}
+
+int bfs_read_ranges_zst(const char *path, const bfs_range *ranges, size_t n, int threads)
+{
+    return bfs__zr_run(path, ranges, n, threads, 0, NULL);
+}
+
+int bfs_read_ranges_zst_xxh128(const char *path, const bfs_range *ranges, size_t n, int threads, uint64_t size,
+                               char xxh3_128[33])
+{
+    if (xxh3_128 == NULL) {
+        bfs__err_clear();
+        return bfs__err(BFS_EUSAGE, "%s: bfs_read_ranges_zst_xxh128: nowhere to put the hash",
+                        path ? path : "(no path)");
+    }
+    xxh3_128[0] = '\0';
+    return bfs__zr_run(path, ranges, n, threads, size, xxh3_128);
 }
 
 int bfs_zst_uncompressed_size(const char *path, uint64_t *size)

@@ -20,8 +20,12 @@ WORK/pypkg, so what is tested is this tree's code, not an installed copy.
   3. The errors, each one line naming what is wrong, raised before any tensor is written (the
      model keeps its sentinel): a wrong W, a replicated placement, a tensor in the model and not
      in the checkpoint, a rank file without one of its tensors, a tensor in the checkpoint and
-     not in the model (strict; strict=False loads), a truncated rank file; verify=True passes on
-     a good output and names the header of a rewritten rank file; a rank file truncated after
+     not in the model (strict; strict=False loads), a truncated rank file; verify=True (the file
+     hashed as it is read) passes on a good output at every W, with parts, .zst and .bfz copies
+     and 0-d tensors, names the header of a rewritten rank file (before anything is written), and
+     after the read a flipped byte in a tensor, in the header's padding, in a tensor the model does
+     not take (strict=False) and in a .zst's decompressed bytes: a VerifyError naming the file,
+     both hashes and what the slice index narrows it to; a rank file truncated after
      the checks, as the reads begin, is one line naming it and the offset where it ends; a .zst
      cut short (before any write) and one with a corrupt frame (found as it is read), one line
      naming the file (and the frame's offsets).
@@ -132,6 +136,26 @@ def drop_entry(path, name):
         assert len(new) <= n
         fh.seek(8)
         fh.write(new + b" " * (n - len(new)))
+
+
+def flip_byte(path, name=None):
+    """Flip one bit of a rank file: in the middle of tensor `name`'s bytes, or (None) of the
+    header's last padding byte, a space made a tab (the JSON still parses, the header checks pass)."""
+    with open(path, "r+b") as fh:
+        n = struct.unpack("<Q", fh.read(8))[0]
+        hdr = json.loads(fh.read(n))
+        if name is None:
+            at = 8 + n - 1
+            fh.seek(at)
+            assert fh.read(1) == b" "
+            new = b"\t"
+        else:
+            b, e = hdr[name]["data_offsets"]
+            at = 8 + n + (b + e) // 2
+            fh.seek(at)
+            new = bytes([fh.read(1)[0] ^ 1])
+        fh.seek(at)
+        fh.write(new)
 
 
 def bits(t):
@@ -261,7 +285,7 @@ def _run_job(job, mesh, rank, shard_rank):
         res["dcp_s"] = time.time() - t0
         mb = _build(job, mesh)
         _fill(mb, SENTINEL_BFS)
-        spill = _no_spill_begin() if job.get("zst_only") and not job.get("verify") else None
+        spill = _no_spill_begin() if job.get("zst_only") else None
         try:
             lr = bt.load(mb, job["dir"], verify=job.get("verify", False))
         finally:
@@ -278,22 +302,22 @@ def _run_job(job, mesh, rank, shard_rank):
         if bad:
             res["msg"] = "%d local shards differ from dcp.load's, first %s" % (len(bad), bad[0])
             return res
+        # LoadResult.files names the files read: a .zst-only output's compressed copies
         opened = sorted(os.path.basename(f) for f in lr.files)
-        allowed = {os.path.basename(rank_file(job["dir"], shard_rank)), os.path.basename(rank_file(job["dir"], 0))}
-        if not set(opened) <= allowed or os.path.basename(rank_file(job["dir"], shard_rank)) not in opened:
+        ext = ".zst" if job.get("zst_only") and os.path.exists(rank_file(job["dir"], shard_rank) + ".zst") else \
+            ".bfz" if job.get("zst_only") else ""
+        allowed = {os.path.basename(rank_file(job["dir"], shard_rank)) + ext,
+                   os.path.basename(rank_file(job["dir"], 0)) + ext}
+        if not set(opened) <= allowed or os.path.basename(rank_file(job["dir"], shard_rank)) + ext not in opened:
             res["msg"] = "opened %s (rank %d)" % (opened, shard_rank)
             return res
         if lr.rank != shard_rank or lr.tensors == 0:
             res["msg"] = "LoadResult %r" % (lr,)
             return res
         # the read path: a model built in bfloat16 on the CPU takes its bytes by pread (bytes_read)
-        # but for the casts and 0-d tensors; a .zst-only output the same, decoded from its frames
-        # (verify=True hashes a .zst-only rank file whole: decompressed, mapped, copied from there)
-        if job.get("zst_only") and job.get("verify"):
-            if lr.bytes_read != 0:
-                res["msg"] = "bytes_read %d: verify=True on a .zst-only output reads from its mapping" % lr.bytes_read
-                return res
-        elif job["model"] == "transformers" and not (0.5 * lr.bytes < lr.bytes_read <= lr.bytes):
+        # but for the casts and 0-d tensors; a .zst-only output the same, decoded from its frames;
+        # verify=True the same, hashing as it reads
+        if job["model"] == "transformers" and not (0.5 * lr.bytes < lr.bytes_read <= lr.bytes):
             res["msg"] = "bytes_read %d of %d bytes: not the %s path" % (
                 lr.bytes_read, lr.bytes, "seekable reader's" if job.get("zst_only") else "pread")
             return res
@@ -753,9 +777,9 @@ def main():
     plans = []
     for W in worlds:
         jobs = [cmp_job(f, W) for f in list(fixtures) + ["scalar0d"]]
+        jobs.append(cmp_job(base, W, id="%s.w%d verify" % (base, W), verify=True,
+                            what="verify=True: own file hashed as it is read, == dcp.load"))
         if W == worlds[0]:
-            jobs.append(cmp_job(base, W, id="%s.w%d verify" % (base, W), verify=True,
-                                what="verify=True: re-hashed own file, then == dcp.load"))
             jobs.append(cmp_job("scalar0d", W, id="scalar0d.w%d verify" % W, verify=True,
                                 what="verify=True: own file, and rank 0's 0-d slices through its slice index"))
         plans.append(("W=%d" % W, (W,), [j for j in jobs if j]))
@@ -796,9 +820,48 @@ def main():
                  expect={"1": {"has": ["truncated", "the file ends at offset",
                                        os.path.basename(rank_file(trunc_read, 1))]}}),
         ]
+        # verify=True on damaged copies: the damage found as the file is read, the model holding
+        # the bytes read (partial); the header's damage found before anything is written
+        vbad = {}
+        for tag, files_names in (("tensor", [(1, "model.embed_tokens.weight")]), ("header", [(1, None)]),
+                                 ("untaken", [(0, "model.norm.weight"), (1, "model.norm.weight")]), ("cut", [])):
+            vbad[tag] = os.path.join(work, "%s.w2-verify-%s" % (base, tag))
+            shutil.rmtree(vbad[tag], ignore_errors=True)
+            shutil.copytree(d2, vbad[tag])
+            for r, name in files_names:
+                flip_byte(rank_file(vbad[tag], r), name)
+        ej += [
+            dict(cfg, id="verify: a flipped byte in a tensor", dir=vbad["tensor"], verify=True, partial=True,
+                 what="verify=True, a bit of rank 1's model.embed_tokens.weight flipped -> rank 1: VerifyError "
+                      "naming the file, both hashes, the tensor; the model holds the bytes read",
+                 expect={"1": {"has": [os.path.basename(rank_file(vbad["tensor"], 1)), "XXH3-128", "manifest says",
+                                       'BAD tensor "model.embed_tokens.weight"', "unverified"],
+                               "type": "VerifyError"}}),
+            dict(cfg, id="verify: a changed byte in the header", dir=vbad["header"], verify=True, partial=True,
+                 what="verify=True, a padding byte of rank 1's header changed (still valid JSON) -> rank 1: "
+                      "VerifyError naming its header",
+                 expect={"1": {"has": [os.path.basename(rank_file(vbad["header"], 1)), "BAD header"],
+                               "type": "VerifyError"}}),
+            dict(cfg, id="verify strict=False: a flipped byte in a tensor the model does not take",
+                 dir=vbad["untaken"], variant="fewer", strict=False, verify=True, partial=True,
+                 what="verify=True, strict=False, a bit of model.norm.weight (not in the model) flipped -> "
+                      "VerifyError naming it",
+                 expect={"*": {"has": ['BAD tensor "model.norm.weight"', "XXH3-128"], "type": "VerifyError"}}),
+            dict(cfg, id="verify: truncated", dir=trunc, verify=True,
+                 what="verify=True, rank 1's file truncated -> rank 1: one-line LoadError",
+                 expect={"1": {"has": ["truncated", os.path.basename(rank_file(trunc, 1))], "type": "LoadError"}}),
+            dict(cfg, id="verify: truncated at read", dir=vbad["cut"], verify=True,
+                 truncate_at_read=os.path.basename(rank_file(vbad["cut"], 1)),
+                 what="verify=True, rank 1's file truncated after the checks, as the reads begin -> rank 1: "
+                      "one-line LoadError",
+                 expect={"1": {"has": ["truncated", os.path.basename(rank_file(vbad["cut"], 1))],
+                               "type": "LoadError"}}),
+        ]
         if parts:
             ej.append(dict(cmp_job(base, 2), id="%s.w2 parts" % base, dir=parts,
                            what="a conversion in 2 parts, not merged == dcp.load of the whole run"))
+            ej.append(dict(cmp_job(base, 2), id="%s.w2 parts verify" % base, dir=parts, verify=True,
+                           what="the same with verify=True (each part's manifest hashes its own ranks)"))
         if zst:
             # rank 1's compressed copy cut short (no seek table: refused before any write), and
             # one with a byte of its largest frame flipped (the checks pass; the read refuses it)
@@ -827,10 +890,35 @@ def main():
                 ej.append(dict(cmp_job("scalar0d", 2), id="scalar0d.w2 .zst only", dir=zst0d, zst_only=True,
                                what=".zst copies only, 0-d tensors from rank 0's .zst == dcp.load"))
             ej.append(dict(cmp_job(base, 2), id="%s.w2 .zst only verify" % base, dir=zst, zst_only=True, verify=True,
-                           what=".zst copies only, verify=True (decompressed whole, hashed, mapped) == dcp.load"))
+                           what=".zst copies only, verify=True (hashed as read through the seekable reader, nothing in TMPDIR) == dcp.load"))
+            if zst0d:
+                ej.append(dict(cmp_job("scalar0d", 2), id="scalar0d.w2 .zst only verify", dir=zst0d, zst_only=True,
+                               verify=True, what=".zst copies only, verify=True, 0-d tensors from rank 0's .zst == dcp.load"))
+            # rank 1's .zst replaced by a sound compressed copy of a rank file with a flipped bit
+            zbad = os.path.join(work, "%s.w2-zst-verify-tensor" % base)
+            shutil.rmtree(zbad, ignore_errors=True)
+            shutil.copytree(zst, zbad)
+            plain = os.path.join(work, "flipped.safetensors")
+            shutil.copyfile(rank_file(d2, 1), plain)
+            flip_byte(plain, "model.embed_tokens.weight")
+            r = subprocess.run([bfshard_bin, "compress", plain, "-o", rank_file(zbad, 1) + ".zst", "--force", "--quiet"],
+                               capture_output=True, text=True)
+            os.remove(plain)
+            if r.returncode != 0:
+                record("bfshard compress of a flipped rank file", False, r.stderr[-500:])
+            else:
+                ej.append(dict(cfg, id=".zst verify: a flipped byte in a tensor", dir=zbad, zst_only=True, verify=True,
+                               partial=True,
+                               what="verify=True, .zst only, a bit of rank 1's decompressed model.embed_tokens.weight "
+                                    "flipped -> rank 1: VerifyError naming the .zst and the tensor",
+                               expect={"1": {"has": [os.path.basename(rank_file(zbad, 1)) + ".zst", "XXH3-128",
+                                                     'BAD tensor "model.embed_tokens.weight"', "unverified"],
+                                             "type": "VerifyError"}}))
         if bfz:
             ej.append(dict(cmp_job(base, 2), id="%s.w2 .bfz only" % base, dir=bfz, zst_only=True,
                            what=".bfz copies only (--bytegroup, 64 KiB frames), the same"))
+            ej.append(dict(cmp_job(base, 2), id="%s.w2 .bfz only verify" % base, dir=bfz, zst_only=True, verify=True,
+                           what=".bfz copies only, verify=True, the same"))
         wrong_w = dict(cfg, id="wrong W", dir=d2, what="a W=2 output into a W=3 mesh -> one-line error",
                        expect={"*": {"has": ["world_size=2", "3 ranks"]}})
         # in the same processes as the comparisons (a gloo start is ~5-10 s)
