@@ -778,10 +778,11 @@ def _copy_slow(slow: List[Tuple[str, "torch.Tensor", "torch.Tensor", "_RankFile"
         batch, total = [], 0
         while i < len(slow) and slow[i][3] is f:
             _, _, b, e = f.entries[slow[i][0]]
-            if batch and total + (e - b) > max_host_bytes:
+            at = (total + 15) // 16 * 16  # each tensor's bytes where a view as its dtype may start
+            if batch and at + (e - b) > max_host_bytes:
                 break
-            batch.append((slow[i], total, f.data_start + b, e - b))
-            total += e - b
+            batch.append((slow[i], at, f.data_start + b, e - b))
+            total = at + (e - b)
             i += 1
         tmp = torch.empty(total, dtype=torch.uint8)
         _read_ranges(f.zst, [(o, n, tmp.data_ptr() + at) for _, at, o, n in batch if n], threads, zst=True)
@@ -811,12 +812,13 @@ def _verify_error(f: "_RankFile", got: str, want: str, state: str) -> "_bfs.Veri
     return _bfs.VerifyError(_bfs.EVERIFY, msg.replace("\n", " "), [msg] + narrow)
 
 
-def _verified_ranges(f: "_RankFile", fast: list, slow: list) -> Tuple[list, list, Dict[str, Any]]:
+def _verified_ranges(f: "_RankFile", fast: list, slow: list, limit: int) -> Tuple[list, list, Dict[str, Any]]:
     """verify=True: the reads of rank file f made one (bfs_read_ranges_xxh128 hashes the whole
     file as it reads): its ranges into the model, and the bytes of its copies (slow) into one
     temporary, each distinct range once (a tied weight's second name copies from the first's
     destination). Returns fast with f's entry first, slow without f's copies, and {file, lo, hi
-    (the temporary's addresses), copies: [(destination, source over the bytes read)]}."""
+    (the temporary's addresses), copies: [(destination, source over the bytes read)]}; or fast,
+    slow and {} as given when that temporary would pass `limit` bytes (max_host_bytes)."""
     mine = next((x for x in fast if x[0] is f), (f, [], []))
     ranges, written = list(mine[1]), list(mine[2])
     at = {(o, n): t for (o, n, _), t in zip(ranges, written)}
@@ -829,6 +831,8 @@ def _verified_ranges(f: "_RankFile", fast: list, slow: list) -> Tuple[list, list
         if e > b and key not in at and key not in slots:
             slots[key] = total
             total += -(-(e - b) // 64) * 64  # each aligned for any dtype's view
+    if total > limit:
+        return fast, slow, {}
     tmp = torch.empty(max(total, 64), dtype=torch.uint8)
     base = tmp.data_ptr()
     ranges += [(o, n, base + a) for (o, n), a in slots.items()]
@@ -1080,7 +1084,12 @@ def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = T
     if want_hash is not None:
         # this rank's file read and hashed in one pass: its ranges into the model, the bytes of its
         # copies (casts, 0-d, strided, a tied weight's second name) into one temporary
-        fast, slow, hashed = _verified_ranges(mine, fast, slow)
+        fast, slow, hashed = _verified_ranges(mine, fast, slow, max_host_bytes)
+        if not hashed:  # its copies (a model cast from the file) would pass max_host_bytes at once:
+            # hashed first, nothing written (the storage read twice), then read as without verify
+            got = _read_ranges(mine.rpath, [], nthreads, zst=mine.zst is not None, size=mine.size)
+            if got != want_hash:
+                raise _verify_error(mine, got, want_hash, "nothing was loaded")
     for f, ranges, written in fast:
         verified = hashed.get("file") is f
         got = _read_ranges(f.rpath, ranges, nthreads, zst=f.zst is not None, size=f.size if verified else None)

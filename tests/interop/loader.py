@@ -178,8 +178,8 @@ def _build(job, mesh):
     if job["model"] == "transformers":
         from transformers import AutoConfig, AutoModelForCausalLM
         cfg = AutoConfig.from_pretrained(job["config_dir"])
-        with torch.device("meta"):
-            m = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+        with torch.device("meta"):  # "float32": every tensor a cast (copy_ from the bytes read)
+            m = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, job.get("dtype", "bfloat16")))
         layers = list(m.model.layers)
     else:  # a plain module of the checkpoint's names: >= 1-d parameters, 0-d persistent buffers
         m, layers = nn.Module(), []
@@ -286,10 +286,21 @@ def _run_job(job, mesh, rank, shard_rank):
         mb = _build(job, mesh)
         _fill(mb, SENTINEL_BFS)
         spill = _no_spill_begin() if job.get("zst_only") else None
+        read_ranges, hashed_first = bt._read_ranges, []
+        def counted(path, ranges, threads, **kw):  # the file hashed with nothing written
+            if not ranges and kw.get("size") is not None:
+                hashed_first.append(path)
+            return read_ranges(path, ranges, threads, **kw)
+        bt._read_ranges = counted
         try:
-            lr = bt.load(mb, job["dir"], verify=job.get("verify", False))
+            lr = bt.load(mb, job["dir"], verify=job.get("verify", False),
+                         max_host_bytes=job.get("max_host_bytes", 256 << 20))
         finally:
+            bt._read_ranges = read_ranges
             spilled = _no_spill_end(spill) if spill else None
+        if "hash_first" in job and bool(hashed_first) != job["hash_first"]:
+            res["msg"] = "the file was %shashed before the reads" % ("not " if job["hash_first"] else "")
+            return res
         if spilled:
             res["msg"] = "a .zst-only output was not read through the seekable reader: " + spilled
             return res
@@ -317,7 +328,8 @@ def _run_job(job, mesh, rank, shard_rank):
         # the read path: a model built in bfloat16 on the CPU takes its bytes by pread (bytes_read)
         # but for the casts and 0-d tensors; a .zst-only output the same, decoded from its frames;
         # verify=True the same, hashing as it reads
-        if job["model"] == "transformers" and not (0.5 * lr.bytes < lr.bytes_read <= lr.bytes):
+        if job["model"] == "transformers" and job.get("dtype", "bfloat16") == "bfloat16" and \
+                not (0.5 * lr.bytes < lr.bytes_read <= lr.bytes):
             res["msg"] = "bytes_read %d of %d bytes: not the %s path" % (
                 lr.bytes_read, lr.bytes, "seekable reader's" if job.get("zst_only") else "pread")
             return res
@@ -337,7 +349,8 @@ def _run_job(job, mesh, rank, shard_rank):
             return read_ranges(path, ranges, threads, **kw)
         bt._read_ranges = cut
     try:
-        lr = bt.load(m, job["dir"], verify=job.get("verify", False), strict=job.get("strict", True))
+        lr = bt.load(m, job["dir"], verify=job.get("verify", False), strict=job.get("strict", True),
+                     max_host_bytes=job.get("max_host_bytes", 256 << 20))
     except bfshard.Error as e:
         msg = e.message
         res["msg"] = msg
@@ -782,6 +795,14 @@ def main():
         if W == worlds[0]:
             jobs.append(cmp_job("scalar0d", W, id="scalar0d.w%d verify" % W, verify=True,
                                 what="verify=True: own file, and rank 0's 0-d slices through its slice index"))
+            # a model built in float32: every tensor a cast, copied from the bytes read and hashed
+            # (one temporary), or, past max_host_bytes, the file hashed first and then read
+            jobs.append(cmp_job(base, W, id="%s.w%d verify f32" % (base, W), verify=True, dtype="float32",
+                                hash_first=False, what="verify=True into a float32 model: casts from the bytes hashed, == dcp.load"))
+            jobs.append(cmp_job(base, W, id="%s.w%d verify f32 4K" % (base, W), verify=True, dtype="float32",
+                                max_host_bytes=4096, hash_first=True,
+                                what="verify=True into a float32 model, max_host_bytes 4 KiB: hashed first (nothing "
+                                     "written), then read, == dcp.load"))
         plans.append(("W=%d" % W, (W,), [j for j in jobs if j]))
     # error cases (and the .zst copy) in a W=2 and a W=3 run
     if out2:
@@ -836,6 +857,13 @@ def main():
                       "naming the file, both hashes, the tensor; the model holds the bytes read",
                  expect={"1": {"has": [os.path.basename(rank_file(vbad["tensor"], 1)), "XXH3-128", "manifest says",
                                        'BAD tensor "model.embed_tokens.weight"', "unverified"],
+                               "type": "VerifyError"}}),
+            dict(cfg, id="verify f32 4K: a flipped byte in a tensor", dir=vbad["tensor"], verify=True, dtype="float32",
+                 max_host_bytes=4096,
+                 what="verify=True into a float32 model, max_host_bytes 4 KiB (hashed first), a bit of rank 1's "
+                      "model.embed_tokens.weight flipped -> rank 1: VerifyError, nothing loaded, the model untouched",
+                 expect={"1": {"has": [os.path.basename(rank_file(vbad["tensor"], 1)), "XXH3-128",
+                                       'BAD tensor "model.embed_tokens.weight"', "nothing was loaded"],
                                "type": "VerifyError"}}),
             dict(cfg, id="verify: a changed byte in the header", dir=vbad["header"], verify=True, partial=True,
                  what="verify=True, a padding byte of rank 1's header changed (still valid JSON) -> rank 1: "
