@@ -44,22 +44,6 @@ static void hex_of(const void *p, size_t n, char out[33])
         snprintf(out + 2 * i, 3, "%02x", c.digest[i]);
 }
 
-static void compress(const char *out, int mode)
-{
-    bfs_compress_opts o;
-    bfs_compress_opts_init(&o);
-    o.mode = mode;
-    o.frame_bytes = FRAME;
-    o.threads = 2;
-    o.force = 1;
-    bfs_compress_result res;
-    bfs_compress_result_init(&res);
-    const int rc = bfs_compress_file_opts(st_path, out, &o, &res);
-    if (rc != 0)
-        fprintf(stderr, "compress %s: %s\n", st_path, bfs_last_error());
-    assert_int_equal(rc, 0);
-}
-
 static int setup(void **state)
 {
     (void)state;
@@ -86,8 +70,8 @@ static int setup(void **state)
     if (!file)
         return -1;
     hex_of(file, file_len, want_hex);
-    compress(zst_path, BFS_ZST_PLAIN);
-    compress(bfz_path, BFS_ZST_BYTEGROUP);
+    tu_compress(st_path, zst_path, BFS_ZST_PLAIN, FRAME);
+    tu_compress(st_path, bfz_path, BFS_ZST_BYTEGROUP, FRAME);
     return 0;
 }
 

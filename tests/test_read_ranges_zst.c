@@ -34,22 +34,6 @@ static const char *const modes[2] = {zst_path, bfz_path};
 /* BF16-like values: a few distinct high bytes, varied low bytes (byte grouping pays) */
 static uint8_t byte_at(size_t i) { return (i & 1) ? (uint8_t)(0x3c + (i >> 9) % 5) : (uint8_t)(i * 2654435761u >> 13); }
 
-static void compress(const char *out, int mode)
-{
-    bfs_compress_opts o;
-    bfs_compress_opts_init(&o);
-    o.mode = mode;
-    o.frame_bytes = FRAME;
-    o.threads = 2;
-    o.force = 1;
-    bfs_compress_result res;
-    bfs_compress_result_init(&res);
-    const int rc = bfs_compress_file_opts(st_path, out, &o, &res);
-    if (rc != 0)
-        fprintf(stderr, "compress %s: %s\n", st_path, bfs_last_error());
-    assert_int_equal(rc, 0);
-}
-
 static int setup(void **state)
 {
     (void)state;
@@ -73,8 +57,8 @@ static int setup(void **state)
     tu_write_st(st_path, hdr, data, off);
     free(data);
     file = tu_read_file(st_path, &file_len);
-    compress(zst_path, BFS_ZST_PLAIN);
-    compress(bfz_path, BFS_ZST_BYTEGROUP);
+    tu_compress(st_path, zst_path, BFS_ZST_PLAIN, FRAME);
+    tu_compress(st_path, bfz_path, BFS_ZST_BYTEGROUP, FRAME);
     return file ? 0 : -1;
 }
 

@@ -450,3 +450,19 @@ void tu_canceller_stop(tu_canceller *c)
     atomic_store(&c->stop, 1);
     pthread_join(c->t, NULL);
 }
+
+void tu_compress(const char *in, const char *out, int mode, size_t frame)
+{
+    bfs_compress_opts o;
+    bfs_compress_opts_init(&o);
+    o.mode = mode;
+    o.frame_bytes = frame;
+    o.threads = 2;
+    o.force = 1;
+    bfs_compress_result res;
+    bfs_compress_result_init(&res);
+    const int rc = bfs_compress_file_opts(in, out, &o, &res);
+    if (rc != 0)
+        fprintf(stderr, "compress %s: %s\n", in, bfs_last_error());
+    assert_int_equal(rc, 0);
+}

@@ -94,6 +94,10 @@ typedef int (*tu_read_ranges_fn)(const char *path, const bfs_range *ranges, size
  * is untouched (the error is printed when the read fails). */
 void tu_check_ranges(tu_read_ranges_fn read, const char *path, const uint8_t *want, const uint64_t (*ol)[2],
                      size_t n, int threads);
+/* in compressed by bfs_compress_file_opts into out (mode BFS_ZST_PLAIN or BFS_ZST_BYTEGROUP,
+ * frames of frame bytes, 2 threads, replacing out); fails the test on an error. */
+void tu_compress(const char *in, const char *out, int mode, size_t frame);
+
 /* A thread calling bfs_cancel() every 200 us from tu_canceller_start until tu_canceller_stop. */
 typedef struct tu_canceller {
     pthread_t t;
