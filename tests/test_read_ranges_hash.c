@@ -33,9 +33,6 @@ static uint8_t *file; /* the (decompressed) file's bytes */
 static size_t file_len;
 static char want_hex[33]; /* XXH3-128 of file */
 
-/* BF16-like values: a few distinct high bytes, varied low bytes (byte grouping pays) */
-static uint8_t byte_at(size_t i) { return (i & 1) ? (uint8_t)(0x3c + (i >> 9) % 5) : (uint8_t)(i * 2654435761u >> 13); }
-
 static void hex_of(const void *p, size_t n, char out[33])
 {
     XXH128_canonical_t c;
@@ -48,30 +45,17 @@ static int setup(void **state)
 {
     (void)state;
     static const size_t sizes[NT] = {2, (5u << 20) + 6, 64, (3u << 20) + 2, 4096, 2 * FRAME, 10, 4u << 20};
-    char hdr[2048];
-    size_t n = 0, off = 0;
-    n += (size_t)snprintf(hdr + n, sizeof hdr - n, "{");
-    for (int t = 0; t < NT; t++) {
-        n += (size_t)snprintf(hdr + n, sizeof hdr - n, "%s\"t%d\":{\"dtype\":\"BF16\",\"shape\":[%zu],\"data_offsets\":[%zu,%zu]}",
-                              t ? "," : "", t, sizes[t] / 2, off, off + sizes[t]);
-        off += sizes[t];
-    }
-    snprintf(hdr + n, sizeof hdr - n, "}");
-    uint8_t *data = malloc(off);
-    for (size_t i = 0; i < off; i++)
-        data[i] = byte_at(i);
     dir = tu_tmpdir("read_ranges_hash");
     snprintf(st_path, sizeof st_path, "%s/rank.safetensors", dir);
     snprintf(zst_path, sizeof zst_path, "%s/rank.safetensors.zst", dir);
     snprintf(bfz_path, sizeof bfz_path, "%s/rank.safetensors.bfz", dir);
-    tu_write_st(st_path, hdr, data, off);
-    free(data);
+    tu_write_st_bf16(st_path, sizes, NT);
     file = tu_read_file(st_path, &file_len);
     if (!file)
         return -1;
     hex_of(file, file_len, want_hex);
-    tu_compress(st_path, zst_path, BFS_ZST_PLAIN, FRAME);
-    tu_compress(st_path, bfz_path, BFS_ZST_BYTEGROUP, FRAME);
+    tu_compress(st_path, zst_path, 3, BFS_ZST_PLAIN, FRAME, 2);
+    tu_compress(st_path, bfz_path, 3, BFS_ZST_BYTEGROUP, FRAME, 2);
     return 0;
 }
 

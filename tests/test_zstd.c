@@ -42,24 +42,6 @@ static void rank_path(char *buf, size_t n, const char *dir, int rank, int W)
     (void)W;
 }
 
-static void compress_ok(const char *in, const char *out, int level, int mode, uint64_t frame, int threads)
-{
-    bfs_compress_opts o;
-    bfs_compress_opts_init(&o);
-    o.level = level;
-    o.mode = mode;
-    o.frame_bytes = frame;
-    o.threads = threads;
-    o.force = 1;
-    bfs_compress_result res;
-    bfs_compress_result_init(&res);
-    const int rc = bfs_compress_file_opts(in, out, &o, &res);
-    if (rc != 0)
-        fprintf(stderr, "compress %s: %s\n", in, bfs_last_error());
-    assert_int_equal(rc, 0);
-    assert_true(res.frames > 0);
-}
-
 static void assert_same_file(const char *a, const char *b)
 {
     size_t na = 0, nb = 0;
@@ -87,7 +69,7 @@ static void test_roundtrip_fixtures(void **state)
                 for (int mode = 0; mode < 2; mode++) {
                     const uint64_t frame = rank == 0 ? 0 : 4096;
                     snprintf(z, sizeof z, "%s.%d.z", rf, mode);
-                    compress_ok(rf, z, mode ? 1 : 3, mode, frame, rank + 1);
+                    tu_compress(rf, z, mode ? 1 : 3, mode, frame, rank + 1);
                     snprintf(d, sizeof d, "%s.%d.d", rf, mode);
                     unlink(d);
                     const int rc = bfs_decompress_file(z, d);
@@ -200,7 +182,7 @@ static void test_extract_reads_only_its_frames(void **state)
     assert_int_equal(st_load(rf, &src), 0);
     for (int mode = 0; mode < 2; mode++) {
         snprintf(z, sizeof z, "%s/m%d.z", tmp, mode);
-        compress_ok(rf, z, 3, mode, 1024, 2);
+        tu_compress(rf, z, 3, mode, 1024, 2);
         bfs_zst_reader *r = NULL;
         assert_int_equal(bfs__zst_reader_open(z, &r), 0);
         assert_true(bfs__zst_reader_frames(r) > 100);
@@ -312,7 +294,7 @@ static void test_hostile_seek_tables(void **state)
     convert_ok("fixtures/bnb-nf4", out, 1);
     rank_path(rf, sizeof rf, out, 0, 1);
     snprintf(z, sizeof z, "%s/good.zst", tmp);
-    compress_ok(rf, z, 3, BFS_ZST_PLAIN, 8192, 1);
+    tu_compress(rf, z, 3, BFS_ZST_PLAIN, 8192, 1);
     size_t n = 0;
     uint8_t *good = tu_read_file(z, &n);
     assert_non_null(good);
@@ -382,7 +364,7 @@ static void test_hostile_seek_tables(void **state)
 
     /* byte-grouped files: header version, map */
     snprintf(z, sizeof z, "%s/good.bfz", tmp);
-    compress_ok(rf, z, 3, BFS_ZST_BYTEGROUP, 8192, 1);
+    tu_compress(rf, z, 3, BFS_ZST_BYTEGROUP, 8192, 1);
     good = tu_read_file(z, &n);
     b = realloc(b, n + 64);
     const uint32_t gf = get32(good + n - 9);
@@ -535,7 +517,7 @@ static void test_convert_compress(void **state)
             snprintf(z, sizeof z, "%s%s", rf, mode ? ".bfz" : ".zst");
             snprintf(ref, sizeof ref, "%s/ref%d%d", tmp, mode, rank);
             /* the same bytes as compressing the finished file */
-            compress_ok(rf, ref, 5, mode, 0, 1);
+            tu_compress(rf, ref, 5, mode, 0, 1);
             assert_same_file(ref, z);
         }
         /* interrupted after the first rank file, then resumed: the reused file is compressed from disk */

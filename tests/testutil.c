@@ -451,13 +451,14 @@ void tu_canceller_stop(tu_canceller *c)
     pthread_join(c->t, NULL);
 }
 
-void tu_compress(const char *in, const char *out, int mode, size_t frame)
+uint64_t tu_compress(const char *in, const char *out, int level, int mode, uint64_t frame, int threads)
 {
     bfs_compress_opts o;
     bfs_compress_opts_init(&o);
+    o.level = level;
     o.mode = mode;
     o.frame_bytes = frame;
-    o.threads = 2;
+    o.threads = threads;
     o.force = 1;
     bfs_compress_result res;
     bfs_compress_result_init(&res);
@@ -465,4 +466,28 @@ void tu_compress(const char *in, const char *out, int mode, size_t frame)
     if (rc != 0)
         fprintf(stderr, "compress %s: %s\n", in, bfs_last_error());
     assert_int_equal(rc, 0);
+    assert_true(res.frames > 0);
+    return res.frames;
+}
+
+uint8_t tu_bf16_byte_at(size_t i) { return (i & 1) ? (uint8_t)(0x3c + (i >> 9) % 5) : (uint8_t)(i * 2654435761u >> 13); }
+
+void tu_write_st_bf16(const char *path, const size_t *sizes, int n)
+{
+    char hdr[8192];
+    size_t k = 0, off = 0;
+    k += (size_t)snprintf(hdr + k, sizeof hdr - k, "{");
+    for (int t = 0; t < n && k < sizeof hdr; t++) {
+        k += (size_t)snprintf(hdr + k, sizeof hdr - k, "%s\"t%d\":{\"dtype\":\"BF16\",\"shape\":[%zu],\"data_offsets\":[%zu,%zu]}",
+                              t ? "," : "", t, sizes[t] / 2, off, off + sizes[t]);
+        off += sizes[t];
+    }
+    assert_true(k < sizeof hdr - 2);
+    snprintf(hdr + k, sizeof hdr - k, "}");
+    uint8_t *data = malloc(off);
+    assert_non_null(data);
+    for (size_t i = 0; i < off; i++)
+        data[i] = tu_bf16_byte_at(i);
+    tu_write_st(path, hdr, data, off);
+    free(data);
 }

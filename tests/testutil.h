@@ -94,9 +94,15 @@ typedef int (*tu_read_ranges_fn)(const char *path, const bfs_range *ranges, size
  * is untouched (the error is printed when the read fails). */
 void tu_check_ranges(tu_read_ranges_fn read, const char *path, const uint8_t *want, const uint64_t (*ol)[2],
                      size_t n, int threads);
-/* in compressed by bfs_compress_file_opts into out (mode BFS_ZST_PLAIN or BFS_ZST_BYTEGROUP,
- * frames of frame bytes, 2 threads, replacing out); fails the test on an error. */
-void tu_compress(const char *in, const char *out, int mode, size_t frame);
+/* in compressed by bfs_compress_file_opts into out (zstd level, mode BFS_ZST_PLAIN or
+ * BFS_ZST_BYTEGROUP, frames of frame bytes (0: the default), threads, replacing out); fails
+ * the test on an error or a copy of no frame; returns its frames. */
+uint64_t tu_compress(const char *in, const char *out, int level, int mode, uint64_t frame, int threads);
+/* A safetensors file of n BF16 tensors "t0".."t{n-1}" of sizes[i] bytes (even) laid end to
+ * end, byte i of the data byte_at(i) (BF16-like values: a few distinct high bytes, varied
+ * low bytes, so byte grouping pays), written to path. */
+void tu_write_st_bf16(const char *path, const size_t *sizes, int n);
+uint8_t tu_bf16_byte_at(size_t i);
 
 /* A thread calling bfs_cancel() every 200 us from tu_canceller_start until tu_canceller_stop. */
 typedef struct tu_canceller {
