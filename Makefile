@@ -115,6 +115,11 @@ $(KAVX2_SRC:%.c=$(BUILD)/%.o): $(BUILD)/%.o: %.c $(wildcard kernels/*.h) | deps
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -mavx2 -mf16c -mbmi2 -c $< -o $@
 
+# the XXH3 update every hash goes through, in its AVX2 form (src/base/io.c picks it at run time)
+$(BUILD)/src/base/xxh_avx2.o: src/base/xxh_avx2.c | deps
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -mavx2 -c $< -o $@
+
 $(BUILD)/kernels/cpu_avx512.o: kernels/cpu_avx512.c $(wildcard kernels/*.h) | deps
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mf16c -mbmi2 -c $< -o $@

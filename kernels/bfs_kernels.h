@@ -203,9 +203,6 @@ static inline bfs_cast_fn bfs_kernels_cast(const bfs_kernel_ops *k, bfs_cast_src
 
 /* Highest level this CPU and build support. */
 int bfs_kernels_best_level(void);
-/* XXH3-128 streaming update of a libxxhash XXH3_state_t with the AVX2 code (cpu_avx2.c):
- * the same digest as XXH3_128bits_update; call only where the best level is AVX2 or more. */
-void bfs__xxh3_128_update_avx2(void *state, const void *p, size_t n);
 /* Kernels of one level; level < 0 means the best. NULL when that level is not
  * supported by this CPU or build. */
 const bfs_kernel_ops *bfs_kernels_cpu(int level);

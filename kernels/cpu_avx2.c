@@ -624,18 +624,3 @@ const bfs_kernel_ops bfs__cpu_avx2_ops = {
     .ctmx = bfs__ctmx_avx2, /* cpu_avx2_ctmx.c */
     .woq = bfs__woq_avx2, /* cpu_avx2_woq.c */
 };
-
-/* ---- XXH3-128 streaming update, AVX2 ----------------------------------------------- */
-/* The writer hashes every output byte twice (file and piece); the shared libxxhash is
- * built for baseline x86-64 (SSE2). This is the same xxhash.h code with its AVX2
- * accumulate loop, inlined here: the same digests (XXH3 is defined independently of the
- * vector width), about twice the rate. `state` is an XXH3_state_t of the same xxhash.h
- * (made and reset by libxxhash; its layout is the header's). */
-#define XXH_INLINE_ALL
-#define XXH_VECTOR XXH_AVX2
-#include <xxhash.h>
-
-void bfs__xxh3_128_update_avx2(void *state, const void *p, size_t n)
-{
-    XXH3_128bits_update((XXH3_state_t *)state, p, n);
-}

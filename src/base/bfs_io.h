@@ -21,6 +21,9 @@ typedef struct bfs_dig16 {
 } bfs_dig16;
 void bfs__dig16_of(XXH128_hash_t h, bfs_dig16 *d);
 bool bfs__hex16_parse(const char *s, uint8_t out[16]);
+/* XXH3-128 update with the fastest code this CPU runs (AVX2 where it has it: xxh_avx2.c; the
+ * same digest everywhere): every hash over tensor bytes, from the source hashes to verify. */
+void bfs__xxh128_update(XXH3_state_t *st, const void *p, size_t n);
 /* Hash [off, off+len) of fd into st, reading through buf (bfs__hash_range2 without SHA-256). */
 int bfs__hash_range(int fd, uint64_t off, uint64_t len, uint8_t *buf, size_t bufsize, const char *what,
                     XXH3_state_t *st);

@@ -198,11 +198,32 @@ int bfs__hash_range2(int fd, uint64_t off, uint64_t len, uint8_t *buf, size_t bu
         if (rc < 0)
             return rc;
         if (xst)
-            XXH3_128bits_update(xst, buf, n);
+            bfs__xxh128_update(xst, buf, n);
         if (sha)
             bfs__sha256_update(sha, buf, n);
         off += n;
         len -= n;
     }
     return 0;
+}
+
+/* ---- XXH3-128 with the fastest code this CPU runs (the same digest everywhere) --------- */
+void bfs__xxh3_128_update_avx2(void *state, const void *p, size_t n); /* xxh_avx2.c */
+
+void bfs__xxh128_update(XXH3_state_t *st, const void *p, size_t n)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    static int avx2 = -1; /* read and written with __atomic builtins: the same value from any thread */
+    int a = __atomic_load_n(&avx2, __ATOMIC_RELAXED);
+    if (a < 0) {
+        __builtin_cpu_init();
+        a = __builtin_cpu_supports("avx2") ? 1 : 0;
+        __atomic_store_n(&avx2, a, __ATOMIC_RELAXED);
+    }
+    if (a) {
+        bfs__xxh3_128_update_avx2(st, p, n);
+        return;
+    }
+#endif
+    XXH3_128bits_update(st, p, n);
 }

@@ -199,7 +199,7 @@ static int bfs__rrh_walk(bfs_rr *rr, uint64_t a, uint64_t b, uint8_t *window, bo
         if (pos < gap_end) { /* bytes no range covers */
             uint8_t *p = window + (pos - a);
             if (!read) {
-                XXH3_128bits_update(rr->st, p, (size_t)(gap_end - pos));
+                bfs__xxh128_update(rr->st, p, (size_t)(gap_end - pos));
             } else {
                 const int rc = bfs__rr_pread(rr, p, gap_end - pos, pos, &end);
                 if (rc == 1)
@@ -225,7 +225,7 @@ static int bfs__rrh_walk(bfs_rr *rr, uint64_t a, uint64_t b, uint8_t *window, bo
         const bfs_range *f = &rr->ranges[rr->order[first]];
         uint8_t *p = (uint8_t *)f->dest + (pos - f->offset);
         if (!read) {
-            XXH3_128bits_update(rr->st, p, (size_t)(stop - pos));
+            bfs__xxh128_update(rr->st, p, (size_t)(stop - pos));
         } else {
             const int rc = bfs__rr_pread(rr, p, stop - pos, pos, &end);
             for (size_t k = first; rc == 1 && k <= j; k++)

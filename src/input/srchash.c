@@ -45,9 +45,6 @@
  */
 #include "input/srchash.h"
 #include "base/bfs_io.h"
-#include "../../kernels/bfs_kernels.h"
-
-#include <stdatomic.h>
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -108,23 +105,6 @@ struct bfs_srchash {
     uint64_t read, hashed;
     XXH3_state_t *one;     /* a block hashed whole (the same digest as XXH3_128bits_withSeed) */
 };
-
-void bfs__xxh128_update(XXH3_state_t *st, const void *p, size_t n)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    static _Atomic int avx2 = -1;
-    int a = atomic_load_explicit(&avx2, memory_order_relaxed);
-    if (a < 0) {
-        a = bfs_kernels_best_level() >= BFS_CPU_AVX2;
-        atomic_store_explicit(&avx2, a, memory_order_relaxed);
-    }
-    if (a) {
-        bfs__xxh3_128_update_avx2(st, p, n);
-        return;
-    }
-#endif
-    XXH3_128bits_update(st, p, n);
-}
 
 void bfs__srchash_free(bfs_srchash *h)
 {

@@ -19,9 +19,7 @@
 
 typedef struct bfs_srchash bfs_srchash;
 
-/* XXH3-128 update with the fastest code this CPU runs (the same digest everywhere): the
- * source hashes', the writer's and the hash check's. */
-void bfs__xxh128_update(XXH3_state_t *st, const void *p, size_t n);
+#include "base/bfs_io.h" /* bfs__xxh128_update: every hash over tensor bytes */
 
 /* unit_read[i]: some unit reads in->raw[i] (bfs__sources_read); the others are one block
  * each, rank 0's. rank0: this run adds rank 0's terms (the headers, those tensors): a whole

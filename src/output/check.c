@@ -15,7 +15,6 @@
 #include "output/manifest.h"
 #include "output/parts.h"
 #include "output/slices.h"
-#include "output/writer.h" /* bfs__xxh128_update */
 
 #include <dirent.h>
 #include <errno.h>
@@ -52,7 +51,7 @@ static int bfs__hash_fd_range(void *user, uint64_t off, uint64_t nb, char hex[33
 
 static int bfs__sink_xxh3(void *user, const uint8_t *p, size_t n)
 {
-    XXH3_128bits_update(user, p, n);
+    bfs__xxh128_update(user, p, n);
     return 0;
 }
 

@@ -25,7 +25,7 @@
 #define BFS_WRITER_H
 
 #include "output/units.h"
-#include "input/srchash.h" /* bfs__xxh128_update */
+#include "input/srchash.h"
 #include "zst/zst.h"
 #include "base/bfs_io.h"
 

@@ -129,7 +129,7 @@ static int bfs__zrh_job(bfs_zr *zr, bfs_zst_dec *d, uint32_t k, uint8_t **fbuf, 
     if (!bfs__turn_wait(&zr->turns, k))
         return 1;
     if (ds > 0)
-        XXH3_128bits_update(zr->st, at, ds);
+        bfs__xxh128_update(zr->st, at, ds);
     bfs__turn_pass(&zr->turns);
     return 0;
 }

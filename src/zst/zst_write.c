@@ -159,7 +159,7 @@ static int bfs__zst_out(bfs_zst_writer *w, const void *p, size_t n)
     const int rc = bfs__pwrite_all(w->fd, p, n, w->out_off, "compressed output");
     if (rc < 0)
         return bfs__zst_fail(w, rc);
-    XXH3_128bits_update(w->hash, p, n);
+    bfs__xxh128_update(w->hash, p, n);
     w->out_off += n;
     return 0;
 }
@@ -325,7 +325,7 @@ int bfs__zst_write(bfs_zst_writer *w, const void *buf, size_t len)
         return bfs__zst_sticky(w);
     if (w->finished)
         return bfs__err(BFS_EINTERNAL, "bfs__zst_write after bfs__zst_finish");
-    XXH3_128bits_update(w->ihash, buf, len);
+    bfs__xxh128_update(w->ihash, buf, len);
     while (len > 0) {
         bfs_zst_slot *s = NULL;
         int rc = bfs__zst_fill_slot(w, &s);
