@@ -11,6 +11,7 @@
  * a cancel) stops every thread; its message is carried to the caller (bfs_errslot).
  */
 #include "output/hashfile.h"
+#include "base/base.h"
 
 #include <pthread.h>
 #include <stdbool.h>

@@ -8,7 +8,6 @@
 #define BFS_HASHFILE_H
 
 #include "base/bfs_io.h"
-#include "input/srchash.h"
 
 #include <stdint.h>
 
