@@ -47,6 +47,10 @@ $(KAVX2_SRC:%.c=$(BUILD)/pic/%.o): $(BUILD)/pic/%.o: %.c $(wildcard kernels/*.h)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -fPIC -mavx2 -mf16c -mbmi2 -c $< -o $@
 
+$(BUILD)/pic/src/base/xxh_avx2.o: src/base/xxh_avx2.c | deps
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -fPIC -mavx2 -c $< -o $@
+
 $(BUILD)/pic/kernels/cpu_avx512.o: kernels/cpu_avx512.c $(wildcard kernels/*.h) | deps
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -fPIC -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mf16c -mbmi2 -c $< -o $@
