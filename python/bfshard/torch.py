@@ -812,6 +812,14 @@ def _verify_error(f: "_RankFile", got: str, want: str, state: str) -> "_bfs.Veri
     return _bfs.VerifyError(_bfs.EVERIFY, msg.replace("\n", " "), [msg] + narrow)
 
 
+def _hash_first(f: "_RankFile", want: str, threads: int) -> None:
+    """verify=True before any byte is written: rank file f hashed whole (bfs_read_ranges_xxh128
+    with no ranges, or its compressed copy's), VerifyError when it differs from `want`."""
+    got = _read_ranges(f.rpath, [], threads, zst=f.zst is not None, size=f.size)
+    if got != want:
+        raise _verify_error(f, got, want, "nothing was loaded")
+
+
 def _verified_ranges(f: "_RankFile", fast: list, slow: list, limit: int) -> Tuple[list, list, Dict[str, Any]]:
     """verify=True: the reads of rank file f made one (bfs_read_ranges_xxh128 hashes the whole
     file as it reads): its ranges into the model, and the bytes of its copies (slow) into one
@@ -1061,9 +1069,7 @@ def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = T
             unexpected[0], "; %d such tensors" % len(unexpected) if len(unexpected) > 1 else ""))
     if problems:
         if want_hash is not None:  # a damaged file is the likelier cause: hashed (nothing is written) and said so
-            got = _read_ranges(mine.rpath, [], _threads(threads), zst=mine.zst is not None, size=mine.size)
-            if got != want_hash:
-                raise _verify_error(mine, got, want_hash, "nothing was loaded")
+            _hash_first(mine, want_hash, _threads(threads))
         raise _fail(problems)
     if verify and zero_d_rank0 and 0 in files and files[0] is not mine:
         files[0].verify(zero_d_rank0)
@@ -1087,9 +1093,7 @@ def load(model: Any, outdir: PathLike, *, verify: bool = False, strict: bool = T
         fast, slow, hashed = _verified_ranges(mine, fast, slow, max_host_bytes)
         if not hashed:  # its copies (a model cast from the file) would pass max_host_bytes at once:
             # hashed first, nothing written (the storage read twice), then read as without verify
-            got = _read_ranges(mine.rpath, [], nthreads, zst=mine.zst is not None, size=mine.size)
-            if got != want_hash:
-                raise _verify_error(mine, got, want_hash, "nothing was loaded")
+            _hash_first(mine, want_hash, nthreads)
     for f, ranges, written in fast:
         verified = hashed.get("file") is f
         got = _read_ranges(f.rpath, ranges, nthreads, zst=f.zst is not None, size=f.size if verified else None)

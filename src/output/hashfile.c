@@ -92,26 +92,15 @@ static void *bfs__hf_loop(void *p)
     return NULL;
 }
 
-/* the caller's loop alone, through one chunk: no ring, no thread */
+/* the caller's loop alone, through one chunk (bfs__hash_range2): no ring, no thread */
 static int bfs__hash_file_one(int fd, uint64_t off, uint64_t len, const char *what, XXH3_state_t *xst,
                               bfs_sha256 *sha)
 {
-    int rc = 0;
-    uint8_t *buf = malloc(len < BFS_HASHFILE_CHUNK ? (size_t)len + 1 : BFS_HASHFILE_CHUNK);
+    const size_t bs = len < BFS_HASHFILE_CHUNK ? (size_t)len + 1 : BFS_HASHFILE_CHUNK;
+    uint8_t *buf = malloc(bs);
     if (!buf)
-        BFS_FAIL(BFS_ENOMEM, "%s: out of memory for its hash", what);
-    for (uint64_t o = 0; o < len;) {
-        const size_t n = len - o < BFS_HASHFILE_CHUNK ? (size_t)(len - o) : BFS_HASHFILE_CHUNK;
-        if (bfs__cancelled())
-            BFS_FAIL(BFS_EINTR, "interrupted while reading %s", what);
-        BFS_TRY(bfs__pread_all(fd, buf, n, off + o, what));
-        if (xst)
-            bfs__xxh128_update(xst, buf, n);
-        if (sha)
-            bfs__sha256_update(sha, buf, n);
-        o += n;
-    }
-cleanup:
+        return bfs__err(BFS_ENOMEM, "%s: out of memory for its hash", what);
+    const int rc = bfs__hash_range2(fd, off, len, buf, bs, what, xst, sha);
     free(buf);
     return rc;
 }
