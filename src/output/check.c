@@ -295,9 +295,9 @@ cleanup:
  * file each at a time), before the files are checked in manifest order, so that a verify
  * reads and hashes at the storage's parallel rate. Fewer files than CPUs: each file is read
  * by the CPUs the others leave (hashfile.h: its digests stay one thread's at a time, in file
- * order; a lone file is read that way by verify_plain itself). A file hashed ahead that is a regular file of the
- * recorded size has its digests taken from here; any other (missing, of another size, a read
- * error) is checked as before, in order, and reported there. */
+ * order; a lone file is read that way by verify_plain itself). A file hashed ahead that is a
+ * regular file of the recorded size has its digests taken from here; any other (missing, of
+ * another size, a read error) is checked as before, in order, and reported there. */
 #define BFS_VERIFY_THREADS 16
 typedef struct {
     char got[33], sgot[65];
@@ -385,7 +385,7 @@ static int bfs__verify_plain(const char *path, const bfs_manifest_file *mf, bfs_
 {
     int rc = 0;
     struct stat sb;
-    char got[33], ep[BFS_ESC_MAX], eh[BFS_ESC_MAX];
+    char got[33], sgot[65] = "", ep[BFS_ESC_MAX], eh[BFS_ESC_MAX];
     bfs__esc(path, ep, sizeof ep);
     h->fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC); /* a FIFO must not block us */
     h->path = path;
@@ -413,27 +413,20 @@ static int bfs__verify_plain(const char *path, const bfs_manifest_file *mf, bfs_
             goto cleanup;
         }
         memcpy(got, pre->got, sizeof got);
-        if (mf->sha256 && strcmp(got, mf->hash) == 0 && strcmp(pre->sgot, mf->sha256) != 0) {
-            bfs__report(report, "%s: BAD sha256 %s, manifest %s (its XXH3-128 matches)", ep, pre->sgot, mf->sha256);
-            rc = 1;
-            goto cleanup;
-        }
-    } else if (mf->sha256) { /* both hashes from one read */
-        char sgot[65];
+        memcpy(sgot, pre->sgot, sizeof sgot);
+    } else { /* both hashes from one read */
         XXH3_128bits_reset(h->st);
-        BFS_TRY(bfs__sha256_reset(h->sha));
-        BFS_TRY(bfs__hash_file(h->fd, 0, mf->size, path, bfs__hash_file_threads(1), h->st, h->sha));
+        if (mf->sha256)
+            BFS_TRY(bfs__sha256_reset(h->sha));
+        BFS_TRY(bfs__hash_file(h->fd, 0, mf->size, path, bfs__hash_file_threads(1), h->st, mf->sha256 ? h->sha : NULL));
         bfs__hash_hex(XXH3_128bits_digest(h->st), got);
-        BFS_TRY(bfs__sha256_hex(h->sha, sgot));
-        if (strcmp(got, mf->hash) == 0 && strcmp(sgot, mf->sha256) != 0) {
-            bfs__report(report, "%s: BAD sha256 %s, manifest %s (its XXH3-128 matches)", ep, sgot, mf->sha256);
-            rc = 1;
-            goto cleanup;
-        }
-    } else {
-        XXH3_128bits_reset(h->st);
-        BFS_TRY(bfs__hash_file(h->fd, 0, mf->size, path, bfs__hash_file_threads(1), h->st, NULL));
-        bfs__hash_hex(XXH3_128bits_digest(h->st), got);
+        if (mf->sha256)
+            BFS_TRY(bfs__sha256_hex(h->sha, sgot));
+    }
+    if (mf->sha256 && strcmp(got, mf->hash) == 0 && strcmp(sgot, mf->sha256) != 0) {
+        bfs__report(report, "%s: BAD sha256 %s, manifest %s (its XXH3-128 matches)", ep, sgot, mf->sha256);
+        rc = 1;
+        goto cleanup;
     }
     *checked += mf->size;
     if (strcmp(got, mf->hash) == 0)
